@@ -197,6 +197,9 @@ def _check_values(c: DictConfig) -> None:
         raise ConfigError(f"data.path: required when data.source={c.data.source}")
     for key in ("samples", "max_new_tokens", "max_prompt_tokens", "batch_size", "shard_size"):
         _positive(f"data.{key}", c.data[key])
+    if c.data.shard_size % c.data.batch_size:
+        raise ConfigError(f"data.shard_size: must be a multiple of data.batch_size ({c.data.batch_size}), "
+                          f"got {c.data.shard_size}")
     if not 0.0 <= c.data.val_fraction < 1.0:
         raise ConfigError(f"data.val_fraction: must be in [0, 1), got {c.data.val_fraction}")
     _positive("data.temperature", c.data.temperature, allow_zero=True)

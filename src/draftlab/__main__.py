@@ -1,0 +1,34 @@
+"""python -m draftlab {stage, check-draft, convert} ..."""
+
+import logging
+import sys
+
+from draftlab.config import ConfigError
+
+COMMANDS = {
+    "stage": ("draftlab.dvc_stage", "run one pipeline stage on params.yaml (what dvc.yaml calls)"),
+    "check-draft": ("draftlab.sglang.cli", "check a draft folder against what SGLang loads"),
+    "convert": ("draftlab.sglang.cli", "convert a draft folder between SGLang and speculators formats"),
+}
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in COMMANDS:
+        lines = "\n".join(f"  {name:12s} {help_}" for name, (_, help_) in COMMANDS.items())
+        print(f"usage: python -m draftlab COMMAND ...\n\ncommands:\n{lines}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    import importlib
+
+    module = importlib.import_module(COMMANDS[argv[0]][0])
+    try:
+        if argv[0] == "stage":
+            return module.main(argv[1:])
+        return module.main(argv)
+    except ConfigError as err:
+        print(f"config error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

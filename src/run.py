@@ -1,0 +1,31 @@
+"""draftlab's command line: `python src/run.py data.samples=N`, `-m experiment=data_scaling`, `stages=[generate]`."""
+
+import logging
+import sys
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from draftlab.config import ConfigError
+from draftlab.task import run_task
+from draftlab.tracking import parent_run_id_for
+
+log = logging.getLogger("draftlab")
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> float | None:
+    hydra_cfg = HydraConfig.get()
+    sweep_dir = hydra_cfg.sweep.dir if hydra_cfg.mode == RunMode.MULTIRUN else None
+    try:
+        metrics = run_task(cfg, parent_run_id=parent_run_id_for(sweep_dir))
+    except ConfigError as err:
+        log.error("config error: %s", err)
+        sys.exit(2)
+    return metrics.get("val/loss")  # what a Hydra sweeper minimises
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""The real `dvc repro` and `dvc exp run` in a temporary git repository, on the tiny target."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from conftest import REPO, compose_config, tiny_overrides
+from draftlab.pipeline import STAGES
+
+pytestmark = pytest.mark.slow
+
+
+def test_dvc_yaml_params_match_what_each_stage_reads():
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    for name, spec in STAGES.items():
+        declared = set(stages[name]["params"])
+        expected = set(spec.reads + spec.grows_with)
+        sections = {key for key in declared if "." not in key}
+        covered = {key for key in expected if key in declared or key.split(".")[0] in sections}
+        assert covered == expected, f"{name}: dvc.yaml params miss {expected - covered}"
+        extra = {key for key in declared if key not in expected and not any(e.startswith(key + ".") for e in expected)}
+        assert not extra, f"{name}: dvc.yaml lists params the stage does not read: {extra}"
+
+
+def _sh(args, cwd, env):
+    result = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, f"{' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
+    return result.stdout + result.stderr
+
+
+@pytest.fixture
+def dvc_repo(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for item in ("conf", "dvc.yaml", ".dvc/config", ".dvcignore", ".gitignore"):
+        source = REPO / item
+        (repo / item).parent.mkdir(parents=True, exist_ok=True)
+        (shutil.copytree if source.is_dir() else shutil.copy)(source, repo / item)
+    overrides = tiny_overrides(tmp_path, "data.samples=8", "paths.root=outputs")
+    (repo / "params.yaml").write_text(OmegaConf.to_yaml(compose_config(overrides)))
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "DVC_NO_ANALYTICS": "1", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+    _sh(["git", "init", "-q"], repo, env)
+    _sh(["git", "add", "-A"], repo, env)
+    _sh(["git", "commit", "-qm", "init"], repo, env)
+    return repo, env, overrides
+
+
+def test_repro_runs_generate_once_and_exp_run_composes_overrides(dvc_repo):
+    repo, env, overrides = dvc_repo
+    _sh(["dvc", "repro", "generate"], repo, env)
+    metrics = json.loads((repo / "dvcout/metrics/generate.json").read_text())
+    assert metrics["generate/samples"] == 8
+    second = _sh(["dvc", "repro", "generate"], repo, env)
+    assert "didn't change" in second or "up to date" in second
+    assert "Running stage" not in second
+
+    # `dvc exp run -S` composes params.yaml from conf/ with Hydra's override grammar.
+    sets = [arg for override in overrides if not override.startswith("data.samples")
+            for arg in ("-S", override)]
+    _sh(["dvc", "exp", "run", *sets, "-S", "data.samples=16", "generate"], repo, env)
+    metrics = json.loads((repo / "dvcout/metrics/generate.json").read_text())
+    assert metrics["generate/samples"] == 16 and metrics["generate/new_samples"] == 8  # the pool grew by 8
+    assert OmegaConf.load(repo / "params.yaml").data.samples == 16

@@ -1,0 +1,89 @@
+"""The generate stage: batched answers equal one-at-a-time ones, growth and resume lose or repeat nothing."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from draftlab.config import validate
+from draftlab.data.samples import count_samples, read_samples
+from draftlab.reporting import RecordingReporter
+from draftlab.stages import generate
+from draftlab.stages.generate import generate_batch
+from draftlab.target import tiny_target
+
+
+def _samples(folder, n=None):
+    return [(s.index, s.input_ids.tolist(), s.loss_mask.tolist(), s.split) for s in read_samples(folder, limit=n)]
+
+
+@pytest.mark.parametrize("dtype, attn", [(torch.float32, "sdpa"), (torch.bfloat16, "eager")])
+def test_batched_generation_equals_one_at_a_time(dtype, attn):
+    target = tiny_target(dtype=dtype)
+    target.model.set_attn_implementation(attn)
+    prompts = [target.chat_ids(text) for text in ("hi", "a much longer prompt than the first", "mid size one")]
+    batched = generate_batch(target, prompts, max_new_tokens=12, temperature=0.0)
+    single = [generate_batch(target, [p], max_new_tokens=12, temperature=0.0)[0] for p in prompts]
+    assert batched == single
+
+
+def _run(cfg, folder: Path):
+    return generate.run(cfg, folder, {}, RecordingReporter())
+
+
+def test_more_samples_generate_only_the_new_ones(tiny_cfg, tmp_path):
+    cfg16 = validate(tiny_cfg("data.samples=16"))
+    folder = tmp_path / "pool"
+    first = _run(cfg16, folder)
+    assert first["generate/new_samples"] == 16 and first["generate/samples"] == 16
+    before = _samples(folder)
+    again = _run(cfg16, folder)
+    assert again["generate/new_samples"] == 0
+    grown = _run(validate(tiny_cfg("data.samples=32")), folder)
+    assert grown["generate/new_samples"] == 16
+    assert _samples(folder, 16) == before  # the first N are reused unchanged
+
+
+def test_killed_run_resumes_without_losing_or_repeating(tiny_cfg, tmp_path, monkeypatch):
+    cfg = validate(tiny_cfg("data.samples=48"))
+    reference = tmp_path / "reference"
+    _run(cfg, reference)
+
+    folder = tmp_path / "killed"
+    real = generate._generate_shard
+    calls = {"n": 0}
+
+    def dies_on_second_shard(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt("killed")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(generate, "_generate_shard", dies_on_second_shard)
+    with pytest.raises(KeyboardInterrupt):
+        _run(cfg, folder)
+    assert count_samples(folder) == 16  # the first shard survived, nothing half-written is listed
+    monkeypatch.setattr(generate, "_generate_shard", real)
+    resumed = _run(cfg, folder)
+    assert resumed["generate/new_samples"] == 32
+    assert _samples(folder) == _samples(reference)
+
+
+def test_sampling_is_reproducible_and_independent_of_history(tiny_cfg, tmp_path):
+    cfg8 = validate(tiny_cfg("data.samples=8", "data.temperature=1.0"))
+    cfg16 = validate(tiny_cfg("data.samples=16", "data.temperature=1.0"))
+    stepwise, direct = tmp_path / "a", tmp_path / "b"
+    _run(cfg8, stepwise)
+    _run(cfg16, stepwise)
+    _run(cfg16, direct)
+    assert _samples(stepwise) == _samples(direct)
+
+
+def test_answers_hold_the_assistant_mask_and_text(tiny_cfg, tmp_path):
+    cfg = validate(tiny_cfg("data.samples=8"))
+    _run(cfg, tmp_path / "p")
+    sample = next(read_samples(tmp_path / "p", with_text=True))
+    answer = sample.input_ids[sample.loss_mask]
+    assert 0 < len(answer) <= cfg.data.max_new_tokens
+    assert not sample.loss_mask[: sample.prompt_len].any() and sample.loss_mask[sample.prompt_len:].all()
+    assert sample.prompt

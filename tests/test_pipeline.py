@@ -1,0 +1,64 @@
+"""The pipeline: content-addressed stage folders, caching, and what MLflow records for a job."""
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from draftlab.config import validate
+from draftlab.pipeline import plan
+from draftlab.task import run_task
+
+
+def test_folders_depend_only_on_what_a_stage_reads(tiny_cfg):
+    base = plan(validate(tiny_cfg()))
+    more_samples = plan(validate(tiny_cfg("data.samples=64")))
+    other_lr = plan(validate(tiny_cfg("train.lr=0.5")))
+    other_layers = plan(validate(tiny_cfg("extract.layers=[1,2,3]")))
+    assert more_samples["generate"].folder == base["generate"].folder  # a growing pool
+    assert more_samples["generate"].key != base["generate"].key
+    assert more_samples["train"].folder != base["train"].folder
+    assert other_lr["extract"].folder == base["extract"].folder and other_lr["train"].folder != base["train"].folder
+    assert other_layers["generate"].folder == base["generate"].folder
+    assert other_layers["extract"].folder != base["extract"].folder
+    assert other_layers["train"].folder != base["train"].folder
+
+
+def test_generate_job_is_tracked_and_cached_on_rerun(tiny_cfg, tmp_path):
+    cfg = tiny_cfg("stages=[generate]", "data.samples=8")
+    first = run_task(cfg)
+    second = run_task(cfg)
+    assert first["generate/cached"] == 0 and second["generate/cached"] == 1
+    client = MlflowClient(tracking_uri=str(cfg.tracking.uri))
+    runs = client.search_runs([client.get_experiment_by_name("draftlab").experiment_id],
+                              order_by=["attributes.start_time ASC"])
+    assert len(runs) == 2
+    run = runs[0]
+    assert run.info.status == "FINISHED"
+    assert run.data.params["data.samples"] == "8" and run.data.params["target.name"] == "tiny"
+    assert run.data.tags["git.commit"] and run.data.tags["git.dirty"] in ("true", "false", "unknown")
+    assert run.data.tags["fingerprint.generate"]
+    for name in ("generate/seconds", "generate/cached", "generate/samples", "generate/tokens",
+                 "generate/tokens_per_s"):
+        assert name in run.data.metrics, name
+    assert runs[1].data.metrics["generate/cached"] == 1
+    artifacts = [a.path for a in client.list_artifacts(run.info.run_id, "config")]
+    assert "config/resolved.yaml" in artifacts
+
+
+def test_a_failing_stage_marks_the_run_failed(tiny_cfg, monkeypatch):
+    from draftlab.stages import generate
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("stage exploded")
+
+    monkeypatch.setattr(generate, "run", broken)
+    cfg = tiny_cfg("stages=[generate]")
+    with pytest.raises(RuntimeError, match="stage exploded"):
+        run_task(cfg)
+    client = MlflowClient(tracking_uri=str(cfg.tracking.uri))
+    run = client.search_runs([client.get_experiment_by_name("draftlab").experiment_id])[0]
+    assert run.info.status == "FAILED"
+
+
+def test_a_stage_without_its_inputs_says_which(tiny_cfg):
+    with pytest.raises(RuntimeError, match="needs generate"):
+        run_task(tiny_cfg("stages=[extract]", "tracking.enabled=false"))
