@@ -1,0 +1,7 @@
+"""Sweep analysis: power-law fits against training tokens, comparisons at equal data, and a verdict
+(data-limited, at a bottleneck: features / capacity / optimisation, or undetermined). See core.analyze."""
+
+from draftlab.analysis.core import AnalysisResult, analyze
+from draftlab.analysis.verdict import Thresholds
+
+__all__ = ["AnalysisResult", "Thresholds", "analyze"]

@@ -1,0 +1,11 @@
+"""Sweep analysis CLI: is this draft data-limited, or at a bottleneck? See draftlab/analysis/.
+
+    python src/analyze.py <experiment name | parent run id> [--tracking-uri URI] [--out DIR] [--log-to-parent]
+"""
+
+import sys
+
+from draftlab.analysis.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

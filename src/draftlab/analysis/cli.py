@@ -1,0 +1,64 @@
+"""`python src/analyze.py <experiment or parent run id>`: load a sweep from MLflow, analyse, print, log back.
+
+`analyze_parent` is the entry the sweep callback (draftlab.sweep) calls when a multirun ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from draftlab.analysis.core import AnalysisResult, analyze
+from draftlab.analysis.mlflow_source import load_records, log_to_parent
+from draftlab.tracking import repo_root
+
+
+def default_out(parent_run_id: str) -> Path:
+    return repo_root() / "outputs" / "analysis" / parent_run_id
+
+
+def analyze_parent(source: str, tracking_uri: str | None = None, out: Path | None = None,
+                   log: bool = True, include_unfinished: bool = False, seed: int = 0,
+                   n_boot: int = 400, level: float = 0.9) -> AnalysisResult:
+    """Analyses the sweep `source` (parent run id or experiment name); logs to the parent run when `log`."""
+    sweep = load_records(source, tracking_uri, include_unfinished=include_unfinished)
+    result = analyze(sweep.records, out or default_out(sweep.parent_run_id), level=level, n_boot=n_boot,
+                     seed=seed)
+    if sweep.skipped:
+        note = f"Left out {len(sweep.skipped)} unfinished child run(s): {', '.join(sweep.skipped)}."
+        result.evidence.append(note)
+        result.report += f"\n{note}\n"
+    if log:
+        log_to_parent(sweep.parent_run_id, result, tracking_uri)
+    result.parent_run_id = sweep.parent_run_id
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="analyze.py", description="Is this draft data-limited, or at a bottleneck? "
+                                "Fits the sweep's children against training tokens and names the verdict.")
+    p.add_argument("source", help="a sweep's parent run id, or an experiment name (its latest sweep)")
+    p.add_argument("--tracking-uri", default=None,
+                   help="default: MLFLOW_TRACKING_URI, else sqlite:///<repo>/mlruns/mlflow.db")
+    p.add_argument("--out", type=Path, default=None, help="report + plots folder "
+                   "(default: outputs/analysis/<parent run id>)")
+    p.add_argument("--log-to-parent", action="store_true",
+                   help="log the report, plots, analysis/* metrics and a verdict tag to the parent run")
+    p.add_argument("--include-unfinished", action="store_true", help="also use failed or running children")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (results are deterministic per seed)")
+    p.add_argument("--boot", type=int, default=400, help="bootstrap replicates")
+    p.add_argument("--level", type=float, default=0.9, help="interval level")
+    args = p.parse_args(argv)
+    try:
+        result = analyze_parent(args.source, args.tracking_uri, args.out, log=args.log_to_parent,
+                                include_unfinished=args.include_unfinished, seed=args.seed, n_boot=args.boot,
+                                level=args.level)
+    except ValueError as err:
+        print(f"analyze.py: {err}", file=sys.stderr)
+        return 2
+    print(result.report)
+    print(f"\nReport and plots: {result.paths['report'].parent}")
+    if args.log_to_parent:
+        print(f"Logged to parent run {result.parent_run_id} (tag verdict={result.tag})")
+    return 0

@@ -1,0 +1,139 @@
+"""Comparisons at equal data: which factor settings (layers, draft size, epochs, ...) beat the baseline, the
+train/validation gap, and whether training had converged.
+
+A comparison for factor k uses only runs whose config equals the baseline's except for k, at the largest data
+size where two or more settings of k exist, so nothing else differs. Differences use the pooled seed sigma
+(see stats.py) with a Student-t interval; with no replicates anywhere the interval is unknown and the
+comparison cannot count as evidence.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from draftlab.analysis.records import Run, by_group, differs_only_in, direction, values
+from draftlab.analysis.stats import NAN, Estimate, mean_diff, t_quantile
+
+CATEGORIES = {"extract.": "features", "draft.": "capacity", "train.": "optimisation"}
+
+
+def category_of(key: str) -> str:
+    return next((c for prefix, c in CATEGORIES.items() if key.startswith(prefix)), "other")
+
+
+@dataclass
+class Level:
+    label: str
+    mean: float
+    sd: float
+    count: int
+    baseline: bool
+
+
+@dataclass
+class Comparison:
+    key: str
+    category: str
+    metric: str
+    n: float  # the data size the settings are compared at
+    levels: list[Level]
+    best: str
+    worst: str
+    best_vs_baseline: Estimate  # improvement of the best setting over the baseline (> 0 = better)
+    best_vs_worst: Estimate  # improvement of the best setting over the worst
+
+    @property
+    def baseline(self) -> str:
+        return next(lv.label for lv in self.levels if lv.baseline)
+
+
+def _factor_keys(runs: list[Run]) -> list[str]:
+    seen: dict[str, set] = defaultdict(set)
+    for r in runs:
+        for k, v in r.config:
+            seen[k].add(v)
+    return sorted(k for k, vs in seen.items() if len(vs) > 1)
+
+
+def compare_factor(runs: list[Run], baseline: tuple, key: str, metric: str, sigma: float, df: int,
+                   level: float) -> Comparison | None:
+    """Settings of `key` at equal data, everything else at the baseline; None if not comparable."""
+    base_value = dict(baseline).get(key, "None")
+    pool = [r for r in runs if differs_only_in(r.config, baseline, key) and math.isfinite(r.value(metric))]
+    for n, group in reversed(by_group(pool)):
+        cells: dict[str, list[Run]] = defaultdict(list)
+        for r in group:
+            cells[dict(r.config).get(key, "None")].append(r)
+        if len(cells) < 2 or base_value not in cells:
+            continue
+        sign = direction(metric)
+        levels = [Level(v, float(np.mean(values(c, metric))), float(np.std(values(c, metric), ddof=1))
+                        if len(c) > 1 else NAN, len(c), v == base_value) for v, c in sorted(cells.items())]
+        ranked = sorted(levels, key=lambda lv: sign * lv.mean, reverse=True)
+        best, worst = ranked[0].label, ranked[-1].label
+
+        def improvement(a: str, b: str) -> Estimate:
+            d = mean_diff(values(cells[a], metric), values(cells[b], metric), sigma, df, level)
+            if sign > 0:
+                return d
+            return Estimate(0.0 - d.value, 0.0 - d.hi, 0.0 - d.lo) if d.known else Estimate(0.0 - d.value)
+
+        return Comparison(key, category_of(key), metric, n, levels, best, worst,
+                          improvement(best, base_value), improvement(best, worst))
+    return None
+
+
+def compare_all(runs: list[Run], baseline: tuple, metrics: list[str], noise: dict[str, tuple[float, int]],
+                level: float) -> list[Comparison]:
+    out = []
+    for key in _factor_keys(runs):
+        for metric in metrics:
+            sigma, df = noise.get(metric, (NAN, 0))
+            c = compare_factor(runs, baseline, key, metric, sigma, df, level)
+            if c is not None:
+                out.append(c)
+    return out
+
+
+def train_val_gap(runs_at_nmax: list[Run], val_key: str, level: float) -> Estimate | None:
+    """val loss - train loss at the largest N (> 0: the draft fits its training data better than new data).
+
+    The interval uses the spread of the per-run gaps across seeds, which is what matters (paired per run).
+    """
+    gaps = np.array([r.value(val_key) - r.value("train/loss") for r in runs_at_nmax])
+    gaps = gaps[np.isfinite(gaps)]
+    if gaps.size == 0:
+        return None
+    if gaps.size < 2:
+        return Estimate(float(gaps.mean()))
+    half = t_quantile(level, gaps.size - 1) * gaps.std(ddof=1) / math.sqrt(gaps.size)
+    return Estimate(float(gaps.mean()), float(gaps.mean() - half), float(gaps.mean() + half))
+
+
+def tail_drop(history: list[tuple[float, float]], tail: float) -> float:
+    """Relative fall of a loss over the last `tail` fraction of training: (y(at 1-tail) - y_end) / y_end.
+
+    Works for per-epoch and per-step histories alike (linear interpolation on the step axis); the last
+    quarter of a cosine schedule runs at a small learning rate, so a large fall there means far from done.
+    """
+    if len(history) < 2:
+        return NAN
+    steps = np.array([s for s, _ in history], dtype=float)
+    ys = np.array([v for _, v in history], dtype=float)
+    at = steps[0] + (1.0 - tail) * (steps[-1] - steps[0])
+    y_at, y_end = float(np.interp(at, steps, ys)), float(ys[-1])
+    return (y_at - y_end) / abs(y_end) if y_end else NAN
+
+
+def convergence(runs_at_nmax: list[Run], tail: float) -> tuple[str, float] | None:
+    """Mean tail drop over runs at the largest N, from the train/loss history (else val loss); None if none."""
+    for key in ("train/loss", "val/loss"):
+        drops = [tail_drop(r.history[key], tail) for r in runs_at_nmax if len(r.history.get(key, [])) >= 2]
+        drops = [d for d in drops if math.isfinite(d)]
+        if drops:
+            return key, float(np.mean(drops))
+    return None

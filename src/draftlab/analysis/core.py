@@ -1,0 +1,165 @@
+"""analyze(records, out_dir): the whole sweep analysis, from job records to verdict, numbers, report and plots."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from draftlab.analysis import plots
+from draftlab.analysis.compare import Comparison, compare_all, convergence, train_val_gap
+from draftlab.analysis.fit import PowerLawFit, fit_power_law
+from draftlab.analysis.records import (TAU_KEY, baseline_config, by_group, direction, loss_key, metric_noise,
+                                       normalise, values)
+from draftlab.analysis.report import render
+from draftlab.analysis.verdict import Thresholds, Verdict, decide
+
+SHORT = {TAU_KEY: "tau"}  # metric -> prefix in analysis/* numbers; any loss metric is "loss"
+VERDICT_CODES = {"undetermined": 0, "data-limited": 1, "bottleneck": 2}
+
+
+@dataclass
+class AnalysisResult:
+    verdict: str  # data-limited | bottleneck | undetermined
+    bottleneck: str | None  # features | capacity | optimisation | unidentified, when verdict == bottleneck
+    headline: str  # the verdict in plain words
+    evidence: list[str]
+    next_steps: list[str]
+    numbers: dict[str, float]  # flat `analysis/*` metrics, ready for MLflow
+    report: str  # Markdown
+    paths: dict[str, Path] = field(default_factory=dict)  # report + plots, when out_dir was given
+    fits: dict[str, PowerLawFit] = field(default_factory=dict)
+    comparisons: list[Comparison] = field(default_factory=list)
+    details: Verdict | None = None
+    parent_run_id: str | None = None  # set when the records came from an MLflow sweep
+
+    @property
+    def tag(self) -> str:
+        """The `verdict` tag value: data-limited | bottleneck:<which> | undetermined."""
+        return f"bottleneck:{self.bottleneck}" if self.verdict == "bottleneck" else self.verdict
+
+
+def _numbers(runs, n_sizes, fits, comparisons, gap, conv, verdict) -> dict[str, float]:
+    out: dict[str, float] = {"analysis/runs": len(runs), "analysis/data_sizes": n_sizes,
+                             "analysis/verdict_code": VERDICT_CODES[verdict.kind]}
+    for metric, fit in fits.items():
+        p = f"analysis/{SHORT.get(metric, 'loss')}"
+        if len(fit.n):
+            out["analysis/n_max"] = fit.n_max
+        out.update(fit.local_gain.as_metrics(f"{p}_local_gain"))
+        if fit.ok:
+            out.update(fit.gain_per_doubling.as_metrics(f"{p}_gain_per_doubling"))
+            out.update(fit.projections["2x"].as_metrics(f"{p}_at_2x"))
+            out.update(fit.projections["4x"].as_metrics(f"{p}_at_4x"))
+            out.update(fit.params["y_inf"].as_metrics(f"{p}_inf"))
+            out.update(fit.params["alpha"].as_metrics(f"{p}_alpha"))
+            out.update(fit.fitted_nmax.as_metrics(f"{p}_fit_nmax"))
+        if math.isfinite(fit.sigma):
+            out[f"{p}_sigma"] = fit.sigma
+    if gap is not None:
+        out.update(gap.as_metrics("analysis/train_val_gap"))
+    if conv is not None:
+        out["analysis/tail_drop"] = conv[1]
+    for c in comparisons:
+        p = f"analysis/{c.key}/{SHORT.get(c.metric, 'loss')}"
+        out.update(c.best_vs_baseline.as_metrics(f"{p}_best_vs_baseline"))
+        out.update(c.best_vs_worst.as_metrics(f"{p}_best_vs_worst"))
+    return {k: float(v) for k, v in out.items() if math.isfinite(float(v))}
+
+
+def _plots(fits, base_runs, comparisons, out: Path, level: float) -> dict[str, Path]:
+    paths: dict[str, Path] = {}
+    for metric, fit in fits.items():
+        if len(fit.n):
+            name = f"scaling_{SHORT.get(metric, 'loss')}"
+            paths[name] = plots.scaling_plot(fit, base_runs, out / f"{name}.png", level)
+    acc = plots.accuracy_plot(base_runs, out / "accuracy_by_step.png")
+    if acc is not None:
+        paths["accuracy_by_step"] = acc
+    by_key: dict[str, list[Comparison]] = {}
+    for c in comparisons:
+        by_key.setdefault(c.key, []).append(c)
+    for key, cs in by_key.items():
+        name = "compare_" + key.replace(".", "_")
+        paths[name] = plots.comparison_plot(cs, out / f"{name}.png")
+    return paths
+
+
+def _other_series(runs, baseline, lk, noise, th, level, n_boot, seed) -> dict[str, PowerLawFit]:
+    """Loss fits of every other config swept over enough data sizes (e.g. a layer x data grid), labelled by
+    how the config differs from the baseline: shown next to the baseline's (EAGLE-2-like flat vs rising)."""
+    base = dict(baseline)
+    out = {}
+    for config in sorted({r.config for r in runs} - {baseline}):
+        groups = by_group([r for r in runs if r.config == config])
+        if len(groups) >= th.min_points:
+            name = ", ".join(f"{k}={v}" for k, v in config if base.get(k) != v) or "(same)"
+            out[name] = fit_power_law(lk, [(n, values(g, lk)) for n, g in groups], sign=1, seed_sigma=noise[0],
+                                      seed_df=noise[1], level=level, n_boot=n_boot, seed=seed,
+                                      min_points=th.min_points)
+    return out
+
+
+def _nothing(reason: str, out_dir) -> AnalysisResult:
+    """A sweep with nothing to fit is undetermined, not an error: the sweep's own runs stay valid."""
+    headline = f"Undetermined: nothing to analyse: {reason}."
+    report = f"# Sweep analysis\n\n**Verdict: undetermined.** {headline}\n"
+    paths = {}
+    if out_dir is not None:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        paths["report"] = Path(out_dir) / "report.md"
+        paths["report"].write_text(report)
+    return AnalysisResult("undetermined", None, headline, [reason], [], {"analysis/verdict_code": 0.0},
+                          report, paths)
+
+
+def analyze(records: list[dict], out_dir: str | Path | None = None, thresholds: Thresholds = Thresholds(),
+            level: float = 0.9, n_boot: int = 400, seed: int = 0) -> AnalysisResult:
+    """Fits, comparisons and the verdict for one sweep's job records (format: `draftlab.analysis.records`).
+
+    With `out_dir`, writes `report.md` and the PNG plots there. Deterministic for a given `seed`.
+    """
+    if not records:
+        return _nothing("no finished job records (did the sweep run any job to the end?)", out_dir)
+    try:
+        runs, n_source = normalise(records)
+    except ValueError as err:
+        return _nothing(str(err), out_dir)
+    baseline = baseline_config(runs)
+    base_runs = [r for r in runs if r.config == baseline]
+    lk = loss_key(runs)
+    if lk is None:
+        return _nothing("no validation loss in the records (metric val/loss or best/val_loss): did the "
+                        "sweep run the train stage?", out_dir)
+    metrics = [lk] + ([TAU_KEY] if any(math.isfinite(r.value(TAU_KEY)) for r in runs) else [])
+    noise = {m: metric_noise(runs, m) for m in metrics}
+    groups = by_group(base_runs)
+    fits = {}
+    for i, m in enumerate(metrics):
+        sigma, df = noise[m]
+        fits[m] = fit_power_law(m, [(n, values(g, m)) for n, g in groups], sign=-direction(m),
+                                lower=1.0 if m == TAU_KEY else 0.0, seed_sigma=sigma, seed_df=df, level=level,
+                                n_boot=n_boot, seed=seed + i, min_points=thresholds.min_points)
+    nmax_runs = groups[-1][1]
+    val_nmax = float(np.mean(values(nmax_runs, lk))) if values(nmax_runs, lk).size else math.nan
+    gap = train_val_gap(nmax_runs, lk, level)
+    conv = convergence(nmax_runs, thresholds.tail_fraction)
+    comparisons = compare_all(runs, baseline, metrics, noise, level)
+    others = _other_series(runs, baseline, lk, noise[lk], thresholds, level, n_boot, seed)
+    verdict = decide(fits, comparisons, val_nmax, gap, conv, thresholds)
+    paths: dict[str, Path] = {}
+    if out_dir is not None:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        paths = _plots(fits, base_runs, comparisons, out, level)
+    report = render(verdict, fits, comparisons, runs, base_runs, baseline, lk, n_source, gap, paths,
+                    thresholds, level, others)
+    if out_dir is not None:
+        paths["report"] = Path(out_dir) / "report.md"
+        paths["report"].write_text(report)
+    return AnalysisResult(verdict.kind, verdict.bottleneck, verdict.headline, verdict.evidence,
+                          verdict.next_steps, _numbers(runs, len(groups), fits, comparisons, gap, conv, verdict),
+                          report, paths, fits, comparisons, verdict)
+

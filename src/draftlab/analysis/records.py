@@ -1,0 +1,166 @@
+"""The analysis input model: one record per sweep child run, normalised into `Run`s.
+
+A record is a plain dict (what `mlflow_source.load_records` returns, and what tests build by hand):
+
+    {"run_id": "...",                          # optional
+     "params": {"data.samples": 800, "extract.layers": "auto", "train.seed": 1, ...},  # dotted config keys
+     "metrics": {"train/train_tokens": 2.1e7, "val/loss": 6.13, "train/loss": 6.0, "bench/tau": 2.9,
+                 "val/acc_0": 0.745, ...},      # final values
+     "history": {"val/loss": [(step, value), ...], "train/loss": [...]}}  # optional, per epoch or step
+
+Params may be strings (MLflow stores them so); they are parsed back to ints, floats, lists, None.
+N, the data size, is the first of `N_SOURCES` that every record has, so one sweep never mixes units.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import yaml
+
+from draftlab.analysis.stats import pooled_sd
+
+# Distinct training tokens first (the x-axis of a data-scaling law), samples only as a last resort.
+N_SOURCES = ("metrics:train/train_tokens", "metrics:extract/tokens", "params:data.samples")
+# Keys that only change which replicate a run is, not what is being compared: their spread is the noise.
+REPLICATE_KEYS = ("train.seed", "data.seed", "bench.seed")
+# Bookkeeping keys that do not change results; anything else that differs between runs is a factor.
+IGNORE_PREFIXES = ("tracking.", "paths.", "hydra.", "stages")
+IGNORE_KEYS = frozenset({
+    "data.batch_size", "data.shard_size", "extract.batch_size", "extract.shard_size", "train.log_every",
+    "train.checkpoint_every", "train.device", "target.device", "serve.device", "serve.host", "serve.port",
+    "serve.python", "serve.startup_timeout_s", "serve.extra_args", "train.init_from",
+})
+# Metric names: lower-is-better unless listed as higher-is-better.
+LOSS_KEYS = ("val/loss", "best/val_loss")
+TAU_KEY = "bench/tau"
+HIGHER_IS_BETTER_PREFIXES = ("bench/tau", "val/acc", "val/predicted_tau")
+
+
+def parse_param(value: Any) -> Any:
+    """MLflow param strings back to values: '800' -> 800, '[1, 3]' -> [1, 3], 'None' -> None, 'auto' -> 'auto'."""
+    if not isinstance(value, str):
+        return value
+    if value in ("None", "null", ""):
+        return None
+    for kind in (int, float):  # before YAML, which (1.1) reads '1e-3' as a string
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    try:
+        parsed = yaml.safe_load(value)
+    except yaml.YAMLError:
+        return value
+    return parsed if isinstance(parsed, (int, float, list, bool)) or parsed is None else value
+
+
+def label(value: Any) -> str:
+    """A short, stable label for a param value (lists as '[1,3,4]')."""
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(str(v) for v in value) + "]"
+    return str(value)
+
+
+def direction(metric: str) -> int:
+    """+1 when higher is better (tau, accuracy), -1 when lower is better (losses)."""
+    return 1 if metric.startswith(HIGHER_IS_BETTER_PREFIXES) else -1
+
+
+@dataclass
+class Run:
+    run_id: str
+    params: dict[str, Any]
+    metrics: dict[str, float]
+    history: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    n: float = math.nan  # data size on the chosen scale
+    group: Any = None  # runs with the same group share a dataset (same data.samples, or same N)
+    config: tuple = ()  # the factor settings: params minus N, replicate and bookkeeping keys
+
+    def value(self, metric: str) -> float:
+        v = self.metrics.get(metric)
+        return float(v) if v is not None and math.isfinite(float(v)) else math.nan
+
+
+def is_factor_key(key: str) -> bool:
+    return not (key in IGNORE_KEYS or key in REPLICATE_KEYS or key == "data.samples"
+                or key.startswith(IGNORE_PREFIXES))
+
+
+def _config(params: dict[str, Any]) -> tuple:
+    return tuple(sorted((k, label(v)) for k, v in params.items() if is_factor_key(k)))
+
+
+def n_source(records: list[dict]) -> str:
+    """The first N source present in every record; ValueError if none is."""
+    for source in N_SOURCES:
+        kind, key = source.split(":", 1)
+        if records and all(parse_param(r.get(kind, {}).get(key)) is not None for r in records):
+            return source
+    raise ValueError("no data size in the records: need metrics train/train_tokens or extract/tokens, "
+                     "or param data.samples, in every record")
+
+
+def normalise(records: list[dict]) -> tuple[list[Run], str]:
+    """Records -> Runs with parsed params, N and config key; also returns the N source used."""
+    source = n_source(records)
+    kind, key = source.split(":", 1)
+    runs = []
+    for i, r in enumerate(records):
+        params = {k: parse_param(v) for k, v in r.get("params", {}).items()}
+        metrics = {k: float(v) for k, v in r.get("metrics", {}).items() if v is not None}
+        history = {k: sorted((float(s), float(v)) for s, v in h) for k, h in (r.get("history") or {}).items()}
+        n = float(parse_param(r[kind][key]))
+        # Same data.samples means the same dataset even if a token count differs by a rounding; else N itself.
+        group = params.get("data.samples", n)
+        runs.append(Run(str(r.get("run_id", i)), params, metrics, history, n, group, _config(params)))
+    return runs, source
+
+
+def by_group(runs: list[Run]) -> list[tuple[float, list[Run]]]:
+    """Runs grouped by dataset, as (N, runs) sorted by N; N is the group's median."""
+    groups: dict[Any, list[Run]] = defaultdict(list)
+    for r in runs:
+        groups[r.group].append(r)
+    out = [(float(np.median([r.n for r in g])), g) for g in groups.values()]
+    return sorted(out, key=lambda t: t[0])
+
+
+def values(runs: list[Run], metric: str) -> np.ndarray:
+    v = np.array([r.value(metric) for r in runs], dtype=float)
+    return v[np.isfinite(v)]
+
+
+def baseline_config(runs: list[Run]) -> tuple:
+    """The config the data sweep varies N for: the one seen at the most data sizes (then the most runs)."""
+    sizes: dict[tuple, set] = defaultdict(set)
+    counts: Counter = Counter()
+    for r in runs:
+        sizes[r.config].add(r.group)
+        counts[r.config] += 1
+    return max(sizes, key=lambda c: (len(sizes[c]), counts[c]))
+
+
+def loss_key(runs: list[Run]) -> str | None:
+    """The validation loss metric present in the runs (val/loss, else best/val_loss)."""
+    for key in LOSS_KEYS:
+        if any(math.isfinite(r.value(key)) for r in runs):
+            return key
+    return None
+
+
+def metric_noise(runs: list[Run], metric: str) -> tuple[float, int]:
+    """Pooled seed-to-seed sd of a metric over all (config, dataset) cells holding replicates."""
+    cells: dict[tuple, list[Run]] = defaultdict(list)
+    for r in runs:
+        cells[(r.config, r.group)].append(r)
+    return pooled_sd(values(c, metric) for c in cells.values())
+
+
+def differs_only_in(a: tuple, b: tuple, key: str) -> bool:
+    """True when two configs are equal once `key` is left out of both."""
+    return [kv for kv in a if kv[0] != key] == [kv for kv in b if kv[0] != key]

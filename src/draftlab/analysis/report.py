@@ -1,0 +1,104 @@
+"""The Markdown report of a sweep analysis: verdict first, then the numbers behind it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from draftlab.analysis.compare import Comparison
+from draftlab.analysis.fit import PowerLawFit
+from draftlab.analysis.records import Run, by_group, values
+from draftlab.analysis.stats import Estimate
+from draftlab.analysis.verdict import Thresholds, Verdict
+
+COLUMNS = ("val/loss", "train/loss", "bench/tau", "val/predicted_tau", "val/acc_0")
+
+
+def _cell(v: np.ndarray) -> str:
+    if v.size == 0:
+        return ""
+    return f"{v.mean():.4g}" + (f" ± {v.std(ddof=1):.2g}" if v.size > 1 else "")
+
+
+def _data_table(runs: list[Run], loss_key: str) -> list[str]:
+    cols = [loss_key] + [c for c in COLUMNS[1:] if any(c in r.metrics for r in runs)]
+    lines = ["| N | runs | " + " | ".join(cols) + " |", "|---" * (len(cols) + 2) + "|"]
+    for n, group in by_group(runs):
+        lines.append(f"| {n:.4g} | {len(group)} | " + " | ".join(_cell(values(group, c)) for c in cols) + " |")
+    return lines
+
+
+def _fit_section(fit: PowerLawFit, level: float) -> list[str]:
+    shape = "L(N) = L_inf + A (N/N_max)^-alpha" if fit.sign > 0 else "tau(N) = tau_inf - A (N/N_max)^-alpha"
+    out = [f"### {fit.metric}", ""]
+    if not fit.ok:
+        return out + [f"No fit: {fit.note}. Local gain per doubling between the two largest N: "
+                      f"{fit.local_gain.fmt()}.", ""]
+    p = fit.params
+    out += [f"Fit `{shape}` on {len(fit.n)} data sizes ({int(fit.counts.sum())} runs); noise sigma "
+            f"{fit.sigma:.3g} from {fit.sigma_source} (df {fit.sigma_df}); intervals are {level:.0%} "
+            "parametric-bootstrap intervals.", "",
+            "| quantity | value [interval] |", "|---|---|",
+            f"| asymptote (N -> inf) | {p['y_inf'].fmt()} |",
+            f"| A (part still reducible at N_max) | {p['A_at_nmax'].fmt()} |",
+            f"| alpha | {p['alpha'].fmt()} |",
+            f"| fitted at N_max = {fit.n_max:.4g} | {fit.fitted_nmax.fmt()} |",
+            f"| **gain per doubling at N_max** | **{fit.gain_per_doubling.fmt()}** |",
+            f"| local gain per doubling (two largest N, no curve) | {fit.local_gain.fmt()} |",
+            f"| projected at 2x N_max | {fit.projections['2x'].fmt()} |",
+            f"| projected at 4x N_max | {fit.projections['4x'].fmt()} |"]
+    if fit.note:
+        out += ["", f"Note: {fit.note}."]
+    return out + [""]
+
+
+def _comparison_section(comparisons: list[Comparison]) -> list[str]:
+    if not comparisons:
+        return ["No factor was varied at equal data (no layer, capacity or epoch comparison).", ""]
+    out = ["| factor | metric | N | setting: mean (sd, runs) | best vs baseline | best vs worst |",
+           "|---|---|---|---|---|---|"]
+    for c in comparisons:
+        settings = "; ".join(f"{'**' if lv.baseline else ''}{lv.label}{'**' if lv.baseline else ''}: "
+                             f"{lv.mean:.4g} ({lv.sd:.2g}, {lv.count})" for lv in c.levels)
+        out.append(f"| {c.key} ({c.category}) | {c.metric} | {c.n:.4g} | {settings} | "
+                   f"{c.best} {c.best_vs_baseline.fmt()} | {c.best_vs_worst.fmt()} |")
+    return out + ["", "Improvements are positive when the best setting is better (lower loss, higher tau); "
+                  "the baseline is in bold.", ""]
+
+
+def render(verdict: Verdict, fits: dict[str, PowerLawFit], comparisons: list[Comparison], runs: list[Run],
+           base_runs: list[Run], baseline: tuple, loss_key: str, n_source: str, gap: Estimate | None,
+           plots: dict[str, Path], th: Thresholds, level: float,
+           others: dict[str, PowerLawFit] | None = None) -> str:
+    lines = ["# Sweep analysis: data-limited or at a bottleneck?", "",
+             f"**Verdict: {verdict.plain}** (`{verdict.tag}`). {verdict.headline}", ""]
+    if verdict.findings:
+        lines += ["Findings (resolved at the thresholds below):", ""]
+        lines += [f"- [{f.category}{'' if f.direct else ', heuristic'}] {f.text}" for f in verdict.findings] + [""]
+    lines += ["Evidence:", ""] + [f"- {e}" for e in verdict.evidence] + [""]
+    if verdict.next_steps:
+        lines += ["Next:", ""] + [f"- {s}" for s in verdict.next_steps] + [""]
+    lines += ["## Data", "", f"{len(runs)} runs; N from `{n_source}`; the data-scaling series is the baseline "
+              f"config ({len(base_runs)} runs):", "",
+              "`" + ", ".join(f"{k}={v}" for k, v in baseline) + "`" if baseline else "(no varied factors)", ""]
+    lines += _data_table(base_runs, loss_key) + [""]
+    lines += ["## Data scaling", ""]
+    for fit in fits.values():
+        lines += _fit_section(fit, level)
+    if gap is not None:
+        lines += [f"Train/validation gap at N_max (val - train): {gap.fmt()}.", ""]
+    if others:
+        lines += ["Other configs swept over data (loss gain per doubling at their largest N):", "",
+                  "| config (vs baseline) | N_max | gain per doubling | projected at 2x |", "|---|---|---|---|"]
+        lines += [f"| {name} | {f.n_max:.4g} | {f.gain_per_doubling.fmt()} | {f.projections['2x'].fmt()} |"
+                  for name, f in others.items() if f.ok] + [""]
+    lines += ["## Comparisons at equal data", ""] + _comparison_section(comparisons)
+    if plots:
+        lines += ["## Plots", ""] + [f"![{name}]({p.name})" for name, p in plots.items()] + [""]
+    lines += ["## Rules", "", f"Material change: {th.material_loss_rel:.0%} of the loss at N_max, "
+              f"{th.material_tau} tau. Resolved: point >= material and the {level:.0%} interval's lower bound "
+              f"> {th.near_zero_fraction} x material. Flat: upper bound < material. Converged: loss fell "
+              f"< {th.not_converged_rel_drop:.0%} over the last {th.tail_fraction:.0%} of training. "
+              "See `draftlab/analysis/verdict.py`.", ""]
+    return "\n".join(lines)
