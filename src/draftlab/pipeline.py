@@ -97,11 +97,31 @@ def run_stages(cfg, reporter: Reporter, names: list[str] | None = None) -> dict[
             if up not in wanted and not planned[up].done_record.exists():
                 raise RuntimeError(f"stage {name} needs {up} output {planned[up].folder}, which is not complete: "
                                    f"run with stages=[{up},{name}] or all stages")
-        metrics = run_stage(cfg, stage, inputs, reporter)
+        metrics = run_stage(_continuation(cfg) if name == "train" else cfg, stage, inputs, reporter)
         reporter.tag(f"fingerprint.{name}", stage.key)
         reporter.tag(f"folder.{name}", str(stage.folder))
         results.update(metrics)
     return results
+
+
+def _with(cfg, key: str, value):
+    copy = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    OmegaConf.update(copy, key, value)
+    OmegaConf.set_readonly(copy, True)
+    return copy
+
+
+def _continuation(cfg):
+    """`train.init_from: shorter` (the epochs sweep): continue from the longest finished run of the same
+    config with fewer epochs. The folder key keeps the word "shorter", so the choice never splits a cache."""
+    if cfg.train.init_from != "shorter":
+        return cfg
+    for epochs in range(cfg.train.epochs - 1, 0, -1):
+        shorter = plan(_with(cfg, "train.epochs", epochs))["train"]
+        if shorter.done_record.exists():
+            log.info("train: continuing from the %d-epoch run in %s", epochs, shorter.folder)
+            return _with(cfg, "train.init_from", str(shorter.folder))
+    return _with(cfg, "train.init_from", None)
 
 
 def run_stage(cfg, stage: PlannedStage, inputs: dict[str, Path], reporter: Reporter) -> dict[str, float]:

@@ -1,0 +1,260 @@
+"""check-draft: everything SGLang 0.5.23 would get wrong about a draft folder, found before a 15-minute start.
+
+Config rules first (no torch), then the safetensors headers replayed through `keymap` (no tensor is loaded
+except the small d2t). Each finding names the config key or checkpoint key at fault. Errors are things that
+crash SGLang after the target has loaded or, worse, make it serve at accept length ~1 without a word.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from draftlab.sglang import keymap
+from draftlab.sglang.st_files import INT_DTYPES, DraftFilesError, load_tensors, read_headers
+from draftlab.sglang.targetinfo import OTHER_CONVENTION, load_target_config, manifest_layer_ids, text_config
+
+ARCH = "LlamaForCausalLMEagle3"
+REQUIRED = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
+
+
+@dataclass
+class Finding:
+    level: str  # "error" | "warning"
+    where: str  # the config key or checkpoint key at fault
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.level.upper()} {self.where}: {self.message}"
+
+
+@dataclass
+class CheckReport:
+    folder: Path
+    rules: str
+    findings: list[Finding] = field(default_factory=list)
+    keys: keymap.KeyReport | None = None
+    speculators_format: bool = False
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.level == "error"]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def error(self, where: str, message: str) -> None:
+        self.findings.append(Finding("error", where, message))
+
+    def warn(self, where: str, message: str) -> None:
+        self.findings.append(Finding("warning", where, message))
+
+    def summary(self) -> str:
+        head = f"check-draft {self.folder} (SGLang rules: {self.rules}): "
+        head += "OK" if self.ok else f"{len(self.errors)} error(s)"
+        return "\n".join([head] + [f"  {f}" for f in self.findings])
+
+
+def is_speculators_config(config: dict) -> bool:
+    return "speculators_config" in config or "transformer_layer_config" in config or \
+        "Eagle3Speculator" in (config.get("architectures") or [])
+
+
+def check_draft(folder, target=None, rules: str = "current", extract_manifest=None) -> CheckReport:
+    folder = Path(folder)
+    report = CheckReport(folder, rules)
+    config_path = folder / "config.json"
+    if not config_path.exists():
+        report.error("config.json", f"missing in {folder}")
+        return report
+    config = json.loads(config_path.read_text())
+    if is_speculators_config(config):
+        report.speculators_format = True
+        report.error("config.json", "this is a vLLM speculators-format draft (speculators_config / "
+                     "transformer_layer_config / Eagle3Speculator); SGLang 0.5.23 cannot load it. Convert it: "
+                     f"python -m draftlab convert {folder} <dst> --to sglang")
+        return report
+    target_cfg, why = load_target_config(target)
+    if why and target is not None:
+        report.error("--target", why)
+    elif why:
+        report.warn("--target", why)
+    tcfg = text_config(target_cfg) if target_cfg else None
+    _check_config(report, config, tcfg)
+    _check_layer_ids(report, config, tcfg, extract_manifest)
+    if any(k not in config for k in REQUIRED) or report.rules not in keymap.RULES:
+        return report  # shapes cannot be derived; the config errors say why
+    try:
+        headers = read_headers(folder)
+    except (DraftFilesError, ValueError) as err:
+        report.error("model.safetensors", str(err))
+        return report
+    _check_tensors(report, folder, config, tcfg, headers)
+    return report
+
+
+def _check_config(report: CheckReport, config: dict, target: dict | None) -> None:
+    archs = config.get("architectures") or []
+    if not archs or archs[0] != ARCH:
+        hint = " (the EAGLE repo's name; SGLang loads it as a plain target model)" if archs[:1] == ["LlamaForCausalLM"] else ""
+        report.error("architectures", f"{archs} must start with {ARCH!r}{hint}")
+    for key in REQUIRED:
+        if key not in config:
+            report.error(key, "missing: SGLang derives parameter shapes from it")
+    if "model_type" not in config:
+        report.error("model_type", "missing: transformers cannot build the config class (use 'llama')")
+    if "draft_vocab_size" not in config:
+        report.error("draft_vocab_size", "missing: SGLang reads config.draft_vocab_size and fails with AttributeError "
+                     "(use null to share the target's head)")
+    dv, vocab = config.get("draft_vocab_size"), config.get("vocab_size")
+    if config.get("tie_word_embeddings"):
+        if dv is not None and dv != vocab:
+            report.error("tie_word_embeddings", f"true with draft_vocab_size {dv} != vocab_size {vocab}: SGLang uses the "
+                         "first rows of the target embedding as the head and drops lm_head.weight (accept ~1)")
+        else:
+            report.warn("tie_word_embeddings", "true: lm_head.weight in the checkpoint is ignored")
+    if "target_hidden_size" in config and config["target_hidden_size"] is None:
+        report.error("target_hidden_size", "null: SGLang uses the key whenever it exists and cannot size fc from null")
+    if "max_position_embeddings" not in config:
+        report.warn("max_position_embeddings", "missing: the transformers default (2048) becomes the draft's context")
+    dtype = config.get("torch_dtype") or config.get("dtype")
+    if not dtype:
+        report.error("torch_dtype", "not set: under --dtype auto SGLang picks the draft dtype from it")
+    elif dtype == "float32":
+        report.warn("torch_dtype", "float32 becomes float16 under --dtype auto; launch with an explicit --dtype")
+    if not target:
+        return
+    if vocab is not None and vocab != target.get("vocab_size"):
+        report.error("vocab_size", f"{vocab} != target vocab_size {target.get('vocab_size')}")
+    want = config.get("target_hidden_size") or config.get("hidden_size")
+    if want is not None and want != target.get("hidden_size"):
+        key = "target_hidden_size" if config.get("target_hidden_size") else "hidden_size"
+        report.error(key, f"{want} != target hidden_size {target.get('hidden_size')}")
+    ctx, target_ctx = config.get("max_position_embeddings", 2048), target.get("max_position_embeddings")
+    if target_ctx and ctx < target_ctx:
+        report.error("max_position_embeddings", f"{ctx} < target context {target_ctx}: SGLang raises ValueError after "
+                     "the target loaded (or set SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 knowingly and launch "
+                     "with a --context-length the draft was trained for)")
+    target_dtype = target.get("torch_dtype") or target.get("dtype")
+    if dtype and target_dtype and dtype != target_dtype:
+        report.warn("torch_dtype", f"{dtype} differs from the target's {target_dtype}; pass --dtype explicitly")
+
+
+def _check_layer_ids(report: CheckReport, config: dict, target: dict | None, manifest) -> None:
+    eagle = config.get("eagle_config") or {}
+    ids = eagle.get("eagle_aux_hidden_state_layer_ids")
+    if ids is None:
+        if "eagle_aux_hidden_state_layer_ids" in config:
+            report.error("eagle_aux_hidden_state_layer_ids", "top-level ids are ignored by SGLang's target capture; "
+                         "move them to eagle_config.eagle_aux_hidden_state_layer_ids")
+        else:
+            report.warn("eagle_config.eagle_aux_hidden_state_layer_ids", "absent: SGLang captures its default "
+                        "(outputs of layers [1, L//2-1, L-4])")
+        return
+    where = "eagle_config.eagle_aux_hidden_state_layer_ids"
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        report.error(where, f"{ids!r} must be a non-empty list of integers")
+        return
+    if len(set(ids)) != len(ids) or ids != sorted(ids):
+        report.error(where, f"{ids} must be strictly ascending: SGLang concatenates in ascending layer order "
+                     "and collapses duplicates")
+    if any(i < 0 for i in ids):
+        report.error(where, f"{ids}: negative layer id")
+    n_aux = config.get("num_aux_hidden_states")
+    if n_aux is not None and n_aux != len(ids):
+        report.error("num_aux_hidden_states", f"{n_aux} != {len(ids)} layer ids; SGLang sizes fc from num_aux")
+    if target:
+        L = target.get("num_hidden_layers")
+        if target.get("model_type") in OTHER_CONVENTION:
+            report.warn(where, f"target model_type {target.get('model_type')} does not read ids as 'output of layer "
+                        "k' (+1) in SGLang; check the capture convention by hand")
+        elif L is not None:
+            if any(i >= L - 1 for i in ids):
+                report.error(where, f"{ids}: id {L - 1} (the last layer's output) or beyond cannot be captured on a "
+                             f"{L}-layer Llama-family target; valid ids are 0..{L - 2}")
+    used = manifest_layer_ids(manifest)
+    if used is not None and list(used) != list(ids):
+        report.error(where, f"{ids} != {used}, the layer ids extraction used for training (extract manifest): "
+                     "SGLang would feed the draft other layers than it learned on")
+
+
+def _check_tensors(report: CheckReport, folder: Path, config: dict, target: dict | None, headers: dict) -> None:
+    keys = keymap.map_keys({k: v["shape"] for k, v in headers.items()}, config, report.rules)
+    report.keys = keys
+    arch = keymap.arch_from_config(config, report.rules)
+    for key, shape in keys.dropped.items():
+        report.error(key, f"{list(shape)} is dropped silently by SGLang ({report.rules} rules): it has neither "
+                     f"'{keys.looked_up[key]}' nor 'model.{keys.looked_up[key]}'")
+    target_hidden = (target or {}).get("hidden_size") or arch.hidden_in
+    for land in keys.mismatches:
+        shard = "" if land.shard is None else f"[{land.shard}]"
+        extra = ""
+        if land.param == "model.fc.weight" and len(land.shape) == 2:
+            extra = (f"; it takes {land.shape[1] / target_hidden:g} layer(s) x {target_hidden} features, the config "
+                     f"asks for {arch.num_aux}")
+        report.error(land.key, f"shape {list(land.shape)} but {land.param}{shard} expects {list(land.expected)}: "
+                     f"AssertionError at load, after the target has loaded{extra}")
+    for param, shape in keys.never_loaded.items():
+        report.error(param, f"{list(shape)} receives no checkpoint key and keeps uninitialised values{_why(param)}")
+    for key, param in keys.unused_loaded.items():
+        report.warn(key, f"loads into {param}, which SGLang's forward never reads (layers >= 1 normalise with "
+                    "hidden_norm)")
+    fc = next((land for land in keys.landed.values() if land.param == "model.fc.weight"), None)
+    if fc is not None and fc.shape_ok and fc.shape[1] != arch.num_aux * target_hidden:
+        # fc matches the draft config but not the target: target_hidden_size disagrees with the target
+        report.error(fc.key, f"input width {fc.shape[1]} != {arch.num_aux} layers x target hidden {target_hidden}")
+    _check_vocab_maps(report, folder, config, headers, keys, arch)
+
+
+def _why(param: str) -> str:
+    if param == "lm_head.weight":
+        return " (a random head: accept length ~1)"
+    if param == keymap.EMBED:
+        return " (target_hidden_size != hidden_size, so SGLang does not share the target's embedding)"
+    return ""
+
+
+def _check_vocab_maps(report, folder, config, headers, keys: keymap.KeyReport, arch: keymap.Arch) -> None:
+    dv = config.get("draft_vocab_size")
+    head = next((headers[k] for k in ("lm_head.weight", "model.lm_head.weight") if k in headers), None)
+    if dv is not None and head is not None and head["shape"][0] != dv:
+        report.error("lm_head.weight", f"{head['shape'][0]} rows != draft_vocab_size {dv}")
+    if not keys.has_d2t:
+        if dv is not None and dv < arch.vocab:
+            report.error("d2t", f"missing with draft_vocab_size {dv} < vocab_size {arch.vocab}: SGLang would use "
+                         "draft ids as target ids (accept ~1)")
+        return
+    info = headers[keys.d2t_key]
+    if info["dtype"] not in INT_DTYPES:
+        report.error(keys.d2t_key, f"dtype {info['dtype']}: d2t must hold integer offsets")
+        return
+    n = info["shape"][0] if info["shape"] else 0
+    if dv is not None and n != dv:
+        report.error(keys.d2t_key, f"length {n} != draft_vocab_size {dv}")
+    import torch
+
+    d2t = load_tensors(folder, [keys.d2t_key])[keys.d2t_key].to(torch.int64)
+    hot = d2t + torch.arange(d2t.numel())
+    if hot.numel() and (int(hot.min()) < 0 or int(hot.max()) >= arch.vocab):
+        report.error(keys.d2t_key, f"d2t + arange spans [{int(hot.min())}, {int(hot.max())}], outside the target "
+                     f"vocabulary [0, {arch.vocab}) (offsets, not absolute ids?)")
+    elif hot.unique().numel() != hot.numel():
+        report.warn(keys.d2t_key, "two draft ids map to the same target token")
+
+
+def check_draft_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m draftlab check-draft",
+                                     description="Check a draft folder against SGLang 0.5.23's loading contract.")
+    parser.add_argument("folder")
+    parser.add_argument("--target", help="target model folder (or hub name in the local HF cache)")
+    parser.add_argument("--rules", choices=keymap.RULES, default="current",
+                        help="current = SGLang 0.5.23; legacy = the SGLang that only loaded midlayer.*")
+    parser.add_argument("--extract-manifest", help="extract-stage manifest.json (or its folder): the layer ids used")
+    args = parser.parse_args(argv)
+    report = check_draft(args.folder, args.target, args.rules, args.extract_manifest)
+    print(report.summary(), file=sys.stdout if report.ok else sys.stderr)
+    return 0 if report.ok else 1

@@ -1,0 +1,150 @@
+"""Converting a draft folder between SGLang format and vLLM speculators format; tensors are copied bit-exact.
+
+The two formats hold the same tensors (speculators names `layers.{i}.*`, which SGLang 0.5.23 loads too; a
+`midlayer.*` source is renamed to `layers.0.*`) and differ in config.json:
+
+- SGLang: a flat Llama config with architectures ["LlamaForCausalLMEagle3"], draft_vocab_size,
+  target_hidden_size and eagle_config.eagle_aux_hidden_state_layer_ids.
+- speculators: architectures ["Eagle3Speculator"], speculators_config (algorithm, proposal methods,
+  verifier), the Llama layer config nested in transformer_layer_config, top-level draft_vocab_size,
+  target_hidden_size and eagle_aux_hidden_state_layer_ids, plus norm flags.
+
+Layer ids, the +1 difference: SGLang reads an id k as "output of decoder layer k" (it captures the input of
+layer k+1); vLLM reads the speculators id j as "input of layer j" (= output of layer j-1). We convert so that
+both engines feed the draft the SAME target layers it was trained on: speculators id = SGLang id + 1, and
+back. Keeping the integers would silently shift every feature by one layer in one of the two engines.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+from draftlab.fsutil import atomic_save_safetensors, atomic_write_json
+from draftlab.sglang.check import ARCH, is_speculators_config
+from draftlab.sglang.st_files import load_tensors
+
+SPECULATORS_VERSION = "0.9.0"  # the speculators release whose schema this writes (shared/reference §3.1)
+# Keys that are EAGLE-3 specific and live at the top level of a speculators config, not in the layer config.
+_TOP_LEVEL = ("architectures", "draft_vocab_size", "target_hidden_size", "eagle_config", "num_aux_hidden_states",
+              "eagle_aux_hidden_state_layer_ids", "norm_before_fc", "fc_norm", "norm_output", "use_aux_norm")
+_NORM_FLAGS = ("norm_before_fc", "fc_norm", "norm_output")
+
+
+class FormatError(ValueError):
+    """The source cannot be converted without changing what the draft computes."""
+
+
+def detect_format(folder: Path) -> str:
+    """'speculators' or 'sglang' from the folder's config.json."""
+    config = json.loads((Path(folder) / "config.json").read_text())
+    return "speculators" if is_speculators_config(config) else "sglang"
+
+
+def sglang_to_speculators_config(config: dict, verifier: str | None = None, speculative_tokens: int = 3) -> dict:
+    archs = config.get("architectures") or []
+    if archs[:1] != [ARCH]:
+        raise FormatError(f"architectures: {archs} is not an SGLang EAGLE-3 draft ({ARCH})")
+    eagle = config.get("eagle_config") or {}
+    ids = eagle.get("eagle_aux_hidden_state_layer_ids")
+    layer = {k: copy.deepcopy(v) for k, v in config.items() if k not in _TOP_LEVEL}
+    layer.setdefault("model_type", "llama")
+    layer["architectures"] = ["LlamaForCausalLM"]
+    out = {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "speculators_version": SPECULATORS_VERSION,
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": speculative_tokens,
+                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": verifier, "architectures": ["LlamaForCausalLM"]},
+        },
+        "transformer_layer_config": layer,
+        "draft_vocab_size": config.get("draft_vocab_size"),
+        "target_hidden_size": config.get("target_hidden_size", config.get("hidden_size")),
+        # None keeps each engine's default, which selects the same layers in both (outputs [1, L//2-1, L-4]).
+        "eagle_aux_hidden_state_layer_ids": None if ids is None else [int(i) + 1 for i in ids],
+        # SGLang's classic EAGLE-3 layer keeps the un-normed hidden state as the residual.
+        "norm_before_residual": False,
+        "embed_requires_grad": False,
+    }
+    for flag in _NORM_FLAGS:
+        out[flag] = bool(config.get(flag) or eagle.get(flag) or (flag == "fc_norm" and config.get("use_aux_norm")))
+    return out
+
+
+def speculators_to_sglang_config(spec: dict) -> dict:
+    if spec.get("norm_before_residual"):
+        raise FormatError("norm_before_residual: true (speculators' training default) computes a different graph "
+                          "from SGLang's EAGLE-3 layer, which keeps the un-normed residual; renaming keys cannot fix "
+                          "that. Retrain with norm_before_residual=false or serve it with vLLM.")
+    layer = copy.deepcopy(spec.get("transformer_layer_config") or {})
+    if not layer:
+        raise FormatError("transformer_layer_config: missing")
+    config = {k: v for k, v in layer.items() if k != "architectures"}
+    config["architectures"] = [ARCH]
+    config.setdefault("model_type", "llama")
+    config["draft_vocab_size"] = spec.get("draft_vocab_size")
+    # SGLang uses target_hidden_size whenever the key exists, so a null must become a number.
+    config["target_hidden_size"] = spec.get("target_hidden_size") or config.get("hidden_size")
+    config["tie_word_embeddings"] = False
+    ids = spec.get("eagle_aux_hidden_state_layer_ids")
+    if ids is not None:
+        config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [int(i) - 1 for i in ids],
+                                  "use_aux_hidden_state": True}
+    for flag in _NORM_FLAGS:
+        if spec.get(flag):
+            config[flag] = True
+    return config
+
+
+def _speculators_names(tensors: dict) -> dict:
+    return {k.replace("midlayer.", "layers.0."): v for k, v in tensors.items()}
+
+
+def convert(src: Path, dst: Path, to: str, verifier: str | None = None, speculative_tokens: int = 3) -> Path:
+    """Writes `dst` (config.json + model.safetensors) in format `to`; every tensor is copied unchanged."""
+    src, dst = Path(src), Path(dst)
+    if to not in ("sglang", "speculators"):
+        raise ValueError(f"to: {to!r} is not one of sglang, speculators")
+    if src.resolve() == dst.resolve():
+        raise ValueError("dst must differ from src")
+    config = json.loads((src / "config.json").read_text())
+    source = "speculators" if is_speculators_config(config) else "sglang"
+    if source == to:
+        new_config = config
+    elif to == "speculators":
+        new_config = sglang_to_speculators_config(config, verifier, speculative_tokens)
+    else:
+        new_config = speculators_to_sglang_config(config)
+    tensors = load_tensors(src)
+    if to == "speculators":
+        tensors = _speculators_names(tensors)
+    dst.mkdir(parents=True, exist_ok=True)
+    atomic_save_safetensors(dst / "model.safetensors", tensors, metadata={"format": "pt"})
+    atomic_write_json(dst / "config.json", new_config)
+    return dst
+
+
+def convert_main(argv: list[str] | None = None) -> int:
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m draftlab convert",
+                                     description="Convert a draft between SGLang and vLLM speculators format.")
+    parser.add_argument("src")
+    parser.add_argument("dst")
+    parser.add_argument("--to", choices=("sglang", "speculators"), required=True)
+    parser.add_argument("--verifier", help="target name or path recorded in speculators_config.verifier")
+    parser.add_argument("--speculative-tokens", type=int, default=3)
+    args = parser.parse_args(argv)
+    try:
+        out = convert(Path(args.src), Path(args.dst), args.to, args.verifier, args.speculative_tokens)
+    except (FormatError, ValueError, FileNotFoundError) as err:
+        print(f"convert: {err}", file=sys.stderr)
+        return 1
+    print(f"wrote {out} ({args.to} format)")
+    return 0

@@ -1,0 +1,53 @@
+"""Reading the target's config.json (a local folder or a hub name) and an extract-stage manifest's layer ids."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+# Target model types whose set_eagle3_layers_to_capture does not simply add 1 to every id (SGLang 0.5.23):
+# deepseek_v2 / glm4_moe_lite add 1 only when ids[0] == 1; gpt_oss uses the ids as-is when max(id) == L.
+OTHER_CONVENTION = {"deepseek_v2", "deepseek_v3", "glm4_moe_lite", "gpt_oss"}
+
+
+def load_target_config(target: str | Path | None) -> tuple[dict | None, str | None]:
+    """(config, None) or (None, why it could not be read). A hub name is only read from the local HF cache."""
+    if target is None:
+        return None, "no --target given: vocabulary, width, layer-range and context checks skipped"
+    path = Path(target)
+    if path.is_dir():
+        config_path = path / "config.json"
+        if not config_path.exists():
+            return None, f"{path}: no config.json"
+        return json.loads(config_path.read_text()), None
+    if path.suffix == ".json" and path.exists():
+        return json.loads(path.read_text()), None
+    try:  # a hub name: never reach the network from a check, use the cache only
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(str(target), "config.json")
+    except Exception as err:  # noqa: BLE001 - any failure just means "not available"
+        return None, f"{target}: cannot look up the hub cache ({err})"
+    if isinstance(cached, str) and Path(cached).exists():
+        return json.loads(Path(cached).read_text()), None
+    return None, f"{target}: not a local folder and not in the Hugging Face cache"
+
+
+def text_config(config: dict) -> dict:
+    """Multimodal targets keep the language model's sizes under text_config."""
+    inner = config.get("text_config")
+    return {**config, **inner} if isinstance(inner, dict) else config
+
+
+def manifest_layer_ids(manifest: str | Path | None) -> list[int] | None:
+    """Layer ids (output of decoder layer k) an extract-stage manifest says were used; None when not given."""
+    if manifest is None:
+        return None
+    path = Path(manifest)
+    if path.is_dir():
+        path = path / "manifest.json"
+    data = json.loads(path.read_text())
+    for key in ("layers", "layer_ids", "extract_layers"):
+        if key in data:
+            return [int(i) for i in data[key]]
+    raise ValueError(f"{path}: no 'layers' (or 'layer_ids') list in the extract manifest")
