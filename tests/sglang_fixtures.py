@@ -69,9 +69,9 @@ def draft_tensors(config: dict, seed: int = 0) -> dict[str, torch.Tensor]:
         t[p + "mlp.gate_proj.weight"] = rand(I, H)
         t[p + "mlp.up_proj.weight"] = rand(I, H)
         t[p + "mlp.down_proj.weight"] = rand(H, I)
-        t[p + "input_layernorm.weight"] = 1 + rand(H) / 10
+        t[p + "hidden_norm.weight"] = 1 + rand(H) / 10
         t[p + "post_attention_layernorm.weight"] = 1 + rand(H) / 10
-    t["layers.0.hidden_norm.weight"] = 1 + rand(H) / 10
+    t["layers.0.input_layernorm.weight"] = 1 + rand(H) / 10
     t["norm.weight"] = 1 + rand(H) / 10
     t["lm_head.weight"] = rand(dv, H)
     used = torch.randperm(V, generator=g)[:dv].sort().values

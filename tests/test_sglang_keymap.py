@@ -69,7 +69,9 @@ def test_partial_qkv_and_wrong_shapes_are_reported():
 
 def test_second_layer_needs_hidden_norm_and_its_input_layernorm_is_unused():
     config = draft_config(num_layers=2)
-    report = keymap.map_keys(shapes(draft_tensors(config)), config)
+    old_names = {k.replace("layers.1.hidden_norm", "layers.1.input_layernorm"): v
+                 for k, v in draft_tensors(config).items()}
+    report = keymap.map_keys(shapes(old_names), config)
     assert "model.layers.1.hidden_norm.weight" in report.never_loaded
     assert report.unused_loaded == {"layers.1.input_layernorm.weight": "model.layers.1.input_layernorm.weight"}
 
@@ -102,12 +104,13 @@ def test_load_like_sglang_splits_fused_checkpoints(tmp_path):
 
 
 def test_load_like_sglang_maps_later_layer_norms_by_what_sglang_reads(tmp_path):
+    old = write_draft(tmp_path / "old", num_layers=2,
+                      rename=lambda k: k.replace("layers.1.hidden_norm", "layers.1.input_layernorm"))
+    state, report = keymap.load_like_sglang(old)
+    assert "layers.1.hidden_norm.weight" not in state  # SGLang reads hidden_norm there: never loaded
+    assert "layers.1.input_layernorm.weight" not in state  # and ignores what was saved under Llama's name
     ours = write_draft(tmp_path / "ours", num_layers=2)
     state, report = keymap.load_like_sglang(ours)
-    assert "layers.1.input_layernorm.weight" not in state  # SGLang reads hidden_norm there, never loaded
-    fixed = write_draft(tmp_path / "fixed", num_layers=2,
-                        rename=lambda k: k.replace("layers.1.input_layernorm", "layers.1.hidden_norm"))
-    state, report = keymap.load_like_sglang(fixed)
     assert report.ok
     original = draft_tensors(draft_config(num_layers=2))
-    assert torch.equal(state["layers.1.input_layernorm.weight"], original["layers.1.input_layernorm.weight"])
+    assert torch.equal(state["layers.1.hidden_norm.weight"], original["layers.1.hidden_norm.weight"])

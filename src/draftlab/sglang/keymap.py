@@ -286,7 +286,7 @@ def _split_fused(name: str, tensor, arch: Arch) -> dict:
 
 
 def load_like_sglang(folder: Path, rules: str = "current",
-                     later_layer_norm: str = "input_layernorm") -> tuple[dict, KeyReport]:
+                     later_layer_norm: str = "hidden_norm") -> tuple[dict, KeyReport]:
     """The draft's tensors as SGLang would end up with them, in OUR export naming, plus the KeyReport.
 
     Dropped keys, shape-mismatched keys (SGLang would crash; we leave them out) and never-loaded parameters

@@ -1,0 +1,152 @@
+"""Training throughput (tokens/s) and MFU of the EAGLE-3 draft's TTT step on synthetic features.
+
+    python bench/train_throughput.py --device cuda                    # both presets, H200 peak 790 TFLOP/s
+    python bench/train_throughput.py --device cpu --seq 128 --steps 2 --ttt-steps 2 --preset smollm2
+
+One step = what train/loop.py does per batch: target distribution from last_hidden (no grad), the TTT unroll,
+backward, grad clipping, fused AdamW. Prints one JSON line per preset.
+
+How FLOPs are counted (model FLOPs, per trained token; 6 = 2 forward + 4 backward per multiply-add):
+  6 * fc_params                                   (fc runs at step 0 only)
++ 6 * (layer matmul params + lm_head params) * ttt_steps
++ 12 * n_heads * head_dim * keys * ttt_steps      (QK^T and PV, forward + backward; keys = useful keys per
+                                                   query: (T+1)/2 causal + j diagonal keys at step j)
+Not counted (reported apart as target_head_gflop_per_token): the target head that turns last_hidden into the
+soft targets, 2 * target_hidden * vocab per token, without gradient. Norms, RoPE, softmax and the optimizer are
+not counted either. MFU = counted FLOP/s / --peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from draftlab.model.draft import DraftModelConfig, Eagle3Draft  # noqa: E402
+from draftlab.train.loop import build_optimizer  # noqa: E402
+from draftlab.train.ttt import target_distribution, ttt_unroll  # noqa: E402
+
+PRESETS = {
+    "smollm2": dict(hidden_size=576, intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3,
+                    head_dim=64, target_hidden_size=576, vocab_size=49152, draft_vocab_size=8192),
+    "llama8b": dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
+                    head_dim=128, target_hidden_size=4096, vocab_size=128256, draft_vocab_size=32000),
+}
+
+
+def flops_per_token(cfg: DraftModelConfig, seq: int, ttt_steps: int) -> tuple[float, dict]:
+    H, I, hd, nh, nkv = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim, cfg.num_attention_heads,
+                         cfg.num_key_value_heads)
+    fc = cfg.num_aux * cfg.target_hidden_size * H
+    layers = 0
+    for i in range(cfg.num_hidden_layers):
+        width = 2 * H if i == 0 else H
+        layers += width * (nh + 2 * nkv) * hd + nh * hd * H + 3 * H * I
+    head = H * cfg.draft_vocab_size
+    keys = sum((seq + 1) / 2 + j for j in range(ttt_steps))
+    attention = 12 * nh * hd * keys * cfg.num_hidden_layers
+    total = 6 * fc + 6 * (layers + head) * ttt_steps + attention
+    return total, {"fc_params": fc, "layer_params": layers, "lm_head_params": head,
+                   "attention_gflop_per_token": attention / 1e9}
+
+
+def bench(name: str, args) -> dict:
+    device = torch.device(args.device)
+    amp = device.type == "cuda"
+    cfg = DraftModelConfig(**PRESETS[name], aux_layer_ids=[1, 2, 3], num_hidden_layers=args.layers,
+                           max_position_embeddings=max(2048, args.seq))
+    torch.manual_seed(0)
+    model = Eagle3Draft(cfg)
+    vd, v = cfg.draft_vocab_size, cfg.vocab_size
+    model.d2t.zero_()
+    model.t2d[:vd] = True
+    model.to(device)
+    if args.compile:  # optional: fuse the elementwise work around the matmuls; the unroll itself stays eager
+        for layer in model.layers:
+            layer.mlp = torch.compile(layer.mlp)
+            layer.input_layernorm = torch.compile(layer.input_layernorm)
+            layer.post_attention_layernorm = torch.compile(layer.post_attention_layernorm)
+        model.norm = torch.compile(model.norm)
+    opt = build_optimizer(model, 1e-4, 0.0, device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    feat_dtype = torch.bfloat16 if amp else torch.float32
+    lm_head = (torch.randn(v, cfg.target_hidden_size, device=device) * 0.02).to(feat_dtype)
+    B = max(1, args.batch_tokens // args.seq)
+    g = torch.Generator(device="cpu").manual_seed(1)
+    batch = {
+        "input_ids": torch.randint(0, v, (B, args.seq), generator=g).to(device),
+        "features": torch.randn(B, args.seq, cfg.num_aux * cfg.target_hidden_size, generator=g).to(device, feat_dtype),
+        "last_hidden": torch.randn(B, args.seq, cfg.target_hidden_size, generator=g).to(device, feat_dtype),
+        "loss_mask": torch.ones(B, args.seq, dtype=torch.bool, device=device),
+        "attention_mask": torch.ones(B, args.seq, dtype=torch.bool, device=device),
+    }
+
+    def step() -> float:
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+            targets = target_distribution(batch["last_hidden"], lm_head, model.d2t, model.t2d)
+            loss, _ = ttt_unroll(model, batch, targets, args.ttt_steps, 0.8)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 0.5)
+        opt.step()
+        return loss
+
+    def sync():
+        if amp:
+            torch.cuda.synchronize()
+
+    for _ in range(args.warmup):
+        step()
+    sync()
+    if amp:
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        loss = step()
+    sync()
+    seconds = (time.perf_counter() - start) / args.steps
+    tokens = B * args.seq
+    per_token, parts = flops_per_token(cfg, args.seq, args.ttt_steps)
+    peak = args.peak if args.peak else (790.0 if amp else None)
+    achieved = per_token * tokens / seconds / 1e12
+    return {
+        "preset": name, "device": args.device, "seq": args.seq, "batch": B, "ttt_steps": args.ttt_steps,
+        "layers": args.layers, "compile": args.compile, "step_s": round(seconds, 4),
+        "tokens_per_s": round(tokens / seconds, 1), "gflop_per_token": round(per_token / 1e9, 3),
+        "tflops": round(achieved, 3), "peak_tflops": peak, "mfu": round(achieved / peak, 4) if peak else None,
+        "target_head_gflop_per_token": round(2 * cfg.target_hidden_size * v / 1e9, 3),
+        "max_mem_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2) if amp else None,
+        "loss": round(float(loss.detach()), 4), **{k: (round(x, 4) if isinstance(x, float) else x) for k, x in parts.items()},
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", choices=[*PRESETS, "both"], default="both")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--batch-tokens", type=int, default=4096, help="tokens per step (batch = this // seq)")
+    ap.add_argument("--ttt-steps", type=int, default=7)
+    ap.add_argument("--layers", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--peak", type=float, default=None, help="peak TFLOP/s for MFU (default 790 on CUDA: H200 bf16)")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the MLPs and norms")
+    ap.add_argument("--threads", type=int, default=None, help="CPU threads")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    for name in PRESETS if args.preset == "both" else [args.preset]:
+        print(json.dumps(bench(name, args)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

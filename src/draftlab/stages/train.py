@@ -1,0 +1,142 @@
+"""The train stage: build the draft from the extract manifest, train it with TTT, export the best epoch.
+
+Reads `train.*`, `draft.*` and `serve.num_steps` (plus whatever `open_source` reads to open the extract folder).
+Writes `out/checkpoints/` (resumable), `out/draft/` (the SGLang folder of the best epoch, tagged `draft_dir`),
+`out/curves.png`, `out/metrics.json` and finally `out/manifest.json`.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from draftlab import fsutil
+from draftlab.export import export_draft
+from draftlab.model.draft import DraftModelConfig, Eagle3Draft
+from draftlab.reporting import Reporter
+from draftlab.train.loop import LoopSettings, Trainer, load_trainable
+
+log = logging.getLogger("draftlab")
+FORMAT = "draftlab.train/1"
+
+
+def draft_config(draft_cfg, manifest: dict, draft_vocab_size: int, max_seq_len: int) -> DraftModelConfig:
+    """draft.* over the target's shape (None = the target's value); RoPE, eps and context from the target."""
+    target = manifest["target"]
+    tc = target.get("config") or {}
+    hidden_t = tc.get("hidden_size") or target["hidden_size"]
+    heads_t = tc["num_attention_heads"]
+    hidden = draft_cfg.hidden_size or hidden_t
+    heads = draft_cfg.num_heads or heads_t
+    same_attn = hidden == hidden_t and heads == heads_t
+    head_dim = (tc.get("head_dim") or hidden_t // heads_t) if same_attn else hidden // heads
+    rope = tc.get("rope_parameters") or {}
+    layer_ids = manifest.get("layer_ids", manifest.get("layers"))
+    return DraftModelConfig(
+        hidden_size=hidden,
+        intermediate_size=draft_cfg.intermediate_size or tc["intermediate_size"],
+        num_attention_heads=heads,
+        num_key_value_heads=draft_cfg.num_kv_heads or tc.get("num_key_value_heads") or heads,
+        head_dim=head_dim,
+        target_hidden_size=hidden_t,
+        aux_layer_ids=list(layer_ids),
+        vocab_size=tc["vocab_size"],
+        draft_vocab_size=draft_vocab_size,
+        num_hidden_layers=draft_cfg.num_layers,
+        rms_norm_eps=tc.get("rms_norm_eps", 1e-5),
+        rope_theta=tc.get("rope_theta") or rope.get("rope_theta", 10000.0),
+        # SGLang refuses a draft whose context is shorter than the target's (sglang-eagle3.md 1.7)
+        max_position_embeddings=max(tc.get("max_position_embeddings", 2048), max_seq_len),
+        hidden_act=tc.get("hidden_act", "silu"),
+    )
+
+
+def build_model(cfg, source) -> tuple[Eagle3Draft, DraftModelConfig, torch.Tensor]:
+    """The seeded draft, initialised from the target head; returns (model, its config, target lm_head)."""
+    d2t, t2d = source.vocab()
+    dcfg = draft_config(cfg.draft, source.manifest, len(d2t), cfg.train.max_seq_len)
+    if len(d2t) != cfg.draft.vocab_size:
+        log.warning("train: the extract vocab has %d entries, draft.vocab_size says %d; using %d",
+                    len(d2t), cfg.draft.vocab_size, len(d2t))
+    head = source.head()
+    torch.manual_seed(cfg.train.seed)
+    model = Eagle3Draft(dcfg)
+    model.init_from_target(head["embed_tokens.weight"].float(), head["lm_head.weight"].float(), d2t, t2d)
+    return model, dcfg, head["lm_head.weight"]
+
+
+def plot_curves(reporter_history: list[dict], history: list[dict], path: Path, steps: int) -> Path:
+    """Loss and per-step accuracy curves (train loss per log window, validation per epoch)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    train = [(s, m["train/loss"]) for s, m in reporter_history if "train/loss" in m]
+    val = [(h["step"], h["val/loss"]) for h in history if "val/loss" in h]
+    if train:
+        ax1.plot(*zip(*train), label="train/loss")
+    if val:
+        ax1.plot(*zip(*val), "o-", label="val/loss")
+    ax1.set_xlabel("optimizer step")
+    ax1.set_ylabel("TTT loss")
+    ax1.legend()
+    for j in range(steps):
+        pts = [(h["epoch"], h[f"val/acc_{j}"]) for h in history if f"val/acc_{j}" in h]
+        if pts:
+            ax2.plot(*zip(*pts), "o-", label=f"acc_{j}")
+    ax2.set_xlabel("epoch")
+    ax2.set_ylabel("val accuracy (teacher-forced)")
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    with fsutil.atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+    return path
+
+
+class _Recorder:
+    """Forwards to the stage's reporter and keeps the train curve for the plot."""
+
+    def __init__(self, inner: Reporter) -> None:
+        self.inner, self.history = inner, []
+
+    def metrics(self, values, step=None):
+        self.history.append((step, dict(values)))
+        self.inner.metrics(values, step)
+
+    def artifact(self, path, subdir=None):
+        self.inner.artifact(path, subdir)
+
+    def tag(self, key, value):
+        self.inner.tag(key, value)
+
+
+def run(cfg, out: Path, inputs: dict[str, Path], reporter: Reporter) -> dict[str, float]:
+    from draftlab.data.features import open_source  # written in parallel by the extract stage's owner
+
+    out = Path(out)
+    source = open_source(cfg, inputs)
+    model, dcfg, lm_head = build_model(cfg, source)
+    settings = LoopSettings.from_cfg(cfg)
+    recorder = _Recorder(reporter)
+    trainer = Trainer(model, source, lm_head, settings, out / "checkpoints", recorder)
+    result = trainer.run(init_from=cfg.train.init_from)
+
+    load_trainable(trainer.model, result.best_weights)
+    draft_dir = export_draft(trainer.model, dcfg, out / "draft", "bfloat16")
+    reporter.tag("draft_dir", str(draft_dir))
+    curves = plot_curves(recorder.history, result.history, out / "curves.png", settings.ttt_steps)
+    reporter.artifact(curves)
+
+    metrics = {**result.final, **result.best, "train/steps": float(result.steps)}
+    metrics.pop("epoch", None)
+    fsutil.atomic_write_json(out / "metrics.json", metrics)
+    fsutil.atomic_write_json(out / "manifest.json", {
+        "format": FORMAT, "draft_dir": "draft", "draft_config": dcfg.to_dict(), "metrics": metrics,
+        "history": result.history, "best_epoch": int(result.best["best/epoch"]), "complete": True,
+    })
+    return metrics

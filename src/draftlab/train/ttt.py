@@ -1,0 +1,128 @@
+"""Training-time test: the draft unrolled over its own hidden states, the loss, and per-step metrics.
+
+Alignment (ARCHITECTURE.md "Draft alignment"): for position t and step j the draft reads
+(hidden from step j-1 at t, or the target features f_t at step 0; embed(x_{t+1+j})) at rope position t+j and is
+trained against the target distribution at position s = t+1+j, which predicts x_{t+2+j}.
+
+Which positions count: (t, j) counts when the predicted token x_{t+2+j} exists and is an assistant token
+(loss_mask); positions whose target top-1 lies outside the draft vocab are dropped from the loss (SpecForge's
+position_mask) but stay in the accuracy denominators as misses, and their share is reported.
+
+Metrics (numerators and denominators are summed over batches before any ratio is formed):
+- acc_j: teacher-forced top-1 match of d2t(draft argmax) with the target argmax (EAGLE/SpecForge);
+- full_acc_j: P(steps 0..j all correct) = P(accept >= j+1) of a chain started at t (speculators);
+- cond_acc_j: P(step j correct | steps 0..j-1 correct);
+- predicted_tau = 1 + sum_{j < num_steps} full_acc_j (reference section 6).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from draftlab.model.draft import Eagle3Draft, TTTCache
+
+# rows of the stats tensor [len(STATS), steps]; all are sums over positions
+STATS = ("ce", "n_loss", "correct", "n", "chain", "valid", "chain_prev", "oov")
+_ROW = {name: i for i, name in enumerate(STATS)}
+
+
+@dataclass
+class Targets:
+    probs: Tensor  # [B, T, Vd] float32: target softmax at position s over the draft vocab, renormalised
+    top: Tensor  # [B, T] long: target argmax over the full vocab
+    in_vocab: Tensor  # [B, T] bool: that argmax is in the draft vocab
+
+
+@torch.no_grad()
+def target_distribution(last_hidden: Tensor, lm_head: Tensor, d2t: Tensor, t2d: Tensor, chunk: int = 2048) -> Targets:
+    """Target logits = last_hidden @ lm_head.T, in row chunks so a 128k vocab never needs [B*T, V] at once."""
+    B, T, _ = last_hidden.shape
+    draft_ids = torch.arange(len(d2t), device=d2t.device) + d2t
+    flat = last_hidden.reshape(B * T, -1)
+    probs, tops = [], []
+    for rows in flat.split(chunk):
+        logits = rows.to(lm_head.dtype) @ lm_head.T
+        tops.append(logits.argmax(-1))
+        probs.append(logits[:, draft_ids].float().softmax(-1))
+    top = torch.cat(tops).view(B, T)
+    return Targets(torch.cat(probs).view(B, T, -1), top, t2d[top])
+
+
+def ttt_unroll(model: Eagle3Draft, batch: dict[str, Tensor], targets: Targets, steps: int, decay: float,
+               return_logits: bool = False):
+    """Runs `steps` draft steps; returns (loss, stats [len(STATS), steps] float64[, per-step logits])."""
+    ids, feats = batch["input_ids"], batch["features"]
+    B, T = ids.shape
+    dev = ids.device
+    # the mask of the predicted token x_{t+2+j}, zero past the end of the sequence
+    counted = (batch["loss_mask"] & batch["attention_mask"]).bool()
+    counted = torch.cat([counted, counted.new_zeros(B, steps + 2)], 1)
+    ids_ext = torch.cat([ids, ids.new_zeros(B, steps + 1)], 1)
+    positions = torch.arange(T, device=dev).expand(B, T)
+    cache = TTTCache(len(model.layers))
+    stats = torch.zeros(len(STATS), steps, dtype=torch.float64, device=dev)
+    loss = torch.zeros((), device=dev)
+    hidden = feats
+    valid = torch.ones(B, T, dtype=torch.bool, device=dev)
+    chain = torch.ones(B, T, dtype=torch.bool, device=dev)
+    all_logits = []
+    for j in range(steps):
+        logits, hidden = model(ids_ext[:, 1 + j : 1 + j + T], hidden, positions + j, cache)
+        n = T - 1 - j  # positions t that still have a target inside the sequence
+        if return_logits:
+            all_logits.append(logits)
+        if n <= 0:
+            continue
+        lg = logits[:, :n].float()
+        p = targets.probs[:, 1 + j : 1 + j + n]
+        m = counted[:, 2 + j : 2 + j + n]
+        w = m & targets.in_vocab[:, 1 + j : 1 + j + n]
+        # soft cross-entropy -sum p log softmax(lg) = logsumexp(lg) - sum p*lg (p sums to 1): no log_softmax copy
+        ce = torch.logsumexp(lg, -1) - (p * lg).sum(-1)
+        n_loss = w.sum()
+        ce_sum = torch.where(w, ce, 0.0).sum()  # where, not multiply: a NaN on a padded row stays out
+        loss = loss + decay**j * ce_sum / n_loss.clamp(min=1)
+        with torch.no_grad():
+            correct = model.draft_to_target(lg.argmax(-1)) == targets.top[:, 1 + j : 1 + j + n]
+            valid = valid[:, :n] & m
+            prev = chain[:, :n] & valid
+            chain = prev & correct
+            row = stats[:, j]
+            row[_ROW["ce"]] = ce_sum.detach().double()
+            row[_ROW["n_loss"]] = n_loss
+            row[_ROW["correct"]] = (correct & m).sum()
+            row[_ROW["n"]] = m.sum()
+            row[_ROW["chain"]] = chain.sum()
+            row[_ROW["valid"]] = valid.sum()
+            row[_ROW["chain_prev"]] = prev.sum()
+            row[_ROW["oov"]] = (m & ~targets.in_vocab[:, 1 + j : 1 + j + n]).sum()
+    if return_logits:
+        return loss, stats, all_logits
+    return loss, stats
+
+
+def summarize(stats: Tensor, decay: float, num_steps: int) -> dict[str, float]:
+    """Turns summed stats into metrics (no prefix): loss, ploss_j, acc_j, full_acc_j, cond_acc_j, predicted_tau,
+    out_of_vocab_frac. predicted_tau sums the first min(num_steps, ttt_steps) full_acc_j."""
+    s = stats.double().cpu()
+
+    def ratio(num: Tensor, den: Tensor) -> Tensor:
+        return torch.where(den > 0, num / den.clamp(min=1), torch.zeros_like(num))
+
+    r = {name: s[i] for i, name in enumerate(STATS)}
+    ploss = ratio(r["ce"], r["n_loss"])
+    acc, full, cond = ratio(r["correct"], r["n"]), ratio(r["chain"], r["valid"]), ratio(r["chain"], r["chain_prev"])
+    steps = s.shape[1]
+    out = {"loss": float(sum(decay**j * ploss[j] for j in range(steps)))}
+    for j in range(steps):
+        out[f"ploss_{j}"] = float(ploss[j])
+        out[f"acc_{j}"] = float(acc[j])
+        out[f"full_acc_{j}"] = float(full[j])
+        out[f"cond_acc_{j}"] = float(cond[j])
+    out["predicted_tau"] = 1.0 + float(full[: min(num_steps, steps)].sum())
+    out["out_of_vocab_frac"] = float(ratio(r["oov"][:1], r["n"][:1])[0])
+    out["tokens"] = float(r["n"][0])
+    return out
