@@ -48,6 +48,8 @@ def run_dvc_stage(name: str, params: Path, out: Path, inputs: dict[str, Path]) -
         metrics[f"{name}/seconds"] = time.perf_counter() - started
         reporter.metrics(metrics)
         atomic_write_json(METRICS_DIR / f"{name}.json", metrics)
+        if name == "train":
+            _write_curve(out / "manifest.json", METRICS_DIR / "train_curve.csv")
         return metrics
 
     if not cfg.tracking.enabled:
@@ -67,6 +69,24 @@ def run_dvc_stage(name: str, params: Path, out: Path, inputs: dict[str, Path]) -
         raise
     client.set_terminated(run_id, status="FINISHED")
     return metrics
+
+
+def _write_curve(manifest: Path, path: Path) -> None:
+    """Per-epoch validation curves in the CSV form `dvc plots` reads."""
+    import csv
+    import io
+    import json
+
+    history = json.loads(manifest.read_text()).get("history", [])
+    columns = sorted({key for entry in history for key in entry} - {"epoch", "step"})
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(["epoch", "step", *[c.replace("/", "_") for c in columns]])
+    for entry in history:
+        writer.writerow([entry.get("epoch"), entry.get("step"), *[entry.get(c, "") for c in columns]])
+    from draftlab.fsutil import atomic_write_text
+
+    atomic_write_text(path, buffer.getvalue())
 
 
 def main(argv: list[str]) -> int:

@@ -132,7 +132,10 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter: Reporter) -> dict[str
     curves = plot_curves(recorder.history, result.history, out / "curves.png", settings.ttt_steps)
     reporter.artifact(curves)
 
-    metrics = {**result.final, **result.best, "train/steps": float(result.steps)}
+    metrics = {**result.final, **result.best, "train/steps": float(result.steps),
+               # the data axis of a scaling sweep: tokens (prompt and answer) of the training split
+               "train/train_tokens": float(source.num_tokens("train")),
+               "train/train_samples": float(source.num_samples_in("train"))}
     metrics.pop("epoch", None)
     fsutil.atomic_write_json(out / "metrics.json", metrics)
     fsutil.atomic_write_json(out / "manifest.json", {
