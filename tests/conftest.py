@@ -49,3 +49,10 @@ def tiny_cfg(tmp_path):
         return compose_config(tiny_overrides(tmp_path, *extra))
 
     return make
+
+
+# The tiny target's kernels take microseconds: a second OpenMP thread only adds contention on a 2-core machine
+# (measured 10x slower test runs). Tests that load SmolLM2 raise it again for their own work.
+import torch  # noqa: E402
+
+torch.set_num_threads(1)

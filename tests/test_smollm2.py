@@ -12,8 +12,13 @@ pytestmark = pytest.mark.smollm2
 
 @pytest.fixture(scope="session")
 def smollm2(tmp_path_factory):
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # a real model: both cores pay off (conftest sets 1 for the tiny one)
     cfg = validate(compose_config(["target.dtype=float32", "target.device=cpu"]))
-    return load_target(cfg.target, tmp_path_factory.mktemp("models"))
+    yield load_target(cfg.target, tmp_path_factory.mktemp("models"))
+    torch.set_num_threads(threads)
 
 
 def test_shape_matches_what_preflight_assumes(smollm2):

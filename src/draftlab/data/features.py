@@ -1,0 +1,285 @@
+"""The extract stage's format (`draftlab.features/1`) and FeatureSource, the one way training reads target features.
+
+A features folder holds `manifest.json` (complete shards only; rewritten after each shard), `shard-NNNNN.safetensors`
+(the generate tensors of its samples plus `features` [T, n_layers*H] and `last_hidden` [T, H] in `extract.dtype`),
+`target_head.safetensors` (fp32 `embed_tokens.weight`, `lm_head.weight`) and `vocab/n{N}-v{V}.safetensors`.
+
+`open_source(cfg, inputs)` gives the same batches offline (stored shards) and online (the target runs on the
+generate samples): the batch plan depends only on the sample lengths, the split, the seed and the epoch.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from draftlab.data.samples import SPLITS, read_samples
+from draftlab.data.vocab import read_vocab, vocab_path
+from draftlab.fsutil import read_json
+
+FORMAT = "draftlab.features/1"
+HEAD_FILE = "target_head.safetensors"
+PLAN_WINDOW = 256  # samples sorted by length together: little padding, still a shuffled order
+
+
+def read_manifest(folder: Path) -> dict | None:
+    manifest = read_json(Path(folder) / "manifest.json")
+    if manifest is not None and manifest.get("format") != FORMAT:
+        raise ValueError(f"{folder}/manifest.json: not a features folder (format {manifest.get('format')!r})")
+    return manifest
+
+
+class HiddenTap:
+    """Runs the target body (`model.model`, no lm_head) and returns the chosen layers' outputs plus the normed state.
+
+    Forward hooks on `layers[k]` copy each chosen output into one preallocated [B, T, nL*H] buffer as soon as it
+    is produced, so no other layer's activation is kept alive (output_hidden_states would hold all L+1) and no
+    torch.cat copy is needed; the copy also casts to the output dtype on the device.
+    """
+
+    def __init__(self, model: torch.nn.Module, layer_ids: list[int]):
+        self.body = model.model
+        self.layer_ids = list(layer_ids)
+        self.hidden = model.config.hidden_size
+
+    @torch.inference_mode()
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """`attention_mask` None = nothing padded (decided on the host: checking a CUDA mask would sync), which
+        also keeps SDPA on its causal fast path."""
+        B, T = input_ids.shape
+        H = self.hidden
+        buf = torch.empty(B, T, len(self.layer_ids) * H, dtype=dtype, device=input_ids.device)
+
+        def copy(slot: int, _module, _args, output):
+            out = output[0] if isinstance(output, tuple) else output
+            buf[..., slot * H:(slot + 1) * H].copy_(out)
+
+        handles = [self.body.layers[k].register_forward_hook(functools.partial(copy, j))
+                   for j, k in enumerate(self.layer_ids)]
+        try:
+            out = self.body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        finally:
+            for handle in handles:
+                handle.remove()
+        return buf, out.last_hidden_state.to(dtype)
+
+
+def pad_batch(seqs: list[torch.Tensor], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pads 1-D id tensors into [B, T] plus the bool attention mask (see `model_mask`)."""
+    T = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), T), pad, dtype=torch.long)
+    mask = torch.zeros(len(seqs), T, dtype=torch.bool)
+    for i, s in enumerate(seqs):
+        ids[i, :len(s)] = s
+        mask[i, :len(s)] = True
+    return ids, mask
+
+
+def plan_batches(lengths: list[int], batch_tokens: int, seed: int, epoch: int, shuffle: bool) -> list[list[int]]:
+    """Positions into `lengths` grouped so that B * T_padded <= batch_tokens (a too-long sample goes alone).
+
+    Shuffled: a seeded permutation, sorted by length inside windows of PLAN_WINDOW samples (little padding), then
+    the batch order shuffled again. Not shuffled: index order. Deterministic for (seed, epoch).
+    """
+    n = len(lengths)
+    gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + int(epoch))
+    order = torch.randperm(n, generator=gen).tolist() if shuffle else list(range(n))
+    batches: list[list[int]] = []
+    for start in range(0, n, PLAN_WINDOW):
+        window = order[start:start + PLAN_WINDOW]
+        if shuffle:
+            window.sort(key=lambda i: -lengths[i])
+        current: list[int] = []
+        longest = 0
+        for i in window:
+            widest = max(longest, lengths[i])
+            if current and widest * (len(current) + 1) > batch_tokens:
+                batches.append(current)
+                current, widest = [], lengths[i]
+            current.append(i)
+            longest = widest
+        if current:
+            batches.append(current)
+    if shuffle:
+        batches = [batches[j] for j in torch.randperm(len(batches), generator=gen).tolist()]
+    return batches
+
+
+def model_mask(seqs: list[torch.Tensor], mask: torch.Tensor) -> torch.Tensor | None:
+    """The mask to give the model: None when all lengths are equal (decided from host-side lengths)."""
+    return None if len({len(s) for s in seqs}) == 1 else mask
+
+
+@dataclass
+class _Entry:
+    sample_index: int
+    split: str
+    length: int
+    shard: int = -1  # offline: shard number and token offset inside it
+    start: int = 0
+    ids: torch.Tensor | None = None  # online: the token ids (int32) and the assistant mask
+    loss_mask: torch.Tensor | None = None
+
+
+class FeatureSource:
+    """Batches of target features for training; see the module doc. Tensors come back on the CPU offline and on
+    the target's device online: call `.to(device)`."""
+
+    def __init__(self, manifest: dict, entries: list[_Entry], folder: Path | None, num_samples: int,
+                 vocab_size: int, target=None, layer_ids: list[int] | None = None):
+        self.manifest = manifest
+        self.entries = entries
+        self.folder = Path(folder) if folder is not None else None
+        self.num_samples = num_samples
+        self.vocab_size = vocab_size
+        self.target = target  # online only
+        self._tap = HiddenTap(target.model, layer_ids) if target is not None else None
+        self._handles: dict[int, object] = {}
+
+    @property
+    def online(self) -> bool:
+        return self.target is not None
+
+    @property
+    def layer_ids(self) -> list[int]:
+        return list(self.manifest["layer_ids"])
+
+    def num_tokens(self, split: str) -> int:
+        return sum(e.length for e in self.entries if e.split == split)
+
+    def num_samples_in(self, split: str) -> int:
+        return sum(1 for e in self.entries if e.split == split)
+
+    def batches(self, split: str, epoch: int, batch_tokens: int, max_seq_len: int, seed: int,
+                shuffle: bool = True) -> Iterator[dict]:
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        chosen = [e for e in self.entries if e.split == split]
+        lengths = [min(e.length, max_seq_len) for e in chosen]
+        for positions in plan_batches(lengths, batch_tokens, seed, epoch, shuffle):
+            group = [chosen[p] for p in positions]
+            yield (self._online_batch if self.online else self._offline_batch)(group, max_seq_len)
+
+    def _online_batch(self, group: list[_Entry], max_seq_len: int) -> dict:
+        seqs = [e.ids[:max_seq_len].long() for e in group]
+        ids, mask = pad_batch(seqs)
+        loss = pad_batch([e.loss_mask[:max_seq_len].long() for e in group])[0].bool()
+        use_mask = model_mask(seqs, mask) is not None
+        device = self.target.device
+        ids, mask, loss = ids.to(device), mask.to(device), loss.to(device)
+        features, last = self._tap(ids, mask if use_mask else None, torch.float32)
+        features = features.masked_fill(~mask[..., None], 0.0)  # padding positions are zero, as offline
+        last = last.masked_fill(~mask[..., None], 0.0)
+        return {"input_ids": ids, "features": features, "last_hidden": last, "loss_mask": loss,
+                "attention_mask": mask, "sample_index": torch.tensor([e.sample_index for e in group])}
+
+    def _offline_batch(self, group: list[_Entry], max_seq_len: int) -> dict:
+        lengths = [min(e.length, max_seq_len) for e in group]
+        B, T = len(group), max(lengths)
+        width = self.manifest["shapes"]["features"][1]
+        hidden = self.manifest["shapes"]["last_hidden"][1]
+        out = {"input_ids": torch.zeros(B, T, dtype=torch.long), "features": torch.zeros(B, T, width),
+               "last_hidden": torch.zeros(B, T, hidden), "loss_mask": torch.zeros(B, T, dtype=torch.bool),
+               "attention_mask": torch.zeros(B, T, dtype=torch.bool)}
+        for i, (e, n) in enumerate(zip(group, lengths)):
+            shard = self._shard(e.shard)
+            span = slice(e.start, e.start + n)
+            out["input_ids"][i, :n] = shard.get_slice("input_ids")[span]
+            out["loss_mask"][i, :n] = shard.get_slice("loss_mask")[span].bool()
+            out["features"][i, :n] = shard.get_slice("features")[span]  # reads only these rows (mmap)
+            out["last_hidden"][i, :n] = shard.get_slice("last_hidden")[span]
+            out["attention_mask"][i, :n] = True
+        out["sample_index"] = torch.tensor([e.sample_index for e in group])
+        return out
+
+    def _shard(self, number: int):
+        if number not in self._handles:
+            if len(self._handles) >= 16:  # bounded open files for large pools
+                self._handles.pop(next(iter(self._handles)))
+            name = self.manifest["shards"][number]["name"]
+            self._handles[number] = safe_open(str(self.folder / f"{name}.safetensors"), framework="pt")
+        return self._handles[number]
+
+    def head(self) -> dict[str, torch.Tensor]:
+        """fp32 `embed_tokens.weight` and `lm_head.weight` of the target (tied in SmolLM2: equal tensors)."""
+        if self.folder is not None and (self.folder / HEAD_FILE).exists():
+            return load_file(str(self.folder / HEAD_FILE))
+        if self.target is None:
+            raise FileNotFoundError(f"{self.folder}/{HEAD_FILE}: missing (run the extract stage)")
+        return target_head(self.target)
+
+    def vocab(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(d2t int64 [V], t2d bool [target vocab]) for (data.samples, draft.vocab_size)."""
+        if self.folder is None:
+            raise FileNotFoundError("no extract folder: the draft vocabulary is written by the extract stage")
+        tensors = read_vocab(vocab_path(self.folder, self.num_samples, self.vocab_size))
+        return tensors["d2t"], tensors["t2d"]
+
+
+def target_head(target) -> dict[str, torch.Tensor]:
+    model = target.model
+    return {"embed_tokens.weight": model.get_input_embeddings().weight.detach().float().cpu().clone(),
+            "lm_head.weight": model.get_output_embeddings().weight.detach().float().cpu().clone()}
+
+
+def offline_entries(folder: Path, manifest: dict, limit: int) -> list[_Entry]:
+    """The first `limit` samples of a features folder, from the shards' small tensors only (offsets, split)."""
+    if manifest["num_samples"] < limit:
+        raise ValueError(f"{folder}: {limit} samples asked for, {manifest['num_samples']} extracted")
+    entries: list[_Entry] = []
+    for number, shard in enumerate(manifest["shards"]):
+        if shard["first"] >= limit:
+            break
+        with safe_open(str(Path(folder) / f"{shard['name']}.safetensors"), framework="pt") as f:
+            offsets = f.get_tensor("offsets").tolist()
+            index = f.get_tensor("sample_index").tolist()
+            split = f.get_tensor("split").tolist()
+        for i, sample_index in enumerate(index):
+            if sample_index < limit:
+                entries.append(_Entry(sample_index, SPLITS[split[i]], offsets[i + 1] - offsets[i], number, offsets[i]))
+    return entries
+
+
+def online_entries(samples_folder: Path, limit: int) -> list[_Entry]:
+    entries = []
+    for s in read_samples(samples_folder, limit=limit):
+        entries.append(_Entry(s.index, s.split, len(s.input_ids), ids=s.input_ids.to(torch.int32),
+                              loss_mask=s.loss_mask))
+    return entries
+
+
+def open_source(cfg, inputs: dict[str, Path], target=None) -> FeatureSource:
+    """Offline: reads `inputs["extract"]` (first cfg.data.samples samples). Online: runs the target (loaded from
+    cfg.target unless given) on `inputs["generate"]`; the extract folder, when given, supplies head and vocab."""
+    from draftlab.data.layers import resolve_layers
+
+    n = int(cfg.data.samples)
+    folder = Path(inputs["extract"]) if "extract" in inputs else None
+    manifest = read_manifest(folder) if folder is not None else None
+    if cfg.extract.mode == "offline":
+        if manifest is None:
+            raise FileNotFoundError(f"{folder}: no features manifest.json (did the extract stage run?)")
+        if manifest.get("mode") != "offline":
+            raise ValueError(f"{folder}: extracted in {manifest.get('mode')} mode, extract.mode=offline asked for")
+        return FeatureSource(manifest, offline_entries(folder, manifest, n), folder, n, cfg.draft.vocab_size)
+    if target is None:
+        from draftlab.target import load_target
+
+        target = load_target(cfg.target, Path(cfg.paths.root) / "models")
+    layer_ids = manifest["layer_ids"] if manifest else resolve_layers(cfg.extract.layers, target.num_layers)
+    if manifest is None:
+        manifest = {"format": FORMAT, "mode": "online", "layer_ids": layer_ids, "target": target_info(target)}
+    return FeatureSource(manifest, online_entries(Path(inputs["generate"]), n), folder, n, cfg.draft.vocab_size,
+                         target=target, layer_ids=layer_ids)
+
+
+def target_info(target) -> dict:
+    return {"name": target.name, "fingerprint": target.fingerprint, "config": target.config_dict(),
+            "hidden_size": target.hidden_size, "num_layers": target.num_layers, "vocab_size": target.vocab_size}

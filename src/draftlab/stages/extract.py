@@ -1,0 +1,217 @@
+"""The extract stage: target features at the chosen layers for the first `data.samples` samples, and the vocab.
+
+`out` is a pool shared by every `data.samples` (its fingerprint leaves the count out): shards listed in the
+manifest are kept, only the missing samples are extracted, one shard at a time, so memory stays flat whatever
+the data size (the model, one shard being computed and one being written). The target is loaded only if work
+remains; `extract.layers` is resolved (and refused) before that, from the target's config alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from draftlab.data import samples as samples_fmt
+from draftlab.data.features import (FORMAT, HEAD_FILE, HiddenTap, model_mask, offline_entries, pad_batch,
+                                    read_manifest, target_head, target_info)
+from draftlab.data.layers import CONVENTION, LAST_WARNING, num_target_layers, resolve_layers, sglang_servable, spec_name
+from draftlab.data.vocab import count_tokens, vocab_name, vocab_path, write_vocab
+from draftlab.fsutil import atomic_save_safetensors, atomic_write_json
+
+log = logging.getLogger("draftlab.extract")
+
+
+def extract_batch(tap: HiddenTap, batch: list, dtype: torch.dtype, device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(features [T_i, nL*H], last_hidden [T_i, H]) per sample, on the device, in the storage dtype.
+
+    Per-sample slices use lengths known on the host, so no boolean gather (and no device->host sync) happens here.
+    """
+    seqs = [s.input_ids for s in batch]
+    ids, mask = pad_batch(seqs)
+    mask = model_mask(seqs, mask)
+    features, last = tap(ids.to(device), None if mask is None else mask.to(device), dtype)
+    return [(features[i, :len(s.input_ids)], last[i, :len(s.input_ids)]) for i, s in enumerate(batch)]
+
+
+def extract_shard(tap: HiddenTap, shard: list, batch_size: int, dtype: torch.dtype, device) -> dict:
+    """The shard's packed sample tensors plus `features` / `last_hidden` (still on the device).
+
+    Samples are batched by length (less padding) and put back in index order.
+    """
+    order = sorted(range(len(shard)), key=lambda i: len(shard[i].input_ids))
+    results: list = [None] * len(shard)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
+        for i, pair in zip(chunk, extract_batch(tap, [shard[i] for i in chunk], dtype, device)):
+            results[i] = pair
+    tensors = samples_fmt.pack(shard)
+    tensors["features"] = torch.cat([r[0] for r in results])
+    tensors["last_hidden"] = torch.cat([r[1] for r in results])
+    return tensors
+
+
+class ShardWriter:
+    """Writes shards on one background thread (device->host copy + safetensors write overlap the next shard's
+    forward); at most one shard waits, so memory holds two shards at most. The manifest is rewritten after each."""
+
+    def __init__(self, out: Path, manifest: dict):
+        self.out, self.manifest = out, manifest
+        self.pool = ThreadPoolExecutor(max_workers=1)
+        self.pending: Future | None = None
+
+    def submit(self, tensors: dict, seconds: float) -> None:
+        self.wait()
+        self.pending = self.pool.submit(self._write, tensors, seconds)
+
+    def wait(self) -> None:
+        if self.pending is not None:
+            self.pending.result()  # re-raises a write error in the main thread
+            self.pending = None
+
+    def close(self) -> None:
+        self.wait()
+        self.pool.shutdown()
+
+    def _write(self, tensors: dict, seconds: float) -> None:
+        cpu = {k: v.cpu() for k, v in tensors.items()}
+        name = samples_fmt.shard_name(len(self.manifest["shards"]))
+        path = self.out / f"{name}.safetensors"
+        atomic_save_safetensors(path, cpu, metadata={"format": FORMAT})
+        n, tokens = len(cpu["sample_index"]), len(cpu["input_ids"])
+        self.manifest["shards"].append({"name": name, "first": int(cpu["sample_index"][0]), "samples": n,
+                                        "tokens": tokens, "bytes": path.stat().st_size, "seconds": seconds})
+        self.manifest["num_samples"] += n
+        _totals(self.manifest)
+        atomic_write_json(self.out / "manifest.json", self.manifest)
+
+
+def _totals(manifest: dict) -> None:
+    shards = manifest["shards"]
+    manifest["tokens"] = sum(s["tokens"] for s in shards)
+    manifest["bytes"] = sum(s["bytes"] for s in shards)
+    manifest["bytes_per_token"] = manifest["bytes"] / manifest["tokens"] if manifest["tokens"] else 0.0
+
+
+def new_manifest(cfg, target, layer_ids: list[int], samples_fingerprint: str) -> dict:
+    width = len(layer_ids) * target.hidden_size
+    return {"format": FORMAT, "mode": cfg.extract.mode, "layer_ids": layer_ids,
+            "layers_spec": spec_name(cfg.extract.layers), "sglang_servable": sglang_servable(cfg.extract.layers),
+            "warning": None if sglang_servable(cfg.extract.layers) else LAST_WARNING,
+            "convention": CONVENTION, "dtype": cfg.extract.dtype, "target": target_info(target),
+            "samples_fingerprint": samples_fingerprint,
+            "shapes": {"features": [-1, width], "last_hidden": [-1, target.hidden_size]},
+            "num_samples": 0, "tokens": 0, "bytes": 0, "bytes_per_token": 0.0, "shards": [], "vocabs": {}}
+
+
+def _check_pool(out: Path, manifest: dict, cfg, layer_ids: list[int], samples_fingerprint: str) -> None:
+    """A pool only grows with the same settings; anything else is a fingerprinting bug, not something to mix."""
+    wanted = {"layer_ids": layer_ids, "dtype": cfg.extract.dtype, "mode": cfg.extract.mode,
+              "samples_fingerprint": samples_fingerprint}
+    wrong = {k: (manifest.get(k), v) for k, v in wanted.items() if manifest.get(k) != v}
+    if wrong:
+        raise ValueError(f"{out}: holds features made with other settings {wrong} (stored, asked); use another folder")
+
+
+def run(cfg, out: Path, inputs: dict[str, Path], reporter) -> dict:
+    out, samples_dir = Path(out), Path(inputs["generate"])
+    n = int(cfg.data.samples)
+    samples_manifest = samples_fmt.read_manifest(samples_dir)
+    if samples_manifest is None or samples_manifest["num_samples"] < n:
+        raise FileNotFoundError(f"{samples_dir}: fewer than data.samples={n} generated samples")
+    # Resolved from config.json / GGUF header: a bad extract.layers fails before any weights are read.
+    num_layers = num_target_layers(cfg.target, Path(cfg.paths.root) / "models")
+    layer_ids = resolve_layers(cfg.extract.layers, num_layers)
+    out.mkdir(parents=True, exist_ok=True)
+    for leftover in out.rglob(".*.tmp"):  # a killed atomic write; the pipeline's lock keeps writers apart
+        leftover.unlink()
+    manifest = read_manifest(out)
+    if manifest is not None:
+        _check_pool(out, manifest, cfg, layer_ids, samples_manifest["fingerprint"])
+    offline = cfg.extract.mode == "offline"
+    done = manifest["num_samples"] if manifest else 0
+    if manifest is None or not (out / HEAD_FILE).exists() or (offline and done < n):
+        from draftlab.target import load_target
+
+        target = load_target(cfg.target, Path(cfg.paths.root) / "models")
+        if target.num_layers != num_layers:  # the cheap config read disagreed with the model: trust neither
+            raise ValueError(f"target has {target.num_layers} layers, its config said {num_layers}")
+        if manifest is None:
+            manifest = new_manifest(cfg, target, layer_ids, samples_manifest["fingerprint"])
+        elif manifest["target"]["fingerprint"] != target.fingerprint:
+            raise ValueError(f"{out}: features of target {manifest['target']['fingerprint']}, "
+                             f"not {target.fingerprint}; use another folder")
+        atomic_save_safetensors(out / HEAD_FILE, target_head(target))
+        if offline and done < n:
+            _extract(cfg, out, samples_dir, manifest, target, layer_ids, done, n, reporter)
+    metrics = _finish(cfg, out, samples_dir, manifest, n, reporter)
+    metrics["extract/new_samples"] = float(max(0, n - done) if offline else 0)
+    reporter.tag("extract.layer_ids", ",".join(map(str, layer_ids)))
+    reporter.tag("extract.sglang_servable", str(manifest["sglang_servable"]).lower())
+    return metrics
+
+
+def _extract(cfg, out: Path, samples_dir: Path, manifest: dict, target, layer_ids: list[int], done: int, n: int,
+             reporter) -> None:
+    tap = HiddenTap(target.model, layer_ids)
+    dtype = getattr(torch, cfg.extract.dtype)
+    writer = ShardWriter(out, manifest)
+    shard: list = []
+    start = time.perf_counter()
+    try:
+        for sample in samples_fmt.read_samples(samples_dir, limit=n):
+            if sample.index < done:
+                continue
+            shard.append(sample)
+            if len(shard) == cfg.extract.shard_size or sample.index == n - 1:
+                tensors = extract_shard(tap, shard, cfg.extract.batch_size, dtype, target.device)
+                now = time.perf_counter()
+                writer.submit(tensors, now - start)
+                start, shard = now, []
+                reporter.metrics({"extract/progress_samples": float(sample.index + 1)}, step=sample.index + 1)
+    finally:
+        writer.close()
+    log.info("extracted samples %d..%d into %s", done, n - 1, out)
+
+
+def _finish(cfg, out: Path, samples_dir: Path, manifest: dict, n: int, reporter) -> dict:
+    """The vocab for (N, V) if missing, the manifest last, and the metrics for the first N samples."""
+    v = int(cfg.draft.vocab_size)
+    path = vocab_path(out, n, v)
+    if vocab_name(n, v) not in manifest["vocabs"] or not path.exists():
+        counts = count_tokens(samples_fmt.read_samples(samples_dir, limit=n, split="train"),
+                              manifest["target"]["vocab_size"])
+        manifest["vocabs"][vocab_name(n, v)] = write_vocab(path, counts, v)
+    _totals(manifest)
+    atomic_write_json(out / "manifest.json", manifest)
+    if manifest["mode"] == "offline":
+        entries = offline_entries(out, manifest, n)
+        tokens = sum(e.length for e in entries)
+        used = [s for s in manifest["shards"] if s["first"] < n]
+        seconds = sum(s["seconds"] for s in used)
+        rate = sum(s["tokens"] for s in used) / seconds if seconds else 0.0
+        nbytes = manifest["bytes_per_token"] * tokens  # shards can straddle N: bytes pro rata
+    else:
+        tokens = sum(len(s.input_ids) for s in samples_fmt.read_samples(samples_dir, limit=n))
+        rate, nbytes = 0.0, 0.0
+    metrics = {"extract/tokens": float(tokens), "extract/tokens_per_s": float(rate),
+               "extract/bytes": float(nbytes), "extract/bytes_per_token": float(nbytes / tokens if tokens else 0.0),
+               "extract/vocab_coverage": float(manifest["vocabs"][vocab_name(n, cfg.draft.vocab_size)]),
+               "extract/samples": float(n), "extract/num_layers": float(len(manifest["layer_ids"]))}
+    reporter.metrics(metrics)
+    metrics["extract/layer_ids"] = ",".join(map(str, manifest["layer_ids"]))  # a string: log as a param/tag
+    return metrics
+
+
+def is_complete(out: Path, cfg) -> bool:
+    """What the pipeline's cache check needs: the first N samples extracted (offline) and the (N, V) vocab."""
+    manifest = read_manifest(Path(out))
+    if manifest is None or manifest.get("mode") != cfg.extract.mode:
+        return False
+    n = int(cfg.data.samples)
+    if cfg.extract.mode == "offline" and manifest["num_samples"] < n:
+        return False
+    return vocab_name(n, cfg.draft.vocab_size) in manifest["vocabs"] and (Path(out) / HEAD_FILE).exists()
