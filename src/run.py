@@ -20,7 +20,7 @@ def main(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
     sweep_dir = hydra_cfg.sweep.dir if hydra_cfg.mode == RunMode.MULTIRUN else None
     try:
-        metrics = run_task(cfg, parent_run_id=parent_run_id_for(sweep_dir))
+        metrics = run_task(cfg, parent_run_id=parent_run_id_for(sweep_dir), output_dir=hydra_cfg.runtime.output_dir)
     except ConfigError as err:
         log.error("config error: %s", err)
         sys.exit(2)

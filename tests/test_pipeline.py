@@ -62,3 +62,19 @@ def test_a_failing_stage_marks_the_run_failed(tiny_cfg, monkeypatch):
 def test_a_stage_without_its_inputs_says_which(tiny_cfg):
     with pytest.raises(RuntimeError, match="needs generate"):
         run_task(tiny_cfg("stages=[extract]", "tracking.enabled=false"))
+
+
+def test_untracked_jobs_leave_results_that_import_as_a_sweep(tiny_cfg, tmp_path):
+    from draftlab.import_runs import import_runs
+
+    for samples in (8, 16):
+        job = tmp_path / "multirun" / str(samples)
+        run_task(tiny_cfg("stages=[generate]", f"data.samples={samples}", "tracking.enabled=false"), output_dir=job)
+        assert (job / "results.json").exists()
+    uri = f"sqlite:///{tmp_path / 'imported.db'}"
+    parent = import_runs(tmp_path / "multirun", "imported", uri)
+    client = MlflowClient(tracking_uri=uri)
+    children = client.search_runs([client.get_experiment_by_name("imported").experiment_id],
+                                  f"tags.mlflow.parentRunId = '{parent}'")
+    assert sorted(int(c.data.params["data.samples"]) for c in children) == [8, 16]
+    assert all(c.data.metrics["generate/samples"] == int(c.data.params["data.samples"]) for c in children)

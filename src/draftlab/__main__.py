@@ -9,6 +9,7 @@ COMMANDS = {
     "stage": ("draftlab.dvc_stage", "run one pipeline stage on params.yaml (what dvc.yaml calls)"),
     "check-draft": ("draftlab.sglang.cli", "check a draft folder against what SGLang loads"),
     "convert": ("draftlab.sglang.cli", "convert a draft folder between SGLang and speculators formats"),
+    "import-runs": ("draftlab.import_runs", "log jobs run without a tracking store (results.json) into MLflow"),
 }
 
 
@@ -22,7 +23,7 @@ def main(argv: list[str]) -> int:
 
     module = importlib.import_module(COMMANDS[argv[0]][0])
     try:
-        if argv[0] == "stage":
+        if argv[0] in ("stage", "import-runs"):
             return module.main(argv[1:])
         return module.main(argv)
     except ConfigError as err:

@@ -7,11 +7,14 @@ composed config.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from draftlab.config import ConfigError, validate
+from draftlab.fsutil import atomic_write_json
 from draftlab.pipeline import run_stages
-from draftlab.reporting import NullReporter
-from draftlab.tracking import tracked_run
+from draftlab.provenance import git_state
+from draftlab.reporting import RecordingReporter
+from draftlab.tracking import flatten, repo_root, tracked_run
 
 log = logging.getLogger("draftlab")
 
@@ -28,11 +31,21 @@ def preflight(cfg) -> None:
                           f"({shape['vocab_size']})")
 
 
-def run_task(cfg, parent_run_id: str | None = None) -> dict[str, float]:
-    """Runs the configured stages; returns every stage's metrics."""
+def run_task(cfg, parent_run_id: str | None = None, output_dir: Path | None = None) -> dict[str, float]:
+    """Runs the configured stages; returns every stage's metrics. With `output_dir` (the Hydra job folder) the
+    job also leaves `results.json` there: params, tags and metrics, importable later with
+    `python -m draftlab import-runs` when the job ran where no tracking store was reachable."""
     conf = validate(cfg)
     preflight(conf)
     if not conf.tracking.enabled:
-        return run_stages(conf, NullReporter())
-    with tracked_run(conf, parent_run_id=parent_run_id) as reporter:
-        return run_stages(conf, reporter)
+        reporter = RecordingReporter()
+        results = run_stages(conf, reporter)
+    else:
+        with tracked_run(conf, parent_run_id=parent_run_id) as reporter:
+            results = run_stages(conf, reporter)
+    if output_dir is not None:
+        tags = {**git_state(repo_root()), **getattr(reporter, "tags", {})}
+        atomic_write_json(Path(output_dir) / "results.json",
+                          {"params": flatten(conf), "metrics": {k: v for k, v in results.items()
+                                                                if isinstance(v, (int, float))}, "tags": tags})
+    return results
