@@ -75,6 +75,12 @@ class FakeSource:
     def head(self) -> dict:
         return {"embed_tokens.weight": self.emb.clone(), "lm_head.weight": self.lm_head.clone()}
 
+    def num_tokens(self, split) -> int:
+        return sum(len(s["input_ids"]) for s in self.samples[split])
+
+    def num_samples_in(self, split) -> int:
+        return len(self.samples[split])
+
     def vocab(self):
         return torch.zeros(VD, dtype=torch.long), torch.arange(V) < VD
 

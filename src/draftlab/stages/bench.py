@@ -1,0 +1,222 @@
+"""Stage `bench`: deployed acceptance and speed of the trained draft on held-out prompts.
+
+Inputs: `generate` (samples; the val split is never trained on) and `train` (`draft/` and `metrics.json`).
+With `serve.backend=local` the draft is loaded as SGLang would load it (serve/loader.py) and served by the
+local engine; with `sglang` the work goes to `draftlab.sglang.bench.run_sglang_bench`. Either way the
+predicted-vs-deployed alarm (serve/alarm.py) runs last and may raise `DraftAlarm`.
+
+Metrics: `bench/tau` (completion tokens / verify steps, SGLang's count), `bench/accept_rate_{j}`
+(P(at least j+1 drafts accepted) per step, comparable to train's full_acc_j), `bench/tokens_per_s` and
+`bench/baseline_tokens_per_s` measured alternately prompt by prompt (spec first on even prompts, baseline
+first on odd ones, so drift and warm-up hit both equally), `bench/speedup`, `bench/tau_ratio`.
+Files: `accept_hist.json`, `accept_hist.png`, `generations.jsonl`, `metrics.json`, then `manifest.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from draftlab import fsutil
+from draftlab.reporting import Reporter
+from draftlab.serve import alarm
+from draftlab.serve.engine import Generation, SpecEngine, TargetRunner, target_decode
+
+log = logging.getLogger("draftlab")
+FORMAT = "draftlab.bench/1"
+
+
+@dataclass
+class BenchRun:
+    spec: list[Generation] = field(default_factory=list)
+    base: list[Generation] = field(default_factory=list)
+
+
+def held_out_prompts(samples_folder: Path, count: int) -> list[list[int]]:
+    """The chat-templated prompts of the first `count` validation samples (index order: stable as the
+    generate pool grows)."""
+    from draftlab.data.samples import read_samples
+
+    prompts = []
+    for sample in read_samples(Path(samples_folder), split="val"):
+        prompts.append(sample.input_ids[: sample.prompt_len].tolist())
+        if len(prompts) == count:
+            break
+    if not prompts:
+        raise ValueError(f"{samples_folder}: no validation samples to bench on (data.val_fraction = 0?)")
+    if len(prompts) < count:
+        log.warning("bench: only %d held-out prompts available, bench.prompts asks for %d", len(prompts), count)
+    return prompts
+
+
+def measure(model, drafter, prompts: list[list[int]], num_steps: int, max_new_tokens: int,
+            temperature: float, eos_token_ids, seed: int = 0, warmup: bool = True) -> BenchRun:
+    """Speculative and plain decoding of every prompt, alternating which goes first."""
+    engine = SpecEngine(model, drafter, num_steps, eos_token_ids)
+    runner = TargetRunner(model)
+    device = runner.device
+    gen = torch.Generator(device=device)
+
+    def seeded(i):  # each prompt its own stream, the same for both decoders; None when greedy
+        return gen.manual_seed(seed + i) if temperature > 0 else None
+
+    def spec(ids, n, i):
+        return engine.generate(ids, n, temperature, seeded(i))
+
+    def base(ids, n, i):
+        return target_decode(model, ids, n, eos_token_ids, temperature, seeded(i), runner=runner)
+
+    if warmup:  # first-call allocations and kernel selection stay out of the timings
+        spec(prompts[0], min(8, max_new_tokens), len(prompts))
+        base(prompts[0], min(8, max_new_tokens), len(prompts))
+    run = BenchRun()
+    for i, ids in enumerate(prompts):
+        if i % 2 == 0:
+            run.spec.append(spec(ids, max_new_tokens, i))
+            run.base.append(base(ids, max_new_tokens, i))
+        else:
+            run.base.append(base(ids, max_new_tokens, i))
+            run.spec.append(spec(ids, max_new_tokens, i))
+    return run
+
+
+def summarize(run: BenchRun, num_steps: int, temperature: float) -> dict[str, float]:
+    tokens = sum(len(g.tokens) for g in run.spec)
+    steps = sum(g.verify_steps for g in run.spec)
+    accepted = [a for g in run.spec for a in g.accepted]
+    spec_s = sum(g.seconds for g in run.spec)
+    base_tokens, base_s = sum(len(g.tokens) for g in run.base), sum(g.seconds for g in run.base)
+    m = {
+        "bench/tau": tokens / steps if steps else float("nan"),
+        "bench/verify_steps": float(steps),
+        "bench/tokens": float(tokens),
+        "bench/prompts": float(len(run.spec)),
+        "bench/mean_accepted": sum(accepted) / len(accepted) if accepted else 0.0,
+        # per verify step, bonus included, prefill token excluded: SGLang's server-level accept length
+        "bench/accept_length": 1 + sum(accepted) / len(accepted) if accepted else float("nan"),
+        "bench/tokens_per_s": tokens / spec_s if spec_s > 0 else float("nan"),
+        "bench/baseline_tokens_per_s": base_tokens / base_s if base_s > 0 else float("nan"),
+    }
+    m["bench/speedup"] = m["bench/tokens_per_s"] / m["bench/baseline_tokens_per_s"]
+    for j in range(num_steps):
+        m[f"bench/accept_rate_{j}"] = sum(a > j for a in accepted) / len(accepted) if accepted else 0.0
+    if temperature <= 0:  # greedy must reproduce the target; bf16 near-ties may flip a token, so it is reported
+        same = sum(s.tokens == b.tokens for s, b in zip(run.spec, run.base))
+        m["bench/greedy_match_frac"] = same / len(run.spec)
+    return m
+
+
+def write_histogram(run: BenchRun, num_steps: int, out: Path) -> tuple[Path, Path]:
+    """Accept length per verify step (accepted drafts + bonus, 1..k+1), as JSON and a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lengths = list(range(1, num_steps + 2))
+    counts = [0] * len(lengths)
+    for g in run.spec:
+        for a in g.accepted:
+            counts[a] += 1
+    js = out / "accept_hist.json"
+    fsutil.atomic_write_json(js, {"accept_length": lengths, "count": counts,
+                                  "note": "tokens committed per verify step, bonus included, before truncation"})
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.bar(lengths, counts)
+    ax.set_xlabel("accept length (drafts accepted + bonus)")
+    ax.set_ylabel("verify steps")
+    total = sum(counts)
+    mean = sum(length * c for length, c in zip(lengths, counts)) / total if total else 0.0
+    ax.set_title(f"num_steps={num_steps}, mean accept length {mean:.2f}")
+    fig.tight_layout()
+    png = out / "accept_hist.png"
+    with fsutil.atomic_path(png) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+    return js, png
+
+
+def serve_dtype(spec: str, target_dtype: torch.dtype) -> torch.dtype:
+    return target_dtype if spec == "auto" else getattr(torch, spec)
+
+
+def _run_local(cfg, prompts, draft_dir: Path, out: Path) -> tuple[dict, list[str], BenchRun]:
+    from draftlab.serve.eagle3_drafter import Eagle3Drafter
+    from draftlab.target import load_target
+
+    target = load_target(cfg.target, Path(cfg.paths.root) / "models")
+    if cfg.serve.topk != 1:
+        log.warning("bench: the local engine drafts a chain (topk 1); serve.topk=%d is ignored", cfg.serve.topk)
+    drafter, loaded = Eagle3Drafter.from_folder(draft_dir, target.model, cfg.serve.sglang_rules,
+                                                serve_dtype(cfg.serve.dtype, target.dtype))
+    problems = loaded.problems()
+    torch.manual_seed(cfg.bench.seed)
+    run = measure(target.model, drafter, prompts, cfg.serve.num_steps, cfg.bench.max_new_tokens,
+                  cfg.bench.temperature, target.eos_token_ids, cfg.bench.seed)
+    lines = [json.dumps({"prompt": i, "tau": s.tau, "accepted": s.accepted, "tokens": s.tokens,
+                         "baseline_tokens": b.tokens, "spec_s": s.seconds, "base_s": b.seconds})
+             for i, (s, b) in enumerate(zip(run.spec, run.base))]
+    fsutil.atomic_write_text(out / "generations.jsonl", "\n".join(lines) + "\n")  # for eyeballing
+    return summarize(run, cfg.serve.num_steps, cfg.bench.temperature), problems, run
+
+
+def _target_path(cfg) -> str:
+    if cfg.target.name == "hf":
+        return cfg.target.path
+    if cfg.target.name == "smollm2":
+        from draftlab.target import _embedded_smollm2  # the converted safetensors folder SGLang can read
+
+        return str(_embedded_smollm2(Path(cfg.paths.root) / "models"))
+    raise ValueError("serve.backend=sglang: target.name=tiny exists only in code; SGLang cannot serve it")
+
+
+def run(cfg, out: Path, inputs: dict[str, Path], reporter: Reporter) -> dict[str, float]:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    train_dir = Path(inputs["train"])
+    draft_dir = train_dir / "draft"
+    if not (draft_dir / "config.json").exists():
+        raise FileNotFoundError(f"{draft_dir}: no exported draft (did the train stage finish?)")
+    predicted, predicted_key = alarm.read_predicted_tau(train_dir)
+    prompts = held_out_prompts(inputs["generate"], cfg.bench.prompts)
+
+    run = None
+    if cfg.serve.backend == "sglang":
+        from draftlab.sglang.bench import run_sglang_bench
+        from draftlab.sglang.keymap import load_like_sglang
+
+        metrics = dict(run_sglang_bench(cfg, _target_path(cfg), draft_dir, prompts, out, reporter))
+        problems = load_like_sglang(draft_dir, cfg.serve.sglang_rules)[1].lines()
+    else:
+        metrics, problems, run = _run_local(cfg, prompts, draft_dir, out)
+
+    context = {"draft_dir": str(draft_dir), "backend": cfg.serve.backend, "predicted_key": predicted_key,
+               "metrics": metrics}
+    try:
+        accept_length = metrics.get("bench/accept_length", metrics.get("bench/server_accept_length"))
+        result = alarm.check(metrics["bench/tau"], predicted, cfg.bench, problems, context, accept_length)
+    except alarm.DraftAlarm as err:
+        # the evidence stays on disk; no manifest, so the pipeline never treats the stage as done
+        fsutil.atomic_write_json(out / "alarm.json", {"error": str(err), **err.details})
+        reporter.tag("bench.alarm", "fail")
+        raise
+    metrics.update(result.metrics)
+    if predicted is not None:
+        metrics["bench/predicted_tau"] = predicted
+    if result.warnings:
+        reporter.tag("bench.alarm", "warn")
+        fsutil.atomic_write_json(out / "alarm.json", {"warnings": result.warnings, **context})
+
+    if run is not None:
+        for path in write_histogram(run, cfg.serve.num_steps, out):
+            reporter.artifact(path)
+    reporter.metrics(metrics)
+    fsutil.atomic_write_json(out / "metrics.json", metrics)
+    fsutil.atomic_write_json(out / "manifest.json", {
+        "format": FORMAT, "backend": cfg.serve.backend, "draft_dir": str(draft_dir),
+        "predicted_key": predicted_key, "prompts": len(prompts), "metrics": metrics, "complete": True})
+    return metrics
