@@ -239,3 +239,16 @@ def test_sglang_backend_delegates_then_alarms(target, samples, tmp_path, make_tr
         bench.run(cfg, tmp_path / "bench", {"generate": samples, "train": train}, RecordingReporter())
     assert calls and calls[0][0] == "/models/some-target" and calls[0][1] == train / "draft"
     assert calls[0][2] == [target.chat_ids(TEXTS[i]) for i in sorted(VAL)[:2]]
+
+
+def test_alarm_tells_a_weak_draft_from_a_broken_one():
+    from types import SimpleNamespace
+
+    from draftlab.serve.alarm import DraftAlarm, check
+
+    cfg = SimpleNamespace(tau_fail=1.05, tau_ratio_warn=0.6)
+    check(1.02, 1.08, cfg)  # training predicted almost nothing too: weak, reported with a warning
+    with pytest.raises(DraftAlarm, match="contributes nothing"):
+        check(1.02, 1.8, cfg)  # training predicted 1.8: a serving failure
+    with pytest.raises(DraftAlarm, match="d2t"):
+        check(1.02, 1.08, cfg, draft_problems=["d2t missing"])  # weak or not, a broken load is loud

@@ -49,13 +49,13 @@ class TargetConfig:
 class DataConfig:
     source: str = "sharegpt"  # sharegpt (embedded package) | jsonl | parquet
     path: Optional[str] = None  # file for jsonl/parquet (sharegpt: optional override of the JSON file)
-    samples: int = 200
-    max_new_tokens: int = 128
+    samples: int = 64
+    max_new_tokens: int = 96
     max_prompt_tokens: int = 256
-    val_fraction: float = 0.05
+    val_fraction: float = 0.125
     seed: int = 0
     temperature: float = 0.0  # 0 = greedy
-    batch_size: int = 16
+    batch_size: int = 32
     shard_size: int = 64  # samples per shard: the unit of resume
 
 
@@ -122,8 +122,8 @@ class ServeConfig:
 
 @dataclass
 class BenchConfig:
-    prompts: int = 16  # held-out (validation) prompts
-    max_new_tokens: int = 128
+    prompts: int = 8  # held-out (validation) prompts
+    max_new_tokens: int = 64
     temperature: float = 0.0
     tau_ratio_warn: float = 0.6  # warn when bench/tau / val/predicted_tau is below this
     tau_fail: float = 1.05  # fail when bench/tau is at or below this: the draft contributes nothing

@@ -5,6 +5,8 @@ the bench measures it with the draft served the way SGLang loads it. Two thresho
 - `bench/tau` <= `bench.tau_fail`: the draft contributes nothing (accept length ~1). That is almost never a
   training problem but a serving one, so a `DraftAlarm` is raised listing what to check instead of
   reporting a number that would be averaged into a sweep as if it were real.
+  Unless training itself predicted about as little (predicted tau within WEAK_MARGIN of the threshold) and the
+  draft loads cleanly: then the draft is weak, not broken, and the answer is more data, said in a warning.
 - `bench/tau_ratio` = bench/tau / predicted < `bench.tau_ratio_warn`: a warning naming the usual causes of
   a gap between teacher-forced prediction and deployment.
 """
@@ -18,6 +20,9 @@ from pathlib import Path
 from draftlab.fsutil import read_json
 
 log = logging.getLogger("draftlab")
+
+# A prediction this close to bench.tau_fail means training already knew the draft accepts almost nothing.
+WEAK_MARGIN = 0.1
 
 # Preference order: the exported draft is the best epoch's, so its own prediction comes first.
 PREDICTED_KEYS = ("best/predicted_tau", "val/predicted_tau")
@@ -80,7 +85,11 @@ def check(tau: float, predicted: float | None, bench_cfg, draft_problems: list[s
                "tau_fail": bench_cfg.tau_fail, "draft_problems": problems, **(context or {})}
     known = accept_length is not None and accept_length == accept_length  # None or NaN: not measured
     measured = min(tau, accept_length) if known else tau
-    if measured <= bench_cfg.tau_fail:
+    weak = predicted is not None and predicted <= bench_cfg.tau_fail + WEAK_MARGIN and not problems
+    if measured <= bench_cfg.tau_fail and weak:
+        log.warning("bench: tau %.3f: the draft accepts almost nothing, as training predicted (%.3f): it is weak, "
+                    "not broken; train it on more data (data.samples) or longer (train.epochs)", tau, predicted)
+    elif measured <= bench_cfg.tau_fail:
         shown = f"bench/tau = {tau:.3f}" + (f", accept length {accept_length:.3f}" if known else "")
         lines = [f"deployed draft contributes nothing: {shown} <= bench.tau_fail = "
                  f"{bench_cfg.tau_fail} (1.0 = no draft token ever accepted)"
