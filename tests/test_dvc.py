@@ -57,7 +57,7 @@ def dvc_repo(tmp_path):
 def test_repro_runs_generate_once_and_exp_run_composes_overrides(dvc_repo):
     repo, env, overrides = dvc_repo
     _sh(["dvc", "repro", "generate"], repo, env)
-    metrics = json.loads((repo / "dvcout/metrics/generate.json").read_text())
+    metrics = json.loads((repo / "dvc_metrics/generate.json").read_text())
     assert metrics["generate/samples"] == 8
     second = _sh(["dvc", "repro", "generate"], repo, env)
     assert "didn't change" in second or "up to date" in second
@@ -67,6 +67,34 @@ def test_repro_runs_generate_once_and_exp_run_composes_overrides(dvc_repo):
     sets = [arg for override in overrides if not override.startswith("data.samples")
             for arg in ("-S", override)]
     _sh(["dvc", "exp", "run", *sets, "-S", "data.samples=16", "generate"], repo, env)
-    metrics = json.loads((repo / "dvcout/metrics/generate.json").read_text())
+    metrics = json.loads((repo / "dvc_metrics/generate.json").read_text())
     assert metrics["generate/samples"] == 16 and metrics["generate/new_samples"] == 8  # the pool grew by 8
     assert OmegaConf.load(repo / "params.yaml").data.samples == 16
+
+
+def test_queued_experiments_log_into_the_repository_store(dvc_repo):
+    """Queued experiments run in copies under .dvc/tmp/exps; their runs must still land in the repo's store."""
+    import time
+
+    from mlflow.tracking import MlflowClient
+
+    repo, env, overrides = dvc_repo
+    env = {k: v for k, v in env.items() if k != "MLFLOW_TRACKING_URI"}
+    sets = [arg for override in overrides if not override.startswith(("data.samples", "tracking.uri"))
+            for arg in ("-S", override)]
+    _sh(["dvc", "exp", "run", "--queue", *sets, "-S", "data.samples=8,16", "generate"], repo, env)
+    _sh(["dvc", "queue", "start", "--jobs", "1"], repo, env)
+    deadline = time.time() + 500
+    while time.time() < deadline:
+        status = _sh(["dvc", "queue", "status"], repo, env)
+        if "Queued" not in status and "Running" not in status:
+            break
+        time.sleep(3)
+    assert "Success" in status and "Failed" not in status, status
+    shown = _sh(["dvc", "exp", "show", "--no-pager", "--csv"], repo, env)
+    assert "generate/samples" in shown
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{repo / 'mlruns' / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("draftlab").experiment_id])
+    assert sorted(int(r.data.params["data.samples"]) for r in runs) == [8, 16]
+    assert all(r.data.tags["draftlab.driver"] == "dvc" for r in runs)

@@ -21,7 +21,7 @@ from draftlab.provenance import file_sha256
 from draftlab.tracking import MlflowReporter, _client, experiment_id, tracked_run, tracking_uri
 
 log = logging.getLogger("draftlab.dvc")
-METRICS_DIR = Path("dvcout/metrics")
+METRICS_DIR = Path("dvc_metrics")  # tracked by git (not under the ignored dvcout/) so `dvc exp show` sees it
 
 
 def _existing_run(cfg, key: str) -> str | None:
