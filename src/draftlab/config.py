@@ -49,13 +49,13 @@ class TargetConfig:
 class DataConfig:
     source: str = "sharegpt"  # sharegpt (embedded package) | jsonl | parquet
     path: Optional[str] = None  # file for jsonl/parquet (sharegpt: optional override of the JSON file)
-    samples: int = 64
-    max_new_tokens: int = 96
+    samples: int = 48
+    max_new_tokens: int = 64
     max_prompt_tokens: int = 256
     val_fraction: float = 0.125
     seed: int = 0
     temperature: float = 0.0  # 0 = greedy
-    batch_size: int = 32
+    batch_size: int = 16
     shard_size: int = 64  # samples per shard: the unit of resume
 
 
@@ -80,7 +80,7 @@ class DraftConfig:
 
 @dataclass
 class TrainConfig:
-    epochs: int = 4
+    epochs: int = 3
     lr: float = 1e-3
     schedule: str = "cosine"  # cosine | linear | constant
     warmup_ratio: float = 0.05
@@ -122,8 +122,8 @@ class ServeConfig:
 
 @dataclass
 class BenchConfig:
-    prompts: int = 8  # held-out (validation) prompts
-    max_new_tokens: int = 64
+    prompts: int = 6  # held-out (validation) prompts
+    max_new_tokens: int = 48
     temperature: float = 0.0
     tau_ratio_warn: float = 0.6  # warn when bench/tau / val/predicted_tau is below this
     tau_fail: float = 1.05  # fail when bench/tau is at or below this: the draft contributes nothing
