@@ -38,13 +38,6 @@ VAL = {1, 3, 4, 7}  # indices of the held-out samples
 DRAFT_VOCAB = 48
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # per-op overhead dominates tiny models; a second thread only contends
-    yield
-    torch.set_num_threads(threads)
-
 
 @pytest.fixture(scope="module")
 def target():

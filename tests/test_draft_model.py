@@ -12,12 +12,6 @@ from draftlab.model.draft import (DraftModelConfig, Eagle3Draft, KVCache, causal
 H, HT, V, VD = 32, 24, 64, 40
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def small_config(layers: int = 1, **kw) -> DraftModelConfig:

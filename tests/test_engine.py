@@ -55,14 +55,6 @@ class ScriptDrafter:
         self.features.append(features)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # tiny models at batch size 1 are dominated by per-op overhead; 2 threads only add contention
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 @pytest.fixture(scope="module")
 def target():

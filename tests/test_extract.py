@@ -31,15 +31,6 @@ def make_samples(count=NUM_SAMPLES, seed=0):
     return samples
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # The tiny model's ops are microseconds: extra OpenMP threads only spin, and on a shared 2-core machine that
-    # made these tests 10x slower.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 @pytest.fixture
 def pool(tmp_path):

@@ -19,13 +19,6 @@ from draftlab.model.draft import DraftModelConfig, Eagle3Draft
 from draftlab.reporting import RecordingReporter
 from draftlab.train.loop import LoopSettings, Trainer, lr_factor
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # tiny matmuls: extra threads only add contention (100x slower on a loaded 2-core machine)
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 V, VD, HT, LAYERS = 48, 40, 32, [1, 3, 5]  # target vocab, draft vocab (ids 0..39), target hidden, aux layers

@@ -12,12 +12,6 @@ from draftlab.train.ttt import STATS, summarize, target_distribution, ttt_unroll
 H, HT, V, VD, T = 32, 16, 50, 30, 14
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def _model(seed=0, layers=1) -> Eagle3Draft:

@@ -24,11 +24,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
 from draftlab import fsutil
+from draftlab.config import TrainConfig
 from draftlab.model.draft import Eagle3Draft
 from draftlab.reporting import NullReporter, Reporter
+from draftlab.target import resolve_device
 from draftlab.train.ttt import STATS, summarize, target_distribution, ttt_unroll
 
 log = logging.getLogger("draftlab")
@@ -37,29 +40,14 @@ KEEP_CHECKPOINTS = 2
 
 
 @dataclass
-class LoopSettings:
-    epochs: int = 4
-    lr: float = 1e-3
-    schedule: str = "cosine"
-    warmup_ratio: float = 0.05
-    ttt_steps: int = 7
-    loss_decay: float = 0.8
-    batch_tokens: int = 4096
-    max_seq_len: int = 2048
-    grad_clip: float = 0.5
-    weight_decay: float = 0.0
-    seed: int = 0
-    log_every: int = 10
-    checkpoint_every: int = 50
+class LoopSettings(TrainConfig):
+    """The `train` config section (defaults are the schema's) plus the one serving setting metrics need."""
+
     num_steps: int = 4  # serve.num_steps: how many full_acc_j enter predicted_tau
-    device: str = "auto"
-    dtype: str = "auto"
 
     @classmethod
     def from_cfg(cls, cfg) -> "LoopSettings":
-        t = cfg.train
-        keys = [k for k in cls.__dataclass_fields__ if k != "num_steps"]
-        return cls(**{k: t[k] for k in keys}, num_steps=int(cfg.serve.num_steps))
+        return cls(**OmegaConf.to_container(cfg.train, resolve=True), num_steps=int(cfg.serve.num_steps))
 
 
 @dataclass
@@ -70,12 +58,6 @@ class TrainResult:
     best_weights: Path  # trainable weights of the best epoch (safetensors)
     steps: int = 0
     extras: dict[str, Any] = field(default_factory=dict)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def autocast_dtype(device: torch.device, dtype: str) -> torch.dtype | None:
