@@ -78,3 +78,19 @@ def test_untracked_jobs_leave_results_that_import_as_a_sweep(tiny_cfg, tmp_path)
                                   f"tags.mlflow.parentRunId = '{parent}'")
     assert sorted(int(c.data.params["data.samples"]) for c in children) == [8, 16]
     assert all(c.data.metrics["generate/samples"] == int(c.data.params["data.samples"]) for c in children)
+
+
+def test_epochs_sweep_continues_from_the_shorter_run(tiny_cfg, caplog):
+    """`train.init_from=shorter` (experiment=epochs): a 2-epoch job continues the finished 1-epoch job and,
+    with a constant schedule, ends where a 2-epoch run from scratch ends."""
+    import logging
+
+    common = ("train.schedule=constant", "train.warmup_ratio=0.0", "tracking.enabled=false",
+              "stages=[generate,extract,train]")
+    run_task(tiny_cfg(*common, "train.epochs=1", "train.init_from=shorter"))
+    with caplog.at_level(logging.INFO, logger="draftlab.pipeline"):
+        continued = run_task(tiny_cfg(*common, "train.epochs=2", "train.init_from=shorter"))
+    assert "continuing from the 1-epoch run" in caplog.text
+    scratch = run_task(tiny_cfg(*common, "train.epochs=2"))
+    assert continued["train/steps"] == scratch["train/steps"]
+    assert continued["val/loss"] == pytest.approx(scratch["val/loss"], rel=1e-5)
