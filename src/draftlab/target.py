@@ -108,6 +108,15 @@ def load_target(target_cfg, cache_dir: Path | str) -> Target:
     return _load_hf(target_cfg.path, target_cfg.gguf_file, target_cfg.path, device, dtype)
 
 
+def serving_path(target_cfg, cache_dir: Path | str) -> str:
+    """The model folder or hub name another engine (SGLang) loads for this target."""
+    if target_cfg.name == "hf":
+        return target_cfg.path
+    if target_cfg.name == "smollm2":
+        return str(_embedded_smollm2(Path(cache_dir)))  # the converted safetensors folder
+    raise ValueError("target.name=tiny exists only in code: no serving engine can load it")
+
+
 def _load_hf(path: str, gguf_file: str | None, name: str, device, dtype) -> Target:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

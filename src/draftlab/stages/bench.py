@@ -164,16 +164,6 @@ def _run_local(cfg, prompts, draft_dir: Path, out: Path) -> tuple[dict, list[str
     return summarize(run, cfg.serve.num_steps, cfg.bench.temperature), problems, run
 
 
-def _target_path(cfg) -> str:
-    if cfg.target.name == "hf":
-        return cfg.target.path
-    if cfg.target.name == "smollm2":
-        from draftlab.target import _embedded_smollm2  # the converted safetensors folder SGLang can read
-
-        return str(_embedded_smollm2(Path(cfg.paths.root) / "models"))
-    raise ValueError("serve.backend=sglang: target.name=tiny exists only in code; SGLang cannot serve it")
-
-
 def run(cfg, out: Path, inputs: dict[str, Path], reporter: Reporter) -> dict[str, float]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -189,7 +179,10 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter: Reporter) -> dict[str
         from draftlab.sglang.bench import run_sglang_bench
         from draftlab.sglang.keymap import load_like_sglang
 
-        metrics = dict(run_sglang_bench(cfg, _target_path(cfg), draft_dir, prompts, out, reporter))
+        from draftlab.target import serving_path
+
+        target_path = serving_path(cfg.target, Path(cfg.paths.root) / "models")
+        metrics = dict(run_sglang_bench(cfg, target_path, draft_dir, prompts, out, reporter))
         problems = load_like_sglang(draft_dir, cfg.serve.sglang_rules)[1].lines()
     else:
         metrics, problems, run = _run_local(cfg, prompts, draft_dir, out)
