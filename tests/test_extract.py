@@ -228,3 +228,12 @@ def test_online_and_offline_give_the_same_batches(pool):
                 assert a[key].dtype == b[key].dtype and a[key].shape == b[key].shape, key
                 assert torch.allclose(a[key].float(), b[key].float(), atol=1e-5), key
     assert [torch.equal(x, y) for x, y in zip(offline.vocab(), online.vocab())] == [True, True]
+
+
+def test_a_pool_made_with_other_layers_starts_over(pool):
+    """Under DVC the extract folder is fixed whatever the settings: other layers must replace, never mix."""
+    run(pool, config(pool))
+    run(pool, config(pool, layers=[1, 2, 3]))
+    manifest = read_manifest(pool / "extract")
+    assert manifest["layer_ids"] == [1, 2, 3] and manifest["num_samples"] == 10
+    assert all(f.shape[1] == 3 * 64 for f, _, _ in stored_samples(pool / "extract").values())

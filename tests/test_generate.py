@@ -87,3 +87,13 @@ def test_answers_hold_the_assistant_mask_and_text(tiny_cfg, tmp_path):
     assert 0 < len(answer) <= cfg.data.max_new_tokens
     assert not sample.loss_mask[: sample.prompt_len].any() and sample.loss_mask[sample.prompt_len:].all()
     assert sample.prompt
+
+
+def test_too_few_usable_prompts_is_an_error_naming_the_key(tiny_cfg, tmp_path):
+    import json
+
+    path = tmp_path / "few.jsonl"
+    path.write_text("\n".join(json.dumps({"prompt": f"question {i}"}) for i in range(5)))
+    cfg = validate(tiny_cfg("data.source=jsonl", f"data.path={path}", "data.samples=16"))
+    with pytest.raises(ValueError, match="data.samples: 16 asked"):
+        _run(cfg, tmp_path / "pool")

@@ -69,3 +69,12 @@ def test_split_is_per_conversation_and_stable():
     splits = [split_for(i, 0.1) for i in ids]
     assert 0.07 < splits.count("val") / len(ids) < 0.13
     assert splits == [split_for(i, 0.1) for i in ids]  # independent of how many prompts are loaded
+
+
+def test_user_ids_with_underscores_stay_distinct_conversations(tmp_path):
+    """Only ShareGPT's `id_N` part suffixes are joined; a user's `item_0, item_1` are separate conversations."""
+    path = tmp_path / "p.jsonl"
+    path.write_text("\n".join(json.dumps({"prompt": f"q{i}", "id": f"item_{i}"}) for i in range(200)))
+    prompts = load_prompts("jsonl", str(path), 0).prompts
+    assert len({p.conversation_id for p in prompts}) == 200
+    assert 0 < sum(split_for(p.conversation_id, 0.2) == "val" for p in prompts) < 200

@@ -8,6 +8,7 @@ Hydra's defaults list on purpose: DVC composes `conf/` without importing draftla
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -221,6 +222,9 @@ def _check_values(c: DictConfig) -> None:
         raise ConfigError(f"train.loss_decay: must be in (0, 1], got {c.train.loss_decay}")
     _positive("train.grad_clip", c.train.grad_clip, allow_zero=True)
     _choice("train.dtype", c.train.dtype, DTYPES)
+    if c.train.init_from not in (None, "shorter") and not Path(c.train.init_from).exists():
+        raise ConfigError(f"train.init_from: {c.train.init_from} does not exist (a checkpoint or train folder, "
+                          "or 'shorter')")
     _choice("serve.backend", c.serve.backend, ("local", "sglang"))
     _positive("serve.num_steps", c.serve.num_steps)
     _positive("serve.topk", c.serve.topk)

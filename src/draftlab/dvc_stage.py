@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 
 from draftlab.config import validate
 from draftlab.fsutil import atomic_write_json
+from draftlab.pipeline import final_step
 from draftlab.provenance import file_sha256
 from draftlab.tracking import MlflowReporter, _client, experiment_id, tracked_run, tracking_uri
 
@@ -35,6 +36,10 @@ def _existing_run(cfg, key: str) -> str | None:
 
 def run_dvc_stage(name: str, params: Path, out: Path, inputs: dict[str, Path]) -> dict[str, float]:
     cfg = validate(OmegaConf.load(params))
+    if cfg.train.init_from == "shorter":
+        # DVC keeps one train folder, so there is no shorter run beside it: train from scratch.
+        log.warning("train.init_from=shorter has no meaning under DVC; training from scratch")
+        cfg = OmegaConf.merge(cfg, {"train": {"init_from": None}})
     from draftlab.task import preflight
 
     preflight(cfg)
@@ -46,7 +51,7 @@ def run_dvc_stage(name: str, params: Path, out: Path, inputs: dict[str, Path]) -
         out.mkdir(parents=True, exist_ok=True)
         metrics = dict(module.run(cfg, out, inputs, reporter))
         metrics[f"{name}/seconds"] = time.perf_counter() - started
-        reporter.metrics(metrics)
+        reporter.metrics(metrics, step=final_step(metrics))
         atomic_write_json(METRICS_DIR / f"{name}.json", metrics)
         if name == "train":
             _write_curve(out / "manifest.json", METRICS_DIR / "train_curve.csv")

@@ -19,13 +19,21 @@ def import_runs(folder: Path, experiment: str, uri: str | None = None) -> str:
     files = sorted(Path(folder).rglob("results.json"))
     if not files:
         raise FileNotFoundError(f"{folder}: no results.json (were the jobs run with src/run.py?)")
+    records = []
+    for file in files:
+        try:
+            record = json.loads(file.read_text())
+        except ValueError as err:
+            raise ValueError(f"{file}: invalid JSON ({err})") from None
+        if not isinstance(record, dict) or not {"params", "metrics"} <= set(record):
+            raise ValueError(f"{file}: not a draftlab results.json (needs params and metrics)")
+        records.append((file, record))
     uri = tracking_uri(uri)
     client = _client(uri)
     exp = experiment_id(client, experiment, uri)
     parent = client.create_run(exp, run_name=f"import-{Path(folder).name}",
                                tags={"draftlab.role": "sweep", "draftlab.imported_from": str(folder)}).info.run_id
-    for file in files:
-        record = json.loads(file.read_text())
+    for file, record in records:
         tags = {**{k: str(v) for k, v in record.get("tags", {}).items()}, "mlflow.parentRunId": parent,
                 "draftlab.imported_from": str(file.parent)}
         run_id = client.create_run(exp, run_name=file.parent.name, tags=tags).info.run_id

@@ -141,9 +141,15 @@ def run_stage(cfg, stage: PlannedStage, inputs: dict[str, Path], reporter: Repor
                 atomic_write_json(stage.done_record, metrics)
                 if not stage.spec.incremental:
                     atomic_write_json(stage.folder / "metrics.json", metrics)
-                reporter.metrics(metrics)
+                reporter.metrics(metrics, step=final_step(metrics))
                 return metrics
     log.info("stage %s: cached in %s, skipped", name, stage.folder)
     metrics = {**cached, f"{name}/cached": 1.0, f"{name}/seconds": 0.0}
-    reporter.metrics(metrics)
+    reporter.metrics(metrics, step=final_step(metrics))
     return metrics
+
+
+def final_step(metrics: dict) -> int:
+    """A stage's summary lands at its last optimizer step, so it extends the curves instead of adding a
+    point at step 0 to them."""
+    return int(metrics.get("train/steps", 0))

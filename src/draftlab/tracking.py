@@ -64,8 +64,11 @@ def experiment_id(client, name: str, uri: str) -> str:
         location = (Path(uri[len("sqlite:///"):]).parent / "artifacts" / name).as_uri()
     try:
         return client.create_experiment(name, artifact_location=location)
-    except Exception:  # another process created it first
-        return client.get_experiment_by_name(name).experiment_id
+    except Exception:  # another process may have created it first; anything else is re-raised
+        experiment = client.get_experiment_by_name(name)
+        if experiment is None:
+            raise
+        return experiment.experiment_id
 
 
 def flatten(cfg) -> dict[str, str]:
@@ -88,6 +91,7 @@ class MlflowReporter:
 
     def __init__(self, client, run_id: str):
         self.client, self.run_id = client, run_id
+        self.tags: dict[str, str] = {}
 
     def metrics(self, values: dict[str, float], step: int | None = None) -> None:
         from mlflow.entities import Metric
@@ -105,6 +109,7 @@ class MlflowReporter:
             self.client.log_artifact(self.run_id, str(path), artifact_path=subdir)
 
     def tag(self, key: str, value: str) -> None:
+        self.tags[key] = str(value)
         self.client.set_tag(self.run_id, key, str(value)[:5000])
 
 

@@ -55,7 +55,7 @@ def load_prompts(source: str, path: str | None, seed: int) -> PromptSet:
         records, truncated = pq.read_table(file).to_pylist(), False
     else:
         raise ValueError(f"data.source: unknown source {source!r}")
-    prompts = _unique_human_turns(records, file)
+    prompts = _unique_human_turns(records, file, sharegpt_parts=(source == "sharegpt"))
     random.Random(seed).shuffle(prompts)
     log.info("%s: %d records%s, %d unique prompts", file, len(records),
              " (file cut off at the end, partial record skipped)" if truncated else "", len(prompts))
@@ -114,7 +114,7 @@ def _read_jsonl(file: Path) -> list[dict]:
     return records
 
 
-def _unique_human_turns(records: list[dict], file: Path) -> list[Prompt]:
+def _unique_human_turns(records: list[dict], file: Path, sharegpt_parts: bool = False) -> list[Prompt]:
     """Accepts ShareGPT records ({id, conversations: [{from, value}]}), chat records ({messages: [{role,
     content}]}) and plain prompt records ({prompt} or {text})."""
     seen: set[str] = set()
@@ -128,7 +128,9 @@ def _unique_human_turns(records: list[dict], file: Path) -> list[Prompt]:
             if text and text not in seen:
                 seen.add(text)
                 # ShareGPT splits long conversations into parts id_0, id_1: keep the parts together.
-                prompts.append(Prompt(text, conversation_id.rsplit("_", 1)[0]))
+                base, _, part = conversation_id.rpartition("_")
+                same = base if sharegpt_parts and base and part.isdigit() else conversation_id
+                prompts.append(Prompt(text, same))
     return prompts
 
 

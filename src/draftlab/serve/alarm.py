@@ -85,6 +85,8 @@ def check(tau: float, predicted: float | None, bench_cfg, draft_problems: list[s
                "tau_fail": bench_cfg.tau_fail, "draft_problems": problems, **(context or {})}
     known = accept_length is not None and accept_length == accept_length  # None or NaN: not measured
     measured = min(tau, accept_length) if known else tau
+    if measured != measured:  # NaN: no verification step ran at all
+        measured = 0.0
     weak = predicted is not None and predicted <= bench_cfg.tau_fail + WEAK_MARGIN and not problems
     if measured <= bench_cfg.tau_fail and weak:
         log.warning("bench: tau %.3f: the draft accepts almost nothing, as training predicted (%.3f): it is weak, "

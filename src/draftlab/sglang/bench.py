@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import logging
 import math
+import tempfile
 from pathlib import Path
 from typing import Any
 
-from draftlab.fsutil import atomic_write_json, atomic_write_text
+from draftlab.fsutil import atomic_write_json, atomic_write_text, file_lock
 from draftlab.sglang.check import check_draft
 from draftlab.sglang.client import SGLangClient, server_accept_length
 from draftlab.sglang.formats import convert, detect_format
@@ -94,13 +95,16 @@ def run_sglang_bench(cfg: Any, target_path, draft_dir, prompts: list, out: Path,
     spec_argv = _with_command(build_server_argv(serve, target_path, draft, decode_log_interval=1), server_cmd)
     base_argv = _with_command(build_baseline_argv(serve, target_path), server_cmd)
     client = SGLangClient(serve.host, serve.port)
-    with _server(spec_argv, out, "speculative", serve, reporter, "bench/startup"):
-        _warm(client, prompts)
-        spec_records = _run_prompts(client, prompts, bench)
-        info = client.server_info()
-    with _server(base_argv, out, "baseline", serve, reporter, "bench/baseline_startup"):
-        _warm(client, prompts)
-        base_records = _run_prompts(client, prompts, bench)
+    # Jobs of a sweep share serve.port, and SGLang binds it only minutes into its start: without this
+    # machine-wide lock a second job's health check could be answered by the first job's server.
+    with file_lock(Path(tempfile.gettempdir()) / f"draftlab-sglang-port-{serve.port}.lock"):
+        with _server(spec_argv, out, "speculative", serve, reporter, "bench/startup"):
+            _warm(client, prompts)
+            spec_records = _run_prompts(client, prompts, bench)
+            info = client.server_info()
+        with _server(base_argv, out, "baseline", serve, reporter, "bench/baseline_startup"):
+            _warm(client, prompts)
+            base_records = _run_prompts(client, prompts, bench)
 
     tokens = sum(r["completion_tokens"] for r in spec_records)
     verify = sum(r["spec_verify_ct"] or 0 for r in spec_records)

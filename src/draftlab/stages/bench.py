@@ -36,13 +36,14 @@ class BenchRun:
     base: list[Generation] = field(default_factory=list)
 
 
-def held_out_prompts(samples_folder: Path, count: int) -> list[list[int]]:
-    """The chat-templated prompts of the first `count` validation samples (index order: stable as the
-    generate pool grows)."""
-    from draftlab.data.samples import read_samples
+def held_out_prompts(samples_folder: Path, count: int, limit: int | None = None) -> list[list[int]]:
+    """The chat-templated prompts of the first `count` validation samples among the first `limit` (the job's
+    data.samples): the same prompts whatever other jobs have added to the shared pool meanwhile."""
+    from draftlab.data.samples import count_samples, read_samples
 
     prompts = []
-    for sample in read_samples(Path(samples_folder), split="val"):
+    limit = None if limit is None else min(limit, count_samples(Path(samples_folder)))
+    for sample in read_samples(Path(samples_folder), limit=limit, split="val"):
         prompts.append(sample.input_ids[: sample.prompt_len].tolist())
         if len(prompts) == count:
             break
@@ -172,7 +173,7 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter: Reporter) -> dict[str
     if not (draft_dir / "config.json").exists():
         raise FileNotFoundError(f"{draft_dir}: no exported draft (did the train stage finish?)")
     predicted, predicted_key = alarm.read_predicted_tau(train_dir)
-    prompts = held_out_prompts(inputs["generate"], cfg.bench.prompts)
+    prompts = held_out_prompts(inputs["generate"], cfg.bench.prompts, limit=cfg.data.samples)
 
     run = None
     if cfg.serve.backend == "sglang":

@@ -9,6 +9,7 @@ remains; `extract.layers` is resolved (and refused) before that, from the target
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -116,6 +117,12 @@ def _check_pool(out: Path, manifest: dict, cfg, layer_ids: list[int], samples_fi
         raise ValueError(f"{out}: holds features made with other settings {wrong} (stored, asked); use another folder")
 
 
+def _empty_pool(out: Path) -> None:
+    for path in [*out.glob("shard-*"), out / HEAD_FILE, out / "manifest.json"]:
+        path.unlink(missing_ok=True)
+    shutil.rmtree(out / "vocab", ignore_errors=True)
+
+
 def run(cfg, out: Path, inputs: dict[str, Path], reporter) -> dict:
     out, samples_dir = Path(out), Path(inputs["generate"])
     n = int(cfg.data.samples)
@@ -130,7 +137,12 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter) -> dict:
         leftover.unlink()
     manifest = read_manifest(out)
     if manifest is not None:
-        _check_pool(out, manifest, cfg, layer_ids, samples_manifest["fingerprint"])
+        try:
+            _check_pool(out, manifest, cfg, layer_ids, samples_manifest["fingerprint"])
+        except ValueError as err:  # DVC keeps one folder whatever the settings: start it over, never mix
+            log.warning("extract: %s; starting the pool over", err)
+            _empty_pool(out)
+            manifest = None
     offline = cfg.extract.mode == "offline"
     done = manifest["num_samples"] if manifest else 0
     if manifest is None or not (out / HEAD_FILE).exists() or (offline and done < n):

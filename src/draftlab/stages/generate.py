@@ -56,9 +56,10 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter) -> dict[str, float]:
         size = min(data.shard_size - first % data.shard_size, goal - first)
         batch = [next(tokenized, None) for _ in range(size)]
         batch = [item for item in batch if item is not None]
-        if not batch:
-            log.warning("generate: only %d usable prompts in %s", first, prompts.source)
-            break
+        if len(batch) < size and writer.num_samples + len(batch) < need:
+            raise ValueError(f"data.samples: {need} asked, but {prompts.source} has only "
+                             f"{writer.num_samples + len(batch)} prompts within data.max_prompt_tokens="
+                             f"{data.max_prompt_tokens}")
         samples = _generate_shard(target, data, first, batch)
         writer.write_shard(samples)
         new_tokens += sum(int(s.loss_mask.sum()) for s in samples)
