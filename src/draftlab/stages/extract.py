@@ -216,14 +216,3 @@ def _finish(cfg, out: Path, samples_dir: Path, manifest: dict, n: int, reporter)
     reporter.metrics(metrics)
     metrics["extract/layer_ids"] = ",".join(map(str, manifest["layer_ids"]))  # a string: log as a param/tag
     return metrics
-
-
-def is_complete(out: Path, cfg) -> bool:
-    """What the pipeline's cache check needs: the first N samples extracted (offline) and the (N, V) vocab."""
-    manifest = read_manifest(Path(out))
-    if manifest is None or manifest.get("mode") != cfg.extract.mode:
-        return False
-    n = int(cfg.data.samples)
-    if cfg.extract.mode == "offline" and manifest["num_samples"] < n:
-        return False
-    return vocab_name(n, cfg.draft.vocab_size) in manifest["vocabs"] and (Path(out) / HEAD_FILE).exists()
