@@ -235,3 +235,14 @@ def test_a_pool_made_with_other_layers_starts_over(pool):
     manifest = read_manifest(pool / "extract")
     assert manifest["layer_ids"] == [1, 2, 3] and manifest["num_samples"] == 10
     assert all(f.shape[1] == 3 * 64 for f, _, _ in stored_samples(pool / "extract").values())
+
+
+def test_batch_count_comes_from_lengths_alone(pool, monkeypatch):
+    """Training sizes its schedule from num_batches: it must match a real pass, without reading any shard."""
+    run(pool, config(pool, samples=20))
+    source = open_source(config(pool, samples=20), {"extract": pool / "extract"})
+    for epoch, tokens in ((0, 64), (1, 200)):
+        real = sum(1 for _ in source.batches("train", epoch, tokens, 24, seed=1))
+        monkeypatch.setattr(source, "_offline_batch", lambda *a: pytest.fail("a shard was read"))
+        assert source.num_batches("train", epoch, tokens, 24, seed=1) == real
+        monkeypatch.undo()

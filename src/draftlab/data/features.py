@@ -157,14 +157,23 @@ class FeatureSource:
     def num_samples_in(self, split: str) -> int:
         return sum(1 for e in self.entries if e.split == split)
 
-    def batches(self, split: str, epoch: int, batch_tokens: int, max_seq_len: int, seed: int,
-                shuffle: bool = True) -> Iterator[dict]:
+    def _plan(self, split: str, epoch: int, batch_tokens: int, max_seq_len: int, seed: int,
+              shuffle: bool) -> list[list[_Entry]]:
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         chosen = [e for e in self.entries if e.split == split]
         lengths = [min(e.length, max_seq_len) for e in chosen]
-        for positions in plan_batches(lengths, batch_tokens, seed, epoch, shuffle):
-            group = [chosen[p] for p in positions]
+        return [[chosen[p] for p in positions]
+                for positions in plan_batches(lengths, batch_tokens, seed, epoch, shuffle)]
+
+    def num_batches(self, split: str, epoch: int, batch_tokens: int, max_seq_len: int, seed: int,
+                    shuffle: bool = True) -> int:
+        """The batch count of `batches(...)` from sample lengths alone: no tensor is read, no target runs."""
+        return len(self._plan(split, epoch, batch_tokens, max_seq_len, seed, shuffle))
+
+    def batches(self, split: str, epoch: int, batch_tokens: int, max_seq_len: int, seed: int,
+                shuffle: bool = True) -> Iterator[dict]:
+        for group in self._plan(split, epoch, batch_tokens, max_seq_len, seed, shuffle):
             yield (self._online_batch if self.online else self._offline_batch)(group, max_seq_len)
 
     def _online_batch(self, group: list[_Entry], max_seq_len: int) -> dict:

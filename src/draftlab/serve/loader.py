@@ -49,10 +49,11 @@ class LoadedDraft:
 
 
 def sglang_feature_layers(config: dict, num_target_layers: int) -> tuple[int, ...]:
+    from draftlab.data.layers import resolve_layers
+
     ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     if not ids:
-        L = num_target_layers
-        ids = [1, L // 2 - 1, L - 4]
+        ids = resolve_layers("auto", num_target_layers)  # SGLang's default capture
     return tuple(sorted(set(int(i) for i in ids)))
 
 
