@@ -1,6 +1,6 @@
 """Writes a trained draft as a folder SGLang loads (`LlamaForCausalLMEagle3`), and reads such a folder back.
 
-The folder is `config.json` + `model.safetensors`, where the tensors are the model's plain state dict: our
+The folder is `config.json` + `model.safetensors` (+ `draftlab_provenance.json`, see draft_provenance.py), where the tensors are the model's plain state dict: our
 parameter names are already the checkpoint keys SGLang expects (see model/draft.py), `d2t` holds offsets and
 `t2d` is a bool mask. The embedding is included: SGLang swaps in the target's when the widths agree, but keeps
 the draft's own otherwise. The folder appears complete or not at all (written beside it, then renamed).
@@ -16,12 +16,16 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from draftlab import draft_provenance
 from draftlab.model.draft import DraftModelConfig, Eagle3Draft
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
-def export_draft(model: Eagle3Draft, cfg: DraftModelConfig, folder: Path, torch_dtype: str = "bfloat16") -> Path:
+def export_draft(model: Eagle3Draft, cfg: DraftModelConfig, folder: Path, torch_dtype: str = "bfloat16",
+                 provenance: dict | None = None) -> Path:
+    """`provenance` (draft_provenance.from_extract_manifest) is written beside the weights, so that
+    `check-draft DIR` can check the draft against the features it was trained on without flags."""
     folder = Path(folder)
     dtype = DTYPES[torch_dtype]
     tensors = {}
@@ -34,6 +38,8 @@ def export_draft(model: Eagle3Draft, cfg: DraftModelConfig, folder: Path, torch_
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "model.safetensors"),
               metadata={"format": "pt"})
     (tmp / "config.json").write_text(json.dumps(cfg.to_hf_config(torch_dtype), indent=2, sort_keys=True) + "\n")
+    if provenance is not None:
+        (tmp / draft_provenance.FILE).write_text(json.dumps(provenance, indent=2, sort_keys=True) + "\n")
     if folder.exists():
         old = folder.parent / f".{folder.name}.old"
         shutil.rmtree(old, ignore_errors=True)

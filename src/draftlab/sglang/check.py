@@ -1,7 +1,8 @@
 """check-draft: everything SGLang 0.5.23 would get wrong about a draft folder, found before a 15-minute start.
 
-Config rules first (no torch), then the safetensors headers replayed through `keymap` (no tensor is loaded
-except the small d2t). Each finding names the config key or checkpoint key at fault. Errors are things that
+Config rules first (no torch), then the safetensors headers replayed through `keymap`, then the draft's own
+training record (draftlab_provenance.json) and a scan of every tensor for NaN/Inf and all zeros
+(check_trained.py). Each finding names the config key or checkpoint key at fault. Errors are things that
 crash SGLang after the target has loaded or, worse, make it serve at accept length ~1 without a word.
 """
 
@@ -13,6 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from draftlab.sglang import check_trained as trained
 from draftlab.sglang import keymap
 from draftlab.sglang.st_files import INT_DTYPES, DraftFilesError, load_tensors, read_headers
 from draftlab.sglang.targetinfo import OTHER_CONVENTION, load_target_config, manifest_layer_ids, text_config
@@ -64,7 +66,10 @@ def is_speculators_config(config: dict) -> bool:
         "Eagle3Speculator" in (config.get("architectures") or [])
 
 
-def check_draft(folder, target=None, rules: str = "current", extract_manifest=None) -> CheckReport:
+def check_draft(folder, target=None, rules: str = "current", extract_manifest=None,
+                scan_weights: bool = True) -> CheckReport:
+    """With no target or manifest, the folder's draftlab_provenance.json (if any) supplies the target's facts and
+    the training features' layer ids and width; `scan_weights` also reads every tensor (NaN/Inf, all zeros)."""
     folder = Path(folder)
     report = CheckReport(folder, rules)
     config_path = folder / "config.json"
@@ -78,12 +83,19 @@ def check_draft(folder, target=None, rules: str = "current", extract_manifest=No
                      "transformer_layer_config / Eagle3Speculator); SGLang 0.5.23 cannot load it. Convert it: "
                      f"python -m draftlab convert {folder} <dst> --to sglang")
         return report
+    prov = trained.load_provenance(report, folder)
     target_cfg, why = load_target_config(target)
     if why and target is not None:
         report.error("--target", why)
-    elif why:
+    elif why and prov is None:
         report.warn("--target", why)
     tcfg = text_config(target_cfg) if target_cfg else None
+    if prov is not None:
+        if tcfg is None:
+            tcfg = trained.target_from_provenance(prov)
+        else:
+            trained.check_target_agrees(report, prov, tcfg)
+        trained.check_layer_ids(report, config, prov)
     _check_config(report, config, tcfg)
     _check_layer_ids(report, config, tcfg, extract_manifest)
     if any(k not in config for k in REQUIRED) or report.rules not in keymap.RULES:
@@ -94,6 +106,10 @@ def check_draft(folder, target=None, rules: str = "current", extract_manifest=No
         report.error("model.safetensors", str(err))
         return report
     _check_tensors(report, folder, config, tcfg, headers)
+    if prov is not None:
+        trained.check_fc_width(report, headers, prov)
+    if scan_weights:
+        trained.scan_weights(report, folder)
     return report
 
 
@@ -253,8 +269,12 @@ def check_draft_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", help="target model folder (or hub name in the local HF cache)")
     parser.add_argument("--rules", choices=keymap.RULES, default="current",
                         help="current = SGLang 0.5.23; legacy = the SGLang that only loaded midlayer.*")
-    parser.add_argument("--extract-manifest", help="extract-stage manifest.json (or its folder): the layer ids used")
+    parser.add_argument("--extract-manifest", help="extract-stage manifest.json (or its folder): the layer ids used "
+                        "(not needed for draftlab's exports: their draftlab_provenance.json says)")
+    parser.add_argument("--no-weight-scan", action="store_true",
+                        help="read headers only (skip the NaN/Inf and all-zero scan of every tensor)")
     args = parser.parse_args(argv)
-    report = check_draft(args.folder, args.target, args.rules, args.extract_manifest)
+    report = check_draft(args.folder, args.target, args.rules, args.extract_manifest,
+                         scan_weights=not args.no_weight_scan)
     print(report.summary(), file=sys.stdout if report.ok else sys.stderr)
     return 0 if report.ok else 1

@@ -21,6 +21,7 @@ import copy
 import json
 from pathlib import Path
 
+from draftlab import draft_provenance
 from draftlab.fsutil import atomic_save_safetensors, atomic_write_json
 from draftlab.sglang.check import ARCH, is_speculators_config
 from draftlab.sglang.st_files import load_tensors
@@ -126,6 +127,8 @@ def convert(src: Path, dst: Path, to: str, verifier: str | None = None, speculat
     dst.mkdir(parents=True, exist_ok=True)
     atomic_save_safetensors(dst / "model.safetensors", tensors, metadata={"format": "pt"})
     atomic_write_json(dst / "config.json", new_config)
+    if (src / draft_provenance.FILE).exists():  # the same weights, so the same training record
+        atomic_write_json(dst / draft_provenance.FILE, draft_provenance.read(src))
     return dst
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from draftlab import fsutil
+from draftlab import draft_provenance, fsutil
 from draftlab.export import export_draft
 from draftlab.model.draft import DraftModelConfig, Eagle3Draft
 from draftlab.reporting import Reporter
@@ -127,7 +127,8 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter: Reporter) -> dict[str
     result = trainer.run(init_from=cfg.train.init_from)
 
     load_trainable(trainer.model, result.best_weights)
-    draft_dir = export_draft(trainer.model, dcfg, out / "draft", "bfloat16")
+    draft_dir = export_draft(trainer.model, dcfg, out / "draft", "bfloat16",
+                             provenance=draft_provenance.from_extract_manifest(source.manifest))
     reporter.tag("draft_dir", str(draft_dir))
     curves = plot_curves(recorder.history, result.history, out / "curves.png", settings.ttt_steps)
     reporter.artifact(curves)
