@@ -22,9 +22,19 @@ def main(cfg: DictConfig) -> float | None:
     try:
         metrics = run_task(cfg, parent_run_id=parent_run_id_for(sweep_dir), output_dir=hydra_cfg.runtime.output_dir)
     except ConfigError as err:
-        log.error("config error: %s", err)
+        _traceback_to_log_files(err)
+        log.error("config error: %s", err)  # one line on the console, naming the key, file or line
         sys.exit(2)
     return metrics.get("val/loss")  # what a Hydra sweeper minimises
+
+
+def _traceback_to_log_files(err: Exception) -> None:
+    """The full traceback goes to the job's log file (Hydra's run.log) only, not to the console."""
+    record = log.makeRecord(log.name, logging.DEBUG, __file__, 0, "config error traceback", None,
+                            (type(err), err, err.__traceback__))
+    for handler in logging.getLogger().handlers + log.handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
 
 
 if __name__ == "__main__":

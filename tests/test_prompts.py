@@ -24,7 +24,7 @@ def test_cut_off_file_keeps_every_complete_record(tmp_path):
 def test_malformed_record_in_the_middle_is_an_error_with_its_position(tmp_path):
     path = tmp_path / "bad.json"
     path.write_text('[{"id": "a", "conversations": []}, {"id": "b" "conversations": []}, {"id": "c"}]')
-    with pytest.raises(ValueError, match="bad.json: invalid JSON at character"):
+    with pytest.raises(ValueError, match="bad.json:1: invalid JSON at character"):
         read_json_array_tolerant(path)
 
 

@@ -66,10 +66,33 @@ class Target:
         return self.model.config.to_dict()
 
     def chat_ids(self, prompt: str) -> list[int]:
-        """The prompt as one user turn with the chat template applied, ready for the assistant's answer."""
-        messages = [{"role": "user", "content": prompt}]
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return chat_ids(self.tokenizer, prompt)
+
+
+def chat_ids(tokenizer, prompt: str) -> list[int]:
+    """The prompt as one user turn with the chat template applied, ready for the assistant's answer."""
+    messages = [{"role": "user", "content": prompt}]
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def load_tokenizer(target_cfg, cache_dir: Path | str):
+    """The target's tokenizer alone (no weights), or None when getting it is not cheap: the embedded SmolLM2
+    before its one-time conversion, or a tokenizer inside a GGUF."""
+    if target_cfg.name == "tiny":
+        return tiny_tokenizer()
+    if target_cfg.name == "smollm2":
+        folder = _smollm2_folder(Path(cache_dir))
+        path = str(folder) if (folder / "config.json").exists() else None
+    else:
+        path = None if target_cfg.gguf_file else target_cfg.path
+    if path is None:
+        return None
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    _prepare_tokenizer(tokenizer)
+    return tokenizer
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -143,16 +166,22 @@ def embedded_gguf_folder() -> Path:
     return Path(list(spec.submodule_search_locations)[0])
 
 
-def _embedded_smollm2(cache_dir: Path) -> Path:
-    """Converts the GGUF once into a safetensors folder; concurrent runs wait on a lock instead of racing."""
+def _smollm2_folder(cache_dir: Path) -> Path:
     gguf = embedded_gguf_folder() / SMOLLM2_GGUF
     key = hashlib.sha256(f"{gguf.stat().st_size}:{SMOLLM2_GGUF}".encode()).hexdigest()[:12]
-    folder = cache_dir / f"smollm2-{key}"
+    return cache_dir / f"smollm2-{key}"
+
+
+def _embedded_smollm2(cache_dir: Path) -> Path:
+    """Converts the GGUF once into a safetensors folder; concurrent runs wait on a lock instead of racing."""
+    folder = _smollm2_folder(cache_dir)
+    gguf, key = embedded_gguf_folder() / SMOLLM2_GGUF, folder.name.removeprefix("smollm2-")
     if (folder / "config.json").exists():
         return folder
     with file_lock(cache_dir / f"smollm2-{key}.lock"):
         if (folder / "config.json").exists():
             return folder
+        remove_stale_temp_folders(cache_dir, f".smollm2-{key}-")
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         log.info("converting %s to safetensors once (about 15 s)", gguf.name)
@@ -163,7 +192,7 @@ def _embedded_smollm2(cache_dir: Path) -> Path:
         model.is_quantized = False
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
-        tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=cache_dir))
+        tmp = Path(tempfile.mkdtemp(prefix=f".smollm2-{key}-", dir=cache_dir))
         try:
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
@@ -171,6 +200,15 @@ def _embedded_smollm2(cache_dir: Path) -> Path:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return folder
+
+
+def remove_stale_temp_folders(parent: Path, prefix: str) -> None:
+    """Temporary folders a killed conversion left (about 470 MB each). Call it holding the lock that guards
+    their writers: then none of them is being written."""
+    for stale in Path(parent).glob(f"{prefix}*"):
+        if stale.is_dir():
+            log.info("removing %s, left by an interrupted conversion", stale)
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 def tiny_tokenizer():

@@ -9,26 +9,15 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from draftlab.config import ConfigError, validate
+from draftlab.config import validate
 from draftlab.fsutil import atomic_write_json
 from draftlab.pipeline import run_stages
+from draftlab.preflight import preflight
 from draftlab.provenance import git_state
 from draftlab.reporting import RecordingReporter
 from draftlab.tracking import flatten, repo_root, tracked_run
 
 log = logging.getLogger("draftlab")
-
-
-def preflight(cfg) -> None:
-    """Checks that need the target's shape but not its weights, so that bad input fails before any work."""
-    from draftlab.data.layers import resolve_layers
-    from draftlab.target import target_shape
-
-    shape = target_shape(cfg.target)
-    resolve_layers(cfg.extract.layers, shape["num_hidden_layers"])  # raises ConfigError naming extract.layers
-    if cfg.draft.vocab_size > shape["vocab_size"]:
-        raise ConfigError(f"draft.vocab_size: {cfg.draft.vocab_size} is larger than the target vocabulary "
-                          f"({shape['vocab_size']})")
 
 
 def run_task(cfg, parent_run_id: str | None = None, output_dir: Path | None = None) -> dict[str, float]:

@@ -12,10 +12,10 @@ import json
 import logging
 import random
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 log = logging.getLogger("draftlab.prompts")
-
 
 
 @dataclass(frozen=True)
@@ -41,18 +41,26 @@ def split_for(conversation_id: str, val_fraction: float) -> str:
 
 
 def load_prompts(source: str, path: str | None, seed: int) -> PromptSet:
-    """Unique human turns of the source, shuffled with `seed`."""
+    """Unique human turns of the source, shuffled with `seed`. Parsed once per process and file version: the
+    preflight checks and the generate stage read the same file in one job."""
+    file = Path(path) if path else (_embedded_sharegpt() if source == "sharegpt" else None)
+    if file is None:
+        raise ValueError(f"data.path: required when data.source={source}")
+    if not file.is_file():
+        raise FileNotFoundError(f"{file} does not exist" if not file.exists() else f"{file} is not a file")
+    stat = file.stat()
+    return _load_prompts(source, str(file), seed, stat.st_size, stat.st_mtime_ns)
+
+
+@lru_cache(maxsize=4)
+def _load_prompts(source: str, path: str, seed: int, size: int, mtime_ns: int) -> PromptSet:
+    file = Path(path)
     if source == "sharegpt":
-        file = Path(path) if path else _embedded_sharegpt()
         records, truncated = read_json_array_tolerant(file)
     elif source == "jsonl":
-        file = Path(path)
         records, truncated = _read_jsonl(file), False
     elif source == "parquet":
-        import pyarrow.parquet as pq
-
-        file = Path(path)
-        records, truncated = pq.read_table(file).to_pylist(), False
+        records, truncated = _read_parquet(file), False
     else:
         raise ValueError(f"data.source: unknown source {source!r}")
     prompts = _unique_human_turns(records, file, sharegpt_parts=(source == "sharegpt"))
@@ -76,11 +84,14 @@ def _embedded_sharegpt() -> Path:
 
 def read_json_array_tolerant(file: Path) -> tuple[list[dict], bool]:
     """Parses a top-level JSON array object by object and stops cleanly where the file is cut off."""
-    text = file.read_text(encoding="utf-8")
+    text = read_utf8(file).lstrip("\ufeff")
     decoder = json.JSONDecoder()
-    start = text.find("[")
-    if start < 0:
-        raise ValueError(f"{file}: not a JSON array")
+    start = len(text) - len(text.lstrip())
+    if not text[start:start + 1] == "[":
+        hint = ""
+        if file.suffix == ".jsonl" or text[start:start + 1] == "{":
+            hint = " (one JSON object per line? then set data.source=jsonl)"
+        raise ValueError(f"{file}:{_line(text, start)}: not a JSON array{hint}")
     pos, records = start + 1, []
     while True:
         while pos < len(text) and text[pos] in " \t\r\n,":
@@ -92,8 +103,23 @@ def read_json_array_tolerant(file: Path) -> tuple[list[dict], bool]:
         except json.JSONDecodeError as err:
             if _cut_off(text, err):
                 return records, True
-            raise ValueError(f"{file}: invalid JSON at character {err.pos}: {err.msg}") from None
+            raise ValueError(f"{file}:{_line(text, err.pos)}: invalid JSON at character {err.pos}: {err.msg}") from None
         records.append(record)
+
+
+def read_utf8(file: Path) -> str:
+    """The file's text; a byte that is not UTF-8 is reported with its line and column."""
+    data = file.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        column = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
+        raise ValueError(f"{file}:{line}: not UTF-8 (byte 0x{data[err.start]:02x} at column {column})") from None
+
+
+def _line(text: str, pos: int) -> int:
+    return text.count("\n", 0, pos) + 1
 
 
 def _cut_off(text: str, err: json.JSONDecodeError) -> bool:
@@ -104,14 +130,26 @@ def _cut_off(text: str, err: json.JSONDecodeError) -> bool:
 
 def _read_jsonl(file: Path) -> list[dict]:
     records = []
-    for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(read_utf8(file).split("\n"), 1):
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError as err:
             raise ValueError(f"{file}:{number}: invalid JSON: {err.msg}") from None
+        if not isinstance(record, dict) or not (_KEYS & record.keys()):
+            raise ValueError(f"{file}:{number}: expected an object with one of {', '.join(sorted(_KEYS))}")
+        records.append(record)
     return records
+
+
+def _read_parquet(file: Path) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_table(file).to_pylist()
+    except Exception as err:  # noqa: BLE001 - pyarrow raises several types for a bad file; all mean the same
+        raise ValueError(f"{file}: not a readable Parquet file ({str(err).splitlines()[0]})") from None
 
 
 def _unique_human_turns(records: list[dict], file: Path, sharegpt_parts: bool = False) -> list[Prompt]:
@@ -124,6 +162,8 @@ def _unique_human_turns(records: list[dict], file: Path, sharegpt_parts: bool = 
             raise ValueError(f"{file}: record {number} is not an object")
         conversation_id = str(record.get("id", record.get("conversation_id", number)))
         for text in _human_texts(record, file, number):
+            if not isinstance(text, str):
+                raise ValueError(f"{file}: record {number}: a prompt is {type(text).__name__}, not text")
             text = text.strip()
             if text and text not in seen:
                 seen.add(text)
@@ -132,6 +172,9 @@ def _unique_human_turns(records: list[dict], file: Path, sharegpt_parts: bool = 
                 same = base if sharegpt_parts and base and part.isdigit() else conversation_id
                 prompts.append(Prompt(text, same))
     return prompts
+
+
+_KEYS = {"conversations", "messages", "prompt", "text", "instruction"}
 
 
 def _human_texts(record: dict, file: Path, number: int) -> list[str]:

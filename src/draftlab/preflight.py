@@ -1,0 +1,135 @@
+"""Every check that needs no model weights, run before any stage and before the MLflow run opens.
+
+Bad input must fail in one line naming the key, file or line, not after generate, extract and train have run:
+the target's path and shape, the layer ids and vocabulary against that shape, the prompt file (readable, UTF-8,
+valid), enough prompts for `data.samples` and a split that leaves both training and validation prompts.
+Each failure is a ConfigError whose message starts with the config key.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from draftlab.config import ConfigError
+
+log = logging.getLogger("draftlab")
+
+HUB_NAME_HINT = "a Hugging Face model folder, or a hub name such as org/model"
+
+
+def preflight(cfg) -> None:
+    check_target_path(cfg.target)
+    check_target_shape(cfg)
+    check_val_fraction(cfg)
+    if "generate" in cfg.stages and not _pool_holds(cfg):
+        check_prompts(cfg)
+
+
+def check_target_path(target) -> None:
+    """target.path is used (target=hf, and it exists when it names a folder) or refused."""
+    if target.name != "hf":
+        for key in ("path", "gguf_file"):
+            if target[key]:
+                raise ConfigError(f"target.{key}: {target[key]} is not used by target={target.name}; "
+                                  f"for your own model use target=hf target.{key}=...")
+        return
+    raw = str(target.path)
+    path = Path(raw).expanduser()
+    # A hub name is `org/model` (or a bare name); anything else that is not on disk is a missing folder.
+    looks_local = path.is_absolute() or raw.startswith((".", "~")) or raw.count("/") > 1
+    if looks_local and not path.exists():
+        raise ConfigError(f"target.path: {raw} does not exist ({HUB_NAME_HINT})")
+    if path.is_dir():
+        if target.gguf_file and not (path / target.gguf_file).exists():
+            raise ConfigError(f"target.gguf_file: {target.gguf_file} does not exist in {raw}")
+        if not target.gguf_file and not (path / "config.json").exists():
+            raise ConfigError(f"target.path: {raw} has no config.json (not a Hugging Face model folder)")
+    elif path.exists():
+        raise ConfigError(f"target.path: {raw} is a file; give its folder (and target.gguf_file for a GGUF)")
+
+
+def check_target_shape(cfg) -> None:
+    """Layer ids and the draft vocabulary against the target's shape, read from its config alone."""
+    from draftlab.data.layers import resolve_layers
+    from draftlab.target import target_shape
+
+    try:
+        shape = target_shape(cfg.target)
+    except (OSError, ValueError) as err:  # transformers: hub name not found, unreadable config, ...
+        raise ConfigError(f"target.path: cannot read the config of {cfg.target.path}: "
+                          f"{str(err).strip().splitlines()[0]}") from err
+    resolve_layers(cfg.extract.layers, shape["num_hidden_layers"])  # raises ConfigError naming extract.layers
+    if cfg.draft.vocab_size > shape["vocab_size"]:
+        raise ConfigError(f"draft.vocab_size: {cfg.draft.vocab_size} is larger than the target vocabulary "
+                          f"({shape['vocab_size']})")
+
+
+def check_val_fraction(cfg) -> None:
+    if cfg.data.val_fraction <= 0 and ({"train", "bench"} & set(cfg.stages)):
+        raise ConfigError(f"data.val_fraction: {cfg.data.val_fraction} leaves no validation prompts; val/loss and "
+                          f"bench (bench.prompts={cfg.bench.prompts}) need some, e.g. data.val_fraction=0.125")
+
+
+def _pool_holds(cfg) -> bool:
+    """The generate pool already holds data.samples samples: its prompts were checked when it was made."""
+    from draftlab.pipeline import plan
+
+    manifest = plan(cfg)["generate"].folder / "manifest.json"
+    try:
+        return json.loads(manifest.read_text())["num_samples"] >= cfg.data.samples
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def check_prompts(cfg) -> None:
+    """The prompt file parses, and its first data.samples usable prompts hold both splits.
+
+    Usable means within data.max_prompt_tokens once chat-templated. That needs the tokenizer, loaded alone
+    when it is cheap; otherwise the count is conservative (every prompt counts) and generate refuses the rest.
+    """
+    from draftlab.data.prompts import load_prompts
+
+    data = cfg.data
+    try:
+        prompts = load_prompts(data.source, data.path, data.seed)
+    except (OSError, ValueError) as err:
+        key = "data.path" if data.path else "data.source"
+        raise ConfigError(f"{key}: {str(err).splitlines()[0]}") from err
+    chosen = _first_usable(cfg, prompts.prompts)
+    if len(chosen) < data.samples:
+        within = f" within data.max_prompt_tokens={data.max_prompt_tokens}" if chosen.exact else ""
+        raise ConfigError(f"data.samples: {data.samples} asked, but {prompts.source} has only {len(chosen)} "
+                          f"unique prompts{within}")
+    splits = [prompts.split_of(p, data.val_fraction) for p in chosen]
+    if "val" not in splits and {"train", "bench"} & set(cfg.stages):
+        raise ConfigError(f"data.val_fraction: {data.val_fraction} puts none of the first data.samples="
+                          f"{data.samples} prompts in validation; raise data.val_fraction or data.samples")
+    if "train" not in splits and "train" in cfg.stages:
+        raise ConfigError(f"data.val_fraction: {data.val_fraction} leaves none of the first data.samples="
+                          f"{data.samples} prompts for training")
+    if "bench" in cfg.stages and splits.count("val") < cfg.bench.prompts:
+        log.warning("bench.prompts=%d, but only %d of the first %d prompts are held out for validation",
+                    cfg.bench.prompts, splits.count("val"), data.samples)
+
+
+class _Chosen(list):
+    exact = True  # lengths were checked with the tokenizer
+
+
+def _first_usable(cfg, prompts: list) -> _Chosen:
+    from draftlab.target import chat_ids, load_tokenizer
+
+    chosen = _Chosen()
+    tokenizer = load_tokenizer(cfg.target, Path(cfg.paths.root) / "models")
+    if tokenizer is None:
+        chosen.exact = False
+        chosen.extend(prompts[:cfg.data.samples])
+        return chosen
+    for prompt in prompts:
+        if len(chosen) == cfg.data.samples:
+            break
+        if len(chat_ids(tokenizer, prompt.text)) <= cfg.data.max_prompt_tokens:
+            chosen.append(prompt)
+    return chosen

@@ -1,0 +1,111 @@
+"""Bad data is refused before any stage, in one line that names the key, file or line (issue 14 part 5)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, tiny_overrides
+from draftlab.config import ConfigError, validate
+from draftlab.preflight import preflight
+
+
+def jsonl(path: Path, n: int, start: int = 0) -> Path:
+    path.write_text("".join(json.dumps({"id": f"c{i}", "prompt": f"question number {i}"}) + "\n"
+                            for i in range(start, start + n)))
+    return path
+
+
+def refused(tiny_cfg, *overrides) -> str:
+    with pytest.raises(ConfigError) as info:
+        preflight(validate(tiny_cfg(*overrides)))
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_good_file_passes(tiny_cfg, tmp_path):
+    preflight(validate(tiny_cfg("data.source=jsonl", f"data.path={jsonl(tmp_path / 'p.jsonl', 64)}")))
+
+
+def test_non_utf8_byte_names_file_and_line(tiny_cfg, tmp_path):
+    path = jsonl(tmp_path / "p.jsonl", 64)
+    lines = path.read_bytes().split(b"\n")
+    lines[2] = lines[2].replace(b"question", b"qu\xe9stion")
+    path.write_bytes(b"\n".join(lines))
+    message = refused(tiny_cfg, "data.source=jsonl", f"data.path={path}")
+    assert message.startswith("data.path: ") and f"{path}:3: not UTF-8 (byte 0xe9" in message
+
+
+def test_invalid_json_names_file_and_line(tiny_cfg, tmp_path):
+    path = jsonl(tmp_path / "p.jsonl", 64)
+    path.write_text(path.read_text().replace('"c1", "prompt"', '"c1" "prompt"'))
+    assert f"{path}:2: invalid JSON" in refused(tiny_cfg, "data.source=jsonl", f"data.path={path}")
+
+
+def test_jsonl_read_as_sharegpt_gets_a_hint(tiny_cfg, tmp_path):
+    path = jsonl(tmp_path / "x.jsonl", 64)
+    message = refused(tiny_cfg, f"data.path={path}")
+    assert "not a JSON array" in message and "data.source=jsonl" in message
+
+
+def test_missing_prompt_file(tiny_cfg, tmp_path):
+    message = refused(tiny_cfg, "data.source=jsonl", f"data.path={tmp_path / 'nope.jsonl'}")
+    assert message.startswith("data.path: ") and "does not exist" in message
+
+
+def test_too_few_prompts_for_samples(tiny_cfg, tmp_path):
+    message = refused(tiny_cfg, "data.source=jsonl", f"data.path={jsonl(tmp_path / 'p.jsonl', 20)}")
+    assert message.startswith("data.samples: 32 asked") and "only 20" in message
+
+
+def test_too_few_prompts_within_max_prompt_tokens(tiny_cfg, tmp_path):
+    path = jsonl(tmp_path / "p.jsonl", 64)
+    message = refused(tiny_cfg, "data.source=jsonl", f"data.path={path}", "data.max_prompt_tokens=8")
+    assert "only 0 unique prompts within data.max_prompt_tokens=8" in message
+
+
+def test_zero_val_fraction_is_refused_up_front(tiny_cfg):
+    assert refused(tiny_cfg, "data.val_fraction=0").startswith("data.val_fraction: 0")
+
+
+def test_tiny_val_fraction_leaving_no_validation_prompt(tiny_cfg, tmp_path):
+    path = jsonl(tmp_path / "p.jsonl", 64)
+    assert refused(tiny_cfg, "data.source=jsonl", f"data.path={path}", "data.val_fraction=0.0001",
+                   "data.samples=8").startswith("data.val_fraction: 0.0001 puts none")
+
+
+def test_target_path_ignored_by_tiny_is_refused(tiny_cfg):
+    assert refused(tiny_cfg, "target.path=/nonexistent").startswith("target.path: /nonexistent is not used by "
+                                                                     "target=tiny")
+
+
+def test_missing_hf_folder_does_not_exist(tiny_cfg, tmp_path):
+    message = refused(tiny_cfg, "target=hf", f"target.path={tmp_path / 'nope'}", "draft.vocab_size=64")
+    assert message.startswith("target.path: ") and "does not exist" in message
+
+
+def test_hf_folder_without_config(tiny_cfg, tmp_path):
+    (tmp_path / "model").mkdir()
+    assert "has no config.json" in refused(tiny_cfg, "target=hf", f"target.path={tmp_path / 'model'}")
+
+
+def test_run_py_error_is_one_line_exit_2_before_any_stage_or_run(tmp_path):
+    """The console gets one line, the job's run.log the traceback; no stage folder and no MLflow run exist."""
+    overrides = tiny_overrides(tmp_path, "data.val_fraction=0", f"hydra.run.dir={tmp_path / 'job'}")
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    proc = subprocess.run([sys.executable, str(REPO / "src" / "run.py"), *overrides], capture_output=True,
+                          text=True, env=env, timeout=300)
+    console = (proc.stdout + proc.stderr).strip()
+    assert proc.returncode == 2, console
+    assert "Traceback" not in console
+    errors = [line for line in console.splitlines() if "data.val_fraction" in line]
+    assert len(errors) == 1 and "config error" in errors[0], console
+    assert "Traceback" in (tmp_path / "job" / "run.log").read_text()
+    assert not (tmp_path / "out" / "generate").exists()
+    assert not (tmp_path / "mlflow.db").exists()
