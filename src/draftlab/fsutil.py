@@ -6,6 +6,8 @@ import contextlib
 import fcntl
 import json
 import os
+import re
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -21,6 +23,11 @@ def atomic_path(path: Path) -> Iterator[Path]:
     try:
         yield Path(tmp)
         os.replace(tmp, path)
+    except OSError as err:
+        if err.filename:  # already names its file
+            raise
+        # A write error (disk full, file too large) names no file by itself: name the one being written.
+        raise OSError(err.errno, err.strerror or str(err), str(path)) from err
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -39,13 +46,42 @@ def atomic_save_safetensors(path: Path, tensors: dict, metadata: dict[str, str] 
     from safetensors.torch import save_file
 
     with atomic_path(path) as tmp:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
+        try:
+            save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
+        except Exception as err:  # safetensors reports I/O failures as SafetensorError("... (os error N)")
+            code = re.search(r"os error (\d+)", str(err))
+            if code is None:
+                raise
+            errno_ = int(code.group(1))
+            raise OSError(errno_, os.strerror(errno_), str(path)) from err
 
 
 def atomic_write_with(path: Path, write: Callable[[Path], None]) -> None:
     """Calls `write(tmp_path)` and moves the result into place."""
     with atomic_path(path) as tmp:
         write(tmp)
+
+
+@contextlib.contextmanager
+def leftovers_removed(parent: Path, pattern: str) -> Iterator[None]:
+    """Removes `pattern` under `parent` (what a killed writer left) now, and again if the block fails (what a
+    failing writer, e.g. on a full disk, left). Use it where no other writer of `parent` runs."""
+    remove_leftovers(parent, pattern)
+    try:
+        yield
+    except BaseException:
+        remove_leftovers(parent, pattern)
+        raise
+
+
+def remove_leftovers(parent: Path, pattern: str) -> None:
+    """Removes what a killed writer left (`pattern`, e.g. `.ckpt-*.tmp`). Call it where no other writer of
+    `parent` can run (under its lock, or as its only writer)."""
+    for stale in Path(parent).glob(pattern):
+        if stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            stale.unlink(missing_ok=True)
 
 
 def read_json(path: Path, default: Any = None) -> Any:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from draftlab import fsutil
 from draftlab.fsutil import file_lock
 
 log = logging.getLogger("draftlab.target")
@@ -181,7 +182,7 @@ def _embedded_smollm2(cache_dir: Path) -> Path:
     with file_lock(cache_dir / f"smollm2-{key}.lock"):
         if (folder / "config.json").exists():
             return folder
-        remove_stale_temp_folders(cache_dir, f".smollm2-{key}-")
+        fsutil.remove_leftovers(cache_dir, f".smollm2-{key}-*")  # a killed conversion's ~470 MB folder
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         log.info("converting %s to safetensors once (about 15 s)", gguf.name)
@@ -200,15 +201,6 @@ def _embedded_smollm2(cache_dir: Path) -> Path:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return folder
-
-
-def remove_stale_temp_folders(parent: Path, prefix: str) -> None:
-    """Temporary folders a killed conversion left (about 470 MB each). Call it holding the lock that guards
-    their writers: then none of them is being written."""
-    for stale in Path(parent).glob(f"{prefix}*"):
-        if stale.is_dir():
-            log.info("removing %s, left by an interrupted conversion", stale)
-            shutil.rmtree(stale, ignore_errors=True)
 
 
 def tiny_tokenizer():

@@ -124,7 +124,9 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter: Reporter) -> dict[str
     settings = LoopSettings.from_cfg(cfg)
     recorder = _Recorder(reporter)
     trainer = Trainer(model, source, lm_head, settings, out / "checkpoints", recorder)
-    result = trainer.run(init_from=cfg.train.init_from)
+    # A checkpoint is written into `.ckpt-*.tmp` and renamed: a kill or a full disk must not leave one behind.
+    with fsutil.leftovers_removed(out / "checkpoints", ".ckpt-*.tmp"):  # the stage lock is held
+        result = trainer.run(init_from=cfg.train.init_from)
 
     load_trainable(trainer.model, result.best_weights)
     draft_dir = export_draft(trainer.model, dcfg, out / "draft", "bfloat16",
