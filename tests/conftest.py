@@ -1,4 +1,4 @@
-"""Shared fixtures: configs composed from conf/ the way src/run.py composes them, shrunk for the tiny target."""
+"""Shared fixtures: configs composed from conf/ the way src/run.py composes them; the tiny recipe is experiment=smoke."""
 
 from __future__ import annotations
 
@@ -20,23 +20,13 @@ def compose_config(overrides: list[str] | None = None):
 
 
 def tiny_overrides(tmp_path: Path, *extra: str) -> list[str]:
-    """A whole pipeline on the tiny random target in seconds, tracked into a store under tmp_path."""
+    """The one tiny recipe, `experiment=smoke` (conf/experiment/smoke.yaml), with its outputs and its tracking
+    under tmp_path. The experiment stays `draftlab`, as tests read runs back from it."""
     return [
-        "target=tiny",
+        "experiment=smoke",
         f"paths.root={tmp_path / 'out'}",
         f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
-        "data.samples=32",
-        "data.max_new_tokens=12",
-        "data.batch_size=8",
-        "data.shard_size=16",
-        "data.max_prompt_tokens=384",
-        "data.val_fraction=0.25",
-        "extract.dtype=float32",
-        "draft.vocab_size=64",
-        "train.epochs=1",
-        "train.batch_tokens=2048",
-        "bench.prompts=2",
-        "bench.max_new_tokens=8",
+        "tracking.experiment=draftlab",
         *extra,
     ]
 

@@ -3,6 +3,11 @@
 Hydra composes `conf/` into a DictConfig; `validate` merges it onto these dataclasses, so a misspelt key or a
 wrong type fails with the full dotted key, then checks values that types cannot express. The schema is not in
 Hydra's defaults list on purpose: DVC composes `conf/` without importing draftlab.
+
+Values live in one place, `conf/`: the schema holds types, docs and checks, and its fields are MISSING, so a
+key that conf/ forgets fails validation instead of silently taking a second, drifting default.
+(`TrainConfig` still carries values until the training-budget work lands; tests/test_config.py pins every
+value the schema holds to the composed conf/.) `default_config()` is a compose of conf/.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 
@@ -27,56 +32,56 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 class TinyArch:
     """The in-code random Llama used by tests (`target=tiny`)."""
 
-    num_hidden_layers: int = 8
-    hidden_size: int = 64
-    intermediate_size: int = 128
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    max_position_embeddings: int = 2048
-    seed: int = 0
+    num_hidden_layers: int = MISSING
+    hidden_size: int = MISSING
+    intermediate_size: int = MISSING
+    num_attention_heads: int = MISSING
+    num_key_value_heads: int = MISSING
+    max_position_embeddings: int = MISSING
+    seed: int = MISSING
 
 
 @dataclass
 class TargetConfig:
-    name: str = "smollm2"  # smollm2 (embedded GGUF) | tiny (in code) | hf (target.path)
-    path: Optional[str] = None  # Hugging Face folder or hub name, for name=hf
-    gguf_file: Optional[str] = None  # a GGUF inside target.path, if any
-    dtype: str = "auto"  # auto = bfloat16 on CUDA, float32 on CPU
-    device: str = "auto"  # auto = cuda when available, else cpu
-    tiny: TinyArch = field(default_factory=TinyArch)
+    name: str = MISSING  # smollm2 (embedded GGUF) | tiny (in code) | hf (target.path)
+    path: Optional[str] = MISSING  # Hugging Face folder or hub name, for name=hf
+    gguf_file: Optional[str] = MISSING  # a GGUF inside target.path, if any
+    dtype: str = MISSING  # auto = bfloat16 on CUDA, float32 on CPU
+    device: str = MISSING  # auto = cuda when available, else cpu
+    tiny: Optional[TinyArch] = None  # the in-code model's shape, set by target=tiny (conf/target/tiny.yaml)
 
 
 @dataclass
 class DataConfig:
-    source: str = "sharegpt"  # sharegpt (embedded package) | jsonl | parquet
-    path: Optional[str] = None  # file for jsonl/parquet (sharegpt: optional override of the JSON file)
-    samples: int = 48
-    max_new_tokens: int = 64
-    max_prompt_tokens: int = 256
-    val_fraction: float = 0.125
-    seed: int = 0
-    temperature: float = 0.0  # 0 = greedy
-    batch_size: int = 16
-    shard_size: int = 64  # samples per shard: the unit of resume
+    source: str = MISSING  # sharegpt (embedded package) | jsonl | parquet
+    path: Optional[str] = MISSING  # file for jsonl/parquet (sharegpt: optional override of the JSON file)
+    samples: int = MISSING
+    max_new_tokens: int = MISSING
+    max_prompt_tokens: int = MISSING
+    val_fraction: float = MISSING
+    seed: int = MISSING
+    temperature: float = MISSING  # 0 = greedy
+    batch_size: int = MISSING
+    shard_size: int = MISSING  # samples per shard: the unit of resume
 
 
 @dataclass
 class ExtractConfig:
-    layers: Any = "auto"  # auto | last | ascending list of layer ids (output of decoder layer k)
-    dtype: str = "bfloat16"  # storage dtype: bfloat16 | float16 | float32
-    mode: str = "offline"  # offline (stored shards) | online (train runs the target)
-    batch_size: int = 8
-    shard_size: int = 64
+    layers: Any = MISSING  # auto | last | ascending list of layer ids (output of decoder layer k)
+    dtype: str = MISSING  # storage dtype: bfloat16 | float16 | float32
+    mode: str = MISSING  # offline (stored shards) | online (train runs the target)
+    batch_size: int = MISSING
+    shard_size: int = MISSING
 
 
 @dataclass
 class DraftConfig:
-    vocab_size: int = 8192  # draft vocabulary (most frequent assistant tokens)
-    num_layers: int = 1
-    hidden_size: Optional[int] = None  # None = the target's
-    intermediate_size: Optional[int] = None
-    num_heads: Optional[int] = None
-    num_kv_heads: Optional[int] = None
+    vocab_size: int = MISSING  # draft vocabulary (most frequent assistant tokens)
+    num_layers: int = MISSING
+    hidden_size: Optional[int] = MISSING  # None = the target's
+    intermediate_size: Optional[int] = MISSING
+    num_heads: Optional[int] = MISSING
+    num_kv_heads: Optional[int] = MISSING
 
 
 @dataclass
@@ -101,47 +106,47 @@ class TrainConfig:
 
 @dataclass
 class ServeConfig:
-    backend: str = "local"  # local (draftlab's engine) | sglang
-    num_steps: int = 4  # draft tokens per verification (chain)
-    topk: int = 1
-    num_draft_tokens: Optional[int] = None  # None = num_steps + 1 for a chain
-    algorithm: str = "EAGLE3"
-    dtype: str = "auto"
-    device: str = "auto"
-    tp_size: int = 1
-    mem_fraction_static: Optional[float] = None
-    cuda_graph: bool = True
-    cuda_graph_max_bs: Optional[int] = None
-    host: str = "127.0.0.1"
-    port: int = 30000
-    startup_timeout_s: float = 1200.0
-    sglang_rules: str = "current"  # current | legacy (only midlayer.* names)
-    draft_format: str = "sglang"  # sglang | speculators
-    python: str = "python"  # interpreter that has sglang installed
-    extra_args: list = field(default_factory=list)
+    backend: str = MISSING  # local (draftlab's engine) | sglang
+    num_steps: int = MISSING  # draft tokens per verification (chain)
+    topk: int = MISSING
+    num_draft_tokens: Optional[int] = MISSING  # None = num_steps + 1 for a chain
+    algorithm: str = MISSING
+    dtype: str = MISSING
+    device: str = MISSING
+    tp_size: int = MISSING
+    mem_fraction_static: Optional[float] = MISSING
+    cuda_graph: bool = MISSING
+    cuda_graph_max_bs: Optional[int] = MISSING
+    host: str = MISSING
+    port: int = MISSING
+    startup_timeout_s: float = MISSING
+    sglang_rules: str = MISSING  # current | legacy (only midlayer.* names)
+    draft_format: str = MISSING  # sglang | speculators
+    python: str = MISSING  # interpreter that has sglang installed
+    extra_args: list = MISSING
 
 
 @dataclass
 class BenchConfig:
-    prompts: int = 6  # held-out (validation) prompts
-    max_new_tokens: int = 48
-    temperature: float = 0.0
-    tau_ratio_warn: float = 0.6  # warn when bench/tau / val/predicted_tau is below this
-    tau_fail: float = 1.05  # fail when bench/tau is at or below this: the draft contributes nothing
-    seed: int = 0
+    prompts: int = MISSING  # held-out (validation) prompts
+    max_new_tokens: int = MISSING
+    temperature: float = MISSING
+    tau_ratio_warn: float = MISSING  # warn when bench/tau / val/predicted_tau is below this
+    tau_fail: float = MISSING  # fail when bench/tau is at or below this: the draft contributes nothing
+    seed: int = MISSING
 
 
 @dataclass
 class TrackingConfig:
-    experiment: str = "draftlab"
-    uri: Optional[str] = None  # None = MLFLOW_TRACKING_URI or sqlite:///<repo>/mlruns/mlflow.db
-    enabled: bool = True
-    run_name: Optional[str] = None
+    experiment: str = MISSING
+    uri: Optional[str] = MISSING  # None = MLFLOW_TRACKING_URI or sqlite:///<repo>/mlruns/mlflow.db
+    enabled: bool = MISSING
+    run_name: Optional[str] = MISSING
 
 
 @dataclass
 class PathsConfig:
-    root: str = "outputs"  # every stage output and cache lives under here
+    root: str = MISSING  # every stage output and cache lives under here
 
 
 @dataclass
@@ -155,7 +160,7 @@ class Config:
     bench: BenchConfig = field(default_factory=BenchConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
-    stages: list = field(default_factory=lambda: list(STAGE_NAMES))
+    stages: list = MISSING
 
 
 def _choice(key: str, value: Any, options: tuple) -> None:
@@ -246,15 +251,42 @@ def validate(cfg: DictConfig | dict) -> DictConfig:
     try:
         merged = OmegaConf.merge(schema, cfg)
         OmegaConf.resolve(merged)
+        if merged.target.name == "tiny":  # a config that names only the tiny target (benches): its conf/ shape
+            merged.target.tiny = OmegaConf.merge(TinyArch, tiny_arch(), merged.target.tiny or {})
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None) or "config"
         message = str(err).splitlines()[0]
         raise ConfigError(f"{key}: {message}") from None
+    missing = sorted(OmegaConf.missing_keys(merged))
+    if missing:
+        raise ConfigError(f"{missing[0]}: no value (conf/ sets every key; was it composed?)")
     _check_values(merged)
     OmegaConf.set_readonly(merged, True)
     return merged
 
 
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+def compose_conf(overrides: list[str] | None = None) -> DictConfig:
+    """conf/ composed as `src/run.py` composes it (command-line style overrides), not yet validated."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():  # inside a Hydra app (its config path is this conf/)
+        return compose("config", overrides=list(overrides or []))
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("config", overrides=list(overrides or []))
+
+
 def default_config(overrides: dict | None = None) -> DictConfig:
-    """The schema defaults with optional nested overrides, validated. Handy in tests and benchmarks."""
-    return validate(overrides or {})
+    """The composed conf/ with optional nested overrides, validated. Handy in tests and benchmarks."""
+    composed = compose_conf()
+    OmegaConf.set_struct(composed, False)  # the schema, in validate, refuses unknown keys with their name
+    composed = OmegaConf.merge(composed, overrides or {})
+    return validate(composed)
+
+
+def tiny_arch() -> DictConfig:
+    """The tiny target's shape from conf/target/tiny.yaml (cheap: one file, no compose)."""
+    return OmegaConf.load(CONF_DIR / "target" / "tiny.yaml").target.tiny

@@ -231,9 +231,9 @@ def tiny_target(arch=None, device: str | torch.device = "cpu", dtype: torch.dtyp
     """A deterministic random Llama (default 8 layers x 64 wide) with the byte tokenizer: the test target."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from draftlab.config import TinyArch
+    from draftlab.config import tiny_arch
 
-    arch = arch or TinyArch()
+    arch = arch or tiny_arch()
     tokenizer = tiny_tokenizer()
     config = LlamaConfig(
         vocab_size=320,  # 3 specials + 256 bytes, padded
