@@ -125,3 +125,23 @@ def test_without_record_it_warns(good, tmp_path):
     (folder / draft_provenance.FILE).unlink()
     report = check_draft(folder)
     assert report.ok and draft_provenance.FILE in {f.where for f in report.findings}
+
+
+def test_trained_draft_passes_with_no_flags_and_records_its_features(tiny_cfg):
+    """The train stage's real export: the record matches the extract manifest, and check-draft needs no flags."""
+    from draftlab.config import validate
+    from draftlab.pipeline import plan, run_stages
+    from draftlab.reporting import NullReporter
+
+    cfg = validate(tiny_cfg("tracking.enabled=false"))
+    run_stages(cfg, NullReporter(), names=["generate", "extract", "train"])
+    folders = plan(cfg)
+    manifest = json.loads((folders["extract"].folder / "manifest.json").read_text())
+    draft = folders["train"].folder / "draft"
+    prov = draft_provenance.read(draft)
+    assert prov["layer_ids"] == manifest["layer_ids"]
+    assert prov["feature_width"] == manifest["shapes"]["features"][1]
+    assert prov["extract_fingerprint"] == draft_provenance.extract_fingerprint(manifest)
+    assert prov["target"]["fingerprint"] == manifest["target"]["fingerprint"]
+    report = check_draft(draft)
+    assert report.ok, report.summary()

@@ -54,6 +54,26 @@ def atomic_save_safetensors(path: Path, tensors: dict, metadata: dict[str, str] 
                 raise
             errno_ = int(code.group(1))
             raise OSError(errno_, os.strerror(errno_), str(path)) from err
+        if metadata and len(metadata) > 1:
+            _sort_metadata(tmp)
+
+
+def _sort_metadata(path: Path) -> None:
+    """safetensors writes `__metadata__` in Rust HashMap order, which changes from process to process: the same
+    tensors would give other bytes (and another DVC hash). Rewrites the header with the metadata sorted; the
+    length is unchanged, so only the header bytes move."""
+    import struct
+
+    with open(path, "r+b") as handle:
+        (length,) = struct.unpack("<Q", handle.read(8))
+        raw = handle.read(length)
+        header = json.loads(raw)
+        header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+        new = json.dumps(header, separators=(",", ":")).encode()
+        if len(new) > length:  # never: same keys, same values, compact JSON
+            raise ValueError(f"{path}: header grew when its metadata was sorted")
+        handle.seek(8)
+        handle.write(new + b" " * (length - len(new)))
 
 
 def atomic_write_with(path: Path, write: Callable[[Path], None]) -> None:
@@ -74,13 +94,14 @@ def leftovers_removed(parent: Path, pattern: str) -> Iterator[None]:
         raise
 
 
-def remove_leftovers(parent: Path, pattern: str) -> None:
-    """Removes what a killed writer left (`pattern`, e.g. `.ckpt-*.tmp`). Call it where no other writer of
-    `parent` can run (under its lock, or as its only writer)."""
-    for stale in Path(parent).glob(pattern):
+def remove_leftovers(parent: Path, pattern: str, recursive: bool = False) -> None:
+    """Removes what a killed writer left (`pattern`, e.g. `.ckpt-*.tmp`), in sub-folders too when `recursive`.
+    Call it where no other writer of `parent` can run (under its lock, or as its only writer)."""
+    found = Path(parent).rglob(pattern) if recursive else Path(parent).glob(pattern)
+    for stale in sorted(found, key=lambda p: len(p.parts)):  # outer first: rmtree takes what is inside
         if stale.is_dir():
             shutil.rmtree(stale, ignore_errors=True)
-        else:
+        elif stale.exists():
             stale.unlink(missing_ok=True)
 
 

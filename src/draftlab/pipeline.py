@@ -16,7 +16,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from draftlab.fsutil import atomic_write_json, file_lock, read_json
+from draftlab.fsutil import atomic_write_json, file_lock, read_json, remove_leftovers
 from draftlab.provenance import fingerprint
 from draftlab.reporting import Reporter
 
@@ -132,15 +132,16 @@ def run_stage(cfg, stage: PlannedStage, inputs: dict[str, Path], reporter: Repor
         with file_lock(stage.folder.with_suffix(".lock")):  # a parallel job doing the same work waits here
             cached = read_json(stage.done_record)
             if cached is None:
+                remove_leftovers(stage.folder, ".*.tmp", recursive=True)  # a killed job's half-written files
                 log.info("stage %s: running in %s", name, stage.folder)
                 started = time.perf_counter()
                 module = importlib.import_module(f"draftlab.stages.{name}")
                 metrics = dict(module.run(cfg, stage.folder, inputs, reporter))
                 metrics[f"{name}/seconds"] = time.perf_counter() - started
                 metrics[f"{name}/cached"] = float(metrics.get(f"{name}/new_samples", 1) == 0)
-                atomic_write_json(stage.done_record, metrics)
                 if not stage.spec.incremental:
                     atomic_write_json(stage.folder / "metrics.json", metrics)
+                atomic_write_json(stage.done_record, metrics)  # last: it marks the stage complete
                 reporter.metrics(metrics, step=final_step(metrics))
                 return metrics
     log.info("stage %s: cached in %s, skipped", name, stage.folder)
