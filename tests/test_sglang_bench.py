@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from draftlab.config import validate
+from draftlab.config import default_config
 from draftlab.reporting import RecordingReporter
 from draftlab.sglang.bench import DraftCheckError, run_sglang_bench
 from draftlab.sglang.client import SGLangClient, SGLangClientError
@@ -20,7 +20,7 @@ STANDIN = [sys.executable, str(Path(__file__).with_name("standin_sglang_server.p
 def config(**serve):
     base = {"backend": "sglang", "num_steps": 3, "topk": 1, "port": free_port(), "startup_timeout_s": 20,
             "extra_args": ["--standin-phase-s", "0.01", "--standin-accept-length", "2.5", "--standin-step-ms", "2"]}
-    return validate({"serve": {**base, **serve}, "bench": {"max_new_tokens": 20, "prompts": 3}})
+    return default_config({"serve": {**base, **serve}, "bench": {"max_new_tokens": 20, "prompts": 3}})
 
 
 def test_bench_reports_tau_throughput_and_speedup(tmp_path):

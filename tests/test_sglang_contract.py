@@ -7,7 +7,7 @@ All jobs run in ONE subprocess: importing sglang takes ~20 s on a 2-core machine
 
 import pytest
 
-from draftlab.config import validate
+from draftlab.config import default_config
 from draftlab.sglang import keymap
 from draftlab.sglang.contract import run_probe, server_argv_for_probe, sglang_python
 from draftlab.sglang.launch import build_baseline_argv, build_server_argv
@@ -40,10 +40,10 @@ def probe(tmp_path_factory):
     target = write_target(root / "target")
     folders = {name: write_draft(root / name, **kw) for name, kw in DRAFTS.items()}
     folders["single_layer_fc"] = write_draft(root / "single_layer_fc", replace={"fc.weight": torch.randn(16, 16)})
-    cfg = validate({"serve": {"backend": "sglang", "num_steps": 3, "topk": 1, "cuda_graph_max_bs": 32}})
+    cfg = default_config({"serve": {"backend": "sglang", "num_steps": 3, "topk": 1, "cuda_graph_max_bs": 32}})
     spec = server_argv_for_probe(build_server_argv(cfg.serve, target, folders["good"], decode_log_interval=1))
     base = server_argv_for_probe(build_baseline_argv(cfg.serve, target))
-    no_graph = server_argv_for_probe(build_server_argv(validate({"serve": {"cuda_graph": False}}).serve, target,
+    no_graph = server_argv_for_probe(build_server_argv(default_config({"serve": {"cuda_graph": False}}).serve, target,
                                                        folders["good"]))
     bad_ndt = [a if a != "4" or spec[i - 1] != "--speculative-num-draft-tokens" else "8" for i, a in enumerate(spec)]
     args_jobs = {"spec": spec, "baseline": base, "no_graph": no_graph, "retired_flag": spec + ["--cuda-graph-max-bs", "8"],

@@ -2,13 +2,13 @@
 
 import pytest
 
-from draftlab.config import validate
+from draftlab.config import default_config
 from draftlab.sglang.launch import LaunchError, build_baseline_argv, build_server_argv, spec_params
 from sglang_fixtures import write_draft
 
 
 def serve(**overrides):
-    return validate({"serve": {"backend": "sglang", **overrides}}).serve
+    return default_config({"serve": {"backend": "sglang", **overrides}}).serve
 
 
 def flag(argv, name):
