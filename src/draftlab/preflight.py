@@ -97,9 +97,9 @@ def check_prompts(cfg) -> None:
     except (OSError, ValueError) as err:
         key = "data.path" if data.path else "data.source"
         raise ConfigError(f"{key}: {str(err).splitlines()[0]}") from err
-    chosen = _first_usable(cfg, prompts.prompts)
+    chosen, exact = _first_usable(cfg, prompts.prompts)
     if len(chosen) < data.samples:
-        within = f" within data.max_prompt_tokens={data.max_prompt_tokens}" if chosen.exact else ""
+        within = f" within data.max_prompt_tokens={data.max_prompt_tokens}" if exact else ""
         raise ConfigError(f"data.samples: {data.samples} asked, but {prompts.source} has only {len(chosen)} "
                           f"unique prompts{within}")
     splits = [prompts.split_of(p, data.val_fraction) for p in chosen]
@@ -114,22 +114,17 @@ def check_prompts(cfg) -> None:
                     cfg.bench.prompts, splits.count("val"), data.samples)
 
 
-class _Chosen(list):
-    exact = True  # lengths were checked with the tokenizer
-
-
-def _first_usable(cfg, prompts: list) -> _Chosen:
+def _first_usable(cfg, prompts: list) -> tuple[list, bool]:
+    """The first data.samples prompts generate would answer, and whether their lengths were checked."""
     from draftlab.target import chat_ids, load_tokenizer
 
-    chosen = _Chosen()
     tokenizer = load_tokenizer(cfg.target, Path(cfg.paths.root) / "models")
     if tokenizer is None:
-        chosen.exact = False
-        chosen.extend(prompts[:cfg.data.samples])
-        return chosen
+        return prompts[:cfg.data.samples], False
+    chosen = []
     for prompt in prompts:
         if len(chosen) == cfg.data.samples:
             break
         if len(chat_ids(tokenizer, prompt.text)) <= cfg.data.max_prompt_tokens:
             chosen.append(prompt)
-    return chosen
+    return chosen, True
