@@ -109,3 +109,17 @@ def test_run_py_error_is_one_line_exit_2_before_any_stage_or_run(tmp_path):
     assert "Traceback" in (tmp_path / "job" / "run.log").read_text()
     assert not (tmp_path / "out" / "generate").exists()
     assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_prompts_are_not_read_again_once_the_pool_holds_them(tiny_cfg, monkeypatch):
+    """An all-cached rerun stays fast: the prompt file was checked when the pool was made."""
+    import draftlab.data.prompts as prompts
+    from draftlab.pipeline import run_stages
+    from draftlab.reporting import NullReporter
+
+    cfg = validate(tiny_cfg("data.samples=8", "tracking.enabled=false"))
+    run_stages(cfg, NullReporter(), names=["generate"])
+    monkeypatch.setattr(prompts, "load_prompts", lambda *a, **k: pytest.fail("prompts read again"))
+    preflight(cfg)
+    with pytest.raises(pytest.fail.Exception):
+        preflight(validate(tiny_cfg("data.samples=16", "tracking.enabled=false")))  # the pool must grow
