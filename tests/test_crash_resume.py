@@ -16,7 +16,6 @@ import random
 import signal
 from pathlib import Path
 
-
 from conftest import compose_config, tiny_overrides
 from draftlab.config import validate
 from draftlab.pipeline import plan, run_stages
