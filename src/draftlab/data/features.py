@@ -1,7 +1,8 @@
 """The extract stage's format (`draftlab.features/1`) and FeatureSource, the one way training reads target features.
 
 A features folder holds `manifest.json` (complete shards only; rewritten after each shard), `shard-NNNNN.safetensors`
-(the generate tensors of its samples plus `features` [T, n_layers*H] and `last_hidden` [T, H] in `extract.dtype`),
+(the generate tensors of its samples plus `features` [T, n_layers*H] and `last_hidden` [T, H] in `extract.dtype`,
+and `target_top` int32 [T], the full-vocabulary argmax, when the manifest says `"target_top": true`),
 `target_head.safetensors` (fp32 `embed_tokens.weight`, `lm_head.weight`) and `vocab/n{N}-v{V}.safetensors`.
 
 `open_source(cfg, inputs)` gives the same batches offline (stored shards) and online (the target runs on the
@@ -47,6 +48,7 @@ class HiddenTap:
         self.body = model.model
         self.layer_ids = list(layer_ids)
         self.hidden = model.config.hidden_size
+        self.head_weight = model.get_output_embeddings().weight
 
     @torch.inference_mode()
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
@@ -69,6 +71,16 @@ class HiddenTap:
             for handle in handles:
                 handle.remove()
         return buf, out.last_hidden_state.to(dtype)
+
+
+@torch.inference_mode()
+def head_top1(last_hidden: torch.Tensor, head_weight: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
+    """int32 argmax over the full vocabulary of `last_hidden @ head_weight.T`, from the hidden state as stored
+    and the head in the target's dtype: the argmax training's plain path forms, kept at 4 bytes a token so that
+    training builds its soft targets from the draft rows of the head only (train/ttt.py)."""
+    flat = last_hidden.reshape(-1, last_hidden.shape[-1])
+    tops = [(rows.to(head_weight.dtype) @ head_weight.T).argmax(-1).to(torch.int32) for rows in flat.split(chunk)]
+    return torch.cat(tops).view(last_hidden.shape[:-1]) if tops else flat.new_zeros(last_hidden.shape[:-1], dtype=torch.int32)
 
 
 def pad_batch(seqs: list[torch.Tensor], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -186,7 +198,8 @@ class FeatureSource:
         features, last = self._tap(ids, mask if use_mask else None, torch.float32)
         features = features.masked_fill(~mask[..., None], 0.0)  # padding positions are zero, as offline
         last = last.masked_fill(~mask[..., None], 0.0)
-        return {"input_ids": ids, "features": features, "last_hidden": last, "loss_mask": loss,
+        top = head_top1(last, self._tap.head_weight)
+        return {"input_ids": ids, "features": features, "last_hidden": last, "target_top": top, "loss_mask": loss,
                 "attention_mask": mask, "sample_index": torch.tensor([e.sample_index for e in group])}
 
     def _offline_batch(self, group: list[_Entry], max_seq_len: int) -> dict:
@@ -197,6 +210,9 @@ class FeatureSource:
         out = {"input_ids": torch.zeros(B, T, dtype=torch.long), "features": torch.zeros(B, T, width),
                "last_hidden": torch.zeros(B, T, hidden), "loss_mask": torch.zeros(B, T, dtype=torch.bool),
                "attention_mask": torch.zeros(B, T, dtype=torch.bool)}
+        with_top = bool(self.manifest.get("target_top"))  # pools made before target_top: the plain path
+        if with_top:
+            out["target_top"] = torch.zeros(B, T, dtype=torch.int32)
         for i, (e, n) in enumerate(zip(group, lengths)):
             shard = self._shard(e.shard)
             span = slice(e.start, e.start + n)
@@ -205,6 +221,8 @@ class FeatureSource:
             out["features"][i, :n] = shard.get_slice("features")[span]  # reads only these rows (mmap)
             out["last_hidden"][i, :n] = shard.get_slice("last_hidden")[span]
             out["attention_mask"][i, :n] = True
+            if with_top:
+                out["target_top"][i, :n] = shard.get_slice("target_top")[span]
         out["sample_index"] = torch.tensor([e.sample_index for e in group])
         return out
 
