@@ -39,7 +39,8 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter) -> dict[str, float]:
     reporter.tag("data.source_file", prompts.source)
     reporter.tag("data.source_sha256", file_sha256(Path(prompts.source)))
     target = load_target(cfg.target, Path(cfg.paths.root) / "models")
-    if target.dtype != torch.float32:
+    continuous = data.generator == "continuous" and data.temperature == 0  # fastgen.py says why greedy only
+    if target.dtype != torch.float32 and not continuous:
         # bf16/fp16 + sdpa + left padding yields garbage rows on CPU (stack-notes 3); eager is correct.
         target.model.set_attn_implementation("eager")
     writer = SampleWriter(out, fingerprint, meta={"target": target.fingerprint, "source": prompts.source,
@@ -60,7 +61,7 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter) -> dict[str, float]:
             raise ValueError(f"data.samples: {need} asked, but {prompts.source} has only "
                              f"{writer.num_samples + len(batch)} prompts within data.max_prompt_tokens="
                              f"{data.max_prompt_tokens}")
-        samples = _generate_shard(target, data, first, batch)
+        samples = _generate_shard(target, data, first, batch, continuous)
         writer.write_shard(samples)
         new_tokens += sum(int(s.loss_mask.sum()) for s in samples)
         progress.update(len(samples))
@@ -89,12 +90,20 @@ def _tokenized_prompts(prompts: list[Prompt], target: Target, data) -> Iterator[
             yield prompt, ids
 
 
-def _generate_shard(target: Target, data, first: int, items: list[tuple[Prompt, list[int]]]) -> list[Sample]:
+def _generate_shard(target: Target, data, first: int, items: list[tuple[Prompt, list[int]]],
+                    continuous: bool = False) -> list[Sample]:
     samples = []
-    for start in range(0, len(items), data.batch_size):
-        chunk = items[start:start + data.batch_size]
+    # continuous: the whole shard in one call, refilling up to batch_size rows (draftlab/fastgen.py)
+    step = len(items) if continuous else data.batch_size
+    for start in range(0, len(items), step):
+        chunk = items[start:start + step]
         torch.manual_seed(data.seed * 1_000_003 + first + start)  # sampling depends on the batch, not on history
-        answers = generate_batch(target, [ids for _, ids in chunk], data.max_new_tokens, data.temperature)
+        if continuous:
+            from draftlab.fastgen import generate_continuous
+
+            answers = generate_continuous(target, [ids for _, ids in chunk], data.max_new_tokens, data.batch_size)
+        else:
+            answers = generate_batch(target, [ids for _, ids in chunk], data.max_new_tokens, data.temperature)
         for offset, ((prompt, ids), answer) in enumerate(zip(chunk, answers)):
             text = target.tokenizer.decode(answer, skip_special_tokens=True)
             samples.append(Sample(
