@@ -1,6 +1,6 @@
 """Generation throughput: the plain path (HF generate per batch) against `data.generator=continuous`, same prompts.
 
-    python bench/generate_speed.py --prompts prompts.jsonl --count 2048 --device cuda --dtype bfloat16
+    python bench/generate_speed.py --prompts prompts.jsonl --count 2048 --device cuda --dtype bfloat16 --paths plain static --repeats 2
     python bench/generate_speed.py --prompts prompts.jsonl --count 16 --device cpu --dtype float32 --batch-size 8
 
 Prompts: JSONL with a "prompt" field (bench/export_prompts.py writes ShareGPT's), chat-templated by the target and
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from draftlab.config import default_config
-from draftlab.fastgen import generate_continuous
+from draftlab.fastgen import generate_continuous, generate_static
 from draftlab.stages.generate import generate_batch
 from draftlab.target import load_target
 
@@ -39,7 +39,8 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--max-prompt-tokens", type=int, default=256)
     ap.add_argument("--compile-level", type=int, nargs="+", default=[0], help="continuous runs, one per level")
-    ap.add_argument("--paths", nargs="+", default=["plain", "continuous"])
+    ap.add_argument("--paths", nargs="+", default=["plain", "static", "continuous"])
+    ap.add_argument("--repeats", type=int, default=1, help="runs per path (the first includes compilation)")
     ap.add_argument("--root", default="outputs")
     args = ap.parse_args()
     cfg = default_config({"target": {"device": args.device, "dtype": args.dtype}, "paths": {"root": args.root}})
@@ -49,14 +50,19 @@ def main() -> None:
     prompts = prompts[: args.count]
     answers = {}
     for path in args.paths:
-        levels = args.compile_level if path == "continuous" else [None]
+        levels = args.compile_level if path == "continuous" else [None] * args.repeats
         for level in levels:
             name = path if level is None else f"{path}-compile{level}"
+            name = name if name not in answers else f"{name}-again"
             if path == "plain":
                 if target.dtype != torch.float32:
                     target.model.set_attn_implementation("eager")  # what the stage does (stack-notes 3)
                 run = lambda: [a for s in range(0, len(prompts), args.batch_size)  # noqa: E731
                                for a in generate_batch(target, prompts[s:s + args.batch_size], args.max_new_tokens, 0.0)]
+            elif path == "static":  # same attention as plain; batches padded to --max-prompt-tokens
+                run = lambda: [a for s in range(0, len(prompts), args.batch_size)  # noqa: E731
+                               for a in generate_static(target, prompts[s:s + args.batch_size], args.max_new_tokens,
+                                                        0.0, args.max_prompt_tokens)]
             else:
                 target.model.set_attn_implementation("sdpa")
                 run = lambda: generate_continuous(target, prompts, args.max_new_tokens, args.batch_size,  # noqa: E731

@@ -1,4 +1,4 @@
-"""The fast generation path (data.generator=continuous) gives the plain path's greedy answers in fp32, with rows
+"""The fast generation paths (data.generator=static, continuous) give the plain path's greedy answers in fp32, with rows
 ending early and refilled; and the hardware presets compose."""
 
 from pathlib import Path
@@ -7,7 +7,7 @@ import torch
 
 from draftlab.config import validate
 from draftlab.data.samples import read_samples
-from draftlab.fastgen import generate_continuous
+from draftlab.fastgen import generate_continuous, generate_static
 from draftlab.reporting import RecordingReporter
 from draftlab.stages import generate
 from draftlab.stages.generate import generate_batch
@@ -33,6 +33,8 @@ def test_continuous_equals_plain_in_fp32_with_early_ends_and_refill():
     assert len(lengths) > 1 and min(lengths) < 16  # some rows end early: their slots are refilled below
     fast = generate_continuous(target, prompts, max_new_tokens=16, slots=3)  # 10 prompts through 3 rows
     assert fast == plain
+    static = generate_static(target, prompts, max_new_tokens=16, temperature=0.0, width=40)  # padded past the longest
+    assert static == plain
 
 
 def _samples(folder):
@@ -47,6 +49,9 @@ def test_stage_with_the_continuous_generator_writes_the_plain_samples(tiny_cfg, 
                                              "data.generator=continuous")), fast, {}, RecordingReporter())
     assert metrics["generate/new_samples"] == 12
     assert _samples(fast) == _samples(plain)
+    generate.run(validate(tiny_cfg("data.samples=12", "data.shard_size=8", "data.batch_size=4",
+                                   "data.generator=static")), tmp_path / "static", {}, RecordingReporter())
+    assert _samples(tmp_path / "static") == _samples(plain)
 
 
 def test_hardware_presets_compose():

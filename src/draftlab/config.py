@@ -58,7 +58,7 @@ class DataConfig:
     temperature: float = 0.0  # 0 = greedy
     batch_size: int = 16
     shard_size: int = 64  # samples per shard: the unit of resume
-    generator: str = "plain"  # plain (HF generate per batch) | continuous (static paged cache, CUDA graphs, refill)
+    generator: str = "plain"  # plain | static (static KV cache, CUDA graphs) | continuous (paged cache, refill)
 
 
 @dataclass
@@ -213,7 +213,7 @@ def _check_values(c: DictConfig) -> None:
     if not 0.0 <= c.data.val_fraction < 1.0:
         raise ConfigError(f"data.val_fraction: must be in [0, 1), got {c.data.val_fraction}")
     _positive("data.temperature", c.data.temperature, allow_zero=True)
-    _choice("data.generator", c.data.generator, ("plain", "continuous"))
+    _choice("data.generator", c.data.generator, ("plain", "static", "continuous"))
     check_layers_spec(c.extract.layers)
     _choice("extract.dtype", c.extract.dtype, ("bfloat16", "float16", "float32"))
     _choice("extract.mode", c.extract.mode, ("offline", "online"))

@@ -1,7 +1,14 @@
-"""The fast generation path (`data.generator=continuous`): transformers' continuous batching.
+"""The fast generation paths: `data.generator=static` (HF generate with a static KV cache, compiled into CUDA
+graphs on a GPU) and `data.generator=continuous` (transformers' continuous batching).
 
-`generate_batch` of transformers keeps a paged KV cache allocated once (a static cache: no per-step growth), runs
-the decode step as a captured CUDA graph on a GPU (with torch.compile when asked), and refills a finished row with
+static: `generate(cache_implementation="static")` allocates the KV cache once and, on CUDA, transformers compiles
+the decode step (torch.compile, CUDA graphs). Every batch is left-padded to `data.max_prompt_tokens`, so every
+batch has the same shapes and the step compiles once, not once per prompt width. Left padding under the attention
+mask changes no answer in exact arithmetic; in fp32 the answers equal the plain path's (tests/test_fastgen.py).
+
+continuous:
+`generate_batch` of transformers keeps a paged KV cache allocated once (a static cache: no per-step growth), can
+capture the decode step as a CUDA graph (with flash attention: see below), and refills a finished row with
 the next waiting prompt, so the batch stays full instead of idling until its longest answer ends. Up to
 `data.batch_size` answers are in flight at once.
 
@@ -13,7 +20,9 @@ resolution the argmax can flip; from there the two answers diverge. Both are exa
 model up to rounding, so the training data is as good; it is not the same bytes, which is why `data.generator` is
 part of the generate stage's key.
 
-Sampling (`data.temperature > 0`) stays on the plain path: its seeding per batch is what makes a resumed pool equal
+On the H200 (BENCHMARKS.md) continuous batching ran at 0.27x the plain path: without the flash-attention package
+transformers turns its CUDA graphs off (an attention mask is needed) and runs paged SDPA eagerly. It stays an
+option for machines with flash attention. Sampling (`data.temperature > 0`) stays on the plain path: its seeding per batch is what makes a resumed pool equal
 an uninterrupted one, and the order in which continuous batching draws random numbers depends on scheduling.
 """
 
@@ -24,6 +33,14 @@ import logging
 import torch
 
 log = logging.getLogger("draftlab.generate")
+
+
+def generate_static(target, prompts: list[list[int]], max_new_tokens: int, temperature: float,
+                    width: int) -> list[list[int]]:
+    """The plain path's answers (stages/generate.py `generate_batch`) with a static cache, prompts padded to `width`."""
+    from draftlab.stages.generate import generate_batch
+
+    return generate_batch(target, prompts, max_new_tokens, temperature, width=width, cache_implementation="static")
 
 
 @torch.inference_mode()

@@ -102,6 +102,11 @@ def _generate_shard(target: Target, data, first: int, items: list[tuple[Prompt, 
             from draftlab.fastgen import generate_continuous
 
             answers = generate_continuous(target, [ids for _, ids in chunk], data.max_new_tokens, data.batch_size)
+        elif data.generator == "static":
+            from draftlab.fastgen import generate_static
+
+            answers = generate_static(target, [ids for _, ids in chunk], data.max_new_tokens, data.temperature,
+                                      data.max_prompt_tokens)
         else:
             answers = generate_batch(target, [ids for _, ids in chunk], data.max_new_tokens, data.temperature)
         for offset, ((prompt, ids), answer) in enumerate(zip(chunk, answers)):
@@ -117,10 +122,12 @@ def _generate_shard(target: Target, data, first: int, items: list[tuple[Prompt, 
 
 
 @torch.inference_mode()
-def generate_batch(target: Target, prompts: list[list[int]], max_new_tokens: int, temperature: float) -> list[list[int]]:
-    """Answers a batch of tokenised prompts (left padded); each answer ends at its first end-of-turn token."""
+def generate_batch(target: Target, prompts: list[list[int]], max_new_tokens: int, temperature: float,
+                   width: int | None = None, **generate_kwargs) -> list[list[int]]:
+    """Answers a batch of tokenised prompts (left padded, to `width` if given); each answer ends at its first
+    end-of-turn token. `generate_kwargs` go to HF generate (draftlab/fastgen.py's static cache)."""
     pad = target.tokenizer.pad_token_id
-    width = max(len(p) for p in prompts)
+    width = max([width or 0] + [len(p) for p in prompts])
     input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
     attention = torch.zeros((len(prompts), width), dtype=torch.long)
     for row, ids in enumerate(prompts):
@@ -131,6 +138,7 @@ def generate_batch(target: Target, prompts: list[list[int]], max_new_tokens: int
     output = target.model.generate(
         input_ids=input_ids.to(target.device), attention_mask=attention.to(target.device),
         max_new_tokens=max_new_tokens, eos_token_id=target.eos_token_ids, pad_token_id=pad, **sampling,
+        **generate_kwargs,
     )
     eos = set(target.eos_token_ids)
     answers = []
