@@ -79,8 +79,12 @@ def head_top1(last_hidden: torch.Tensor, head_weight: torch.Tensor, chunk: int =
     and the head in the target's dtype: the argmax training's plain path forms, kept at 4 bytes a token so that
     training builds its soft targets from the draft rows of the head only (train/ttt.py)."""
     flat = last_hidden.reshape(-1, last_hidden.shape[-1])
-    tops = [(rows.to(head_weight.dtype) @ head_weight.T).argmax(-1).to(torch.int32) for rows in flat.split(chunk)]
-    return torch.cat(tops).view(last_hidden.shape[:-1]) if tops else flat.new_zeros(last_hidden.shape[:-1], dtype=torch.int32)
+    # under target.device_map the head may sit on another GPU than the final norm's output
+    tops = [(rows.to(head_weight.device, head_weight.dtype) @ head_weight.T).argmax(-1).to(torch.int32)
+            for rows in flat.split(chunk)]
+    if not tops:
+        return flat.new_zeros(last_hidden.shape[:-1], dtype=torch.int32)
+    return torch.cat(tops).to(last_hidden.device).view(last_hidden.shape[:-1])
 
 
 def pad_batch(seqs: list[torch.Tensor], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

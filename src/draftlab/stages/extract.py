@@ -58,27 +58,29 @@ def extract_shard(tap: HiddenTap, shard: list, batch_size: int, dtype: torch.dty
     return tensors
 
 
-def start_host_copy(tensors: dict) -> tuple[dict, object]:
+def start_host_copy(tensors: dict) -> tuple[dict, list]:
     """Starts the device->host copies of a shard on a side stream into pinned memory and returns (host tensors,
-    event). The caller keeps computing; the writer thread waits on the event only. A plain `.cpu()` on the writer
+    events). The caller keeps computing; the writer thread waits on the events only. A plain `.cpu()` on the writer
     thread would instead wait for everything queued on the main stream (the next shard's forward included).
-    Pinned buffers come from torch's caching host allocator, so two shards in flight reuse two sets of buffers."""
-    if not any(t.is_cuda for t in tensors.values()):
-        return tensors, None
-    main = torch.cuda.current_stream()
-    side = _copy_stream(main.device)
-    side.wait_stream(main)
-    host = {}
-    with torch.cuda.stream(side):
-        for key, t in tensors.items():
-            if t.is_cuda:
-                host[key] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
-                t.record_stream(side)  # the caching allocator must not reuse t before the copy ran
-            else:
-                host[key] = t
+    Pinned buffers come from torch's caching host allocator, so two shards in flight reuse two sets of buffers.
+    One side stream per GPU: under target.device_map the tensors of one shard can sit on several."""
+    host, streams = dict(tensors), {}
+    for key, t in tensors.items():
+        if not t.is_cuda:
+            continue
+        side = _copy_stream(t.device)
+        if t.device not in streams:  # the copies start after what the main stream has queued (the forward)
+            side.wait_stream(torch.cuda.current_stream(t.device))
+        with torch.cuda.stream(side):
+            host[key] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
+            t.record_stream(side)  # the caching allocator must not reuse t before the copy ran
+        streams[t.device] = side
+    events = []
+    for side in streams.values():
         event = torch.cuda.Event()
         event.record(side)
-    return host, event
+        events.append(event)
+    return host, events
 
 
 _COPY_STREAMS: dict = {}
@@ -101,8 +103,8 @@ class ShardWriter:
 
     def submit(self, tensors: dict, seconds: float) -> None:
         self.wait()
-        host, event = start_host_copy(tensors)
-        self.pending = self.pool.submit(self._write, host, event, seconds)
+        host, events = start_host_copy(tensors)
+        self.pending = self.pool.submit(self._write, host, events, seconds)
 
     def wait(self) -> None:
         if self.pending is not None:
@@ -113,8 +115,8 @@ class ShardWriter:
         self.wait()
         self.pool.shutdown()
 
-    def _write(self, cpu: dict, event, seconds: float) -> None:
-        if event is not None:
+    def _write(self, cpu: dict, events: list, seconds: float) -> None:
+        for event in events:
             event.synchronize()
         name = samples_fmt.shard_name(len(self.manifest["shards"]))
         path = self.out / f"{name}.safetensors"
