@@ -270,3 +270,21 @@ def test_stored_target_top_gives_the_plain_soft_targets(pool, dtype):
         assert torch.allclose(fast.probs, plain.probs, atol=1e-6)
         checked += int(real.sum())
     assert checked == source.num_tokens("train")
+
+
+def test_prefetched_batches_equal_batches_read_in_line(pool):
+    """Offline batches are read ahead on a worker thread: same batches, same order; stopping early and a second
+    iterator at the same time (validation in the middle of an epoch) are both fine."""
+    run(pool, config(pool, samples=20))
+    source = open_source(config(pool, samples=20), {"extract": pool / "extract"})
+    in_line = [source._offline_batch(g, 24) for g in source._plan("train", 2, 64, 24, 1, True)]
+    prefetched = source.batches("train", 2, 64, 24, seed=1)
+    first = next(prefetched)
+    val = list(source.batches("val", 0, 64, 24, seed=1, shuffle=False))  # while the train iterator is paused
+    rest = list(prefetched)
+    assert len(in_line) == 1 + len(rest) > 3 and val
+    for a, b in zip(in_line, [first, *rest]):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    stopped = source.batches("train", 2, 64, 24, seed=1)
+    assert torch.equal(next(stopped)["input_ids"], first["input_ids"])
+    stopped.close()  # the worker is shut down, nothing hangs

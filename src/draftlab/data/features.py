@@ -12,6 +12,9 @@ generate samples): the batch plan depends only on the sample lengths, the split,
 from __future__ import annotations
 
 import functools
+import threading
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -27,6 +30,7 @@ from draftlab.fsutil import read_json
 FORMAT = "draftlab.features/1"
 HEAD_FILE = "target_head.safetensors"
 PLAN_WINDOW = 256  # samples sorted by length together: little padding, still a shuffled order
+PREFETCH = 2  # offline batches built ahead on a worker thread while the caller trains on the current one
 
 
 def read_manifest(folder: Path) -> dict | None:
@@ -158,6 +162,7 @@ class FeatureSource:
         self.target = target  # online only
         self._tap = HiddenTap(target.model, layer_ids) if target is not None else None
         self._handles: dict[int, object] = {}
+        self._read_lock = threading.Lock()  # two iterators (train paused mid-epoch, val) share the shard handles
 
     @property
     def online(self) -> bool:
@@ -189,8 +194,31 @@ class FeatureSource:
 
     def batches(self, split: str, epoch: int, batch_tokens: int, max_seq_len: int, seed: int,
                 shuffle: bool = True) -> Iterator[dict]:
-        for group in self._plan(split, epoch, batch_tokens, max_seq_len, seed, shuffle):
-            yield (self._online_batch if self.online else self._offline_batch)(group, max_seq_len)
+        """Offline, the next PREFETCH batches are read on a worker thread while the caller trains: on an H200 a
+        32k-token SmolLM2 batch took about as long to read (0.2 s) as to train, and reading it in line halved
+        throughput. The batches and their order are the same either way."""
+        plan = self._plan(split, epoch, batch_tokens, max_seq_len, seed, shuffle)
+        if self.online:  # the target runs on the caller's device and stream: nothing to overlap on a thread
+            for group in plan:
+                yield self._online_batch(group, max_seq_len)
+            return
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="draftlab-batches")
+        ahead: deque = deque()
+        groups = iter(plan)
+        try:
+            while True:
+                while len(ahead) < PREFETCH:
+                    group = next(groups, None)
+                    if group is None:
+                        break
+                    ahead.append(pool.submit(self._offline_batch, group, max_seq_len))
+                if not ahead:
+                    return
+                yield ahead.popleft().result()
+        finally:  # also when the caller stops early: queued reads are dropped, a running one finishes
+            for future in ahead:
+                future.cancel()
+            pool.shutdown(wait=True)
 
     def _online_batch(self, group: list[_Entry], max_seq_len: int) -> dict:
         seqs = [e.ids[:max_seq_len].long() for e in group]
@@ -207,12 +235,17 @@ class FeatureSource:
                 "attention_mask": mask, "sample_index": torch.tensor([e.sample_index for e in group])}
 
     def _offline_batch(self, group: list[_Entry], max_seq_len: int) -> dict:
+        with self._read_lock:
+            return self._read_batch(group, max_seq_len)
+
+    def _read_batch(self, group: list[_Entry], max_seq_len: int) -> dict:
         lengths = [min(e.length, max_seq_len) for e in group]
         B, T = len(group), max(lengths)
         width = self.manifest["shapes"]["features"][1]
         hidden = self.manifest["shapes"]["last_hidden"][1]
-        out = {"input_ids": torch.zeros(B, T, dtype=torch.long), "features": torch.zeros(B, T, width),
-               "last_hidden": torch.zeros(B, T, hidden), "loss_mask": torch.zeros(B, T, dtype=torch.bool),
+        pin = torch.cuda.is_available()  # pinned: the trainer's .to(device, non_blocking=True) is then asynchronous
+        out = {"input_ids": torch.zeros(B, T, dtype=torch.long), "features": torch.zeros(B, T, width, pin_memory=pin),
+               "last_hidden": torch.zeros(B, T, hidden, pin_memory=pin), "loss_mask": torch.zeros(B, T, dtype=torch.bool),
                "attention_mask": torch.zeros(B, T, dtype=torch.bool)}
         with_top = bool(self.manifest.get("target_top"))  # pools made before target_top: the plain path
         if with_top:
