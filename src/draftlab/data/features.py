@@ -194,9 +194,9 @@ class FeatureSource:
 
     def batches(self, split: str, epoch: int, batch_tokens: int, max_seq_len: int, seed: int,
                 shuffle: bool = True) -> Iterator[dict]:
-        """Offline, the next PREFETCH batches are read on a worker thread while the caller trains: on an H200 a
-        32k-token SmolLM2 batch took about as long to read (0.2 s) as to train, and reading it in line halved
-        throughput. The batches and their order are the same either way."""
+        """Offline, the next PREFETCH batches are read on a worker thread while the caller trains, so slow reads
+        (a cold page cache, a busy CPU: 0.2 s for a 32k-token SmolLM2 batch on our 2 cores) overlap the step. On
+        the H200 host with warm shards the gain was small (BENCHMARKS.md). Same batches, same order either way."""
         plan = self._plan(split, epoch, batch_tokens, max_seq_len, seed, shuffle)
         if self.online:  # the target runs on the caller's device and stream: nothing to overlap on a thread
             for group in plan:
