@@ -40,6 +40,8 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter) -> dict[str, float]:
     reporter.tag("data.source_sha256", file_sha256(Path(prompts.source)))
     target = load_target(cfg.target, Path(cfg.paths.root) / "models")
     continuous = data.generator == "continuous" and data.temperature == 0  # fastgen.py says why greedy only
+    if data.generator == "continuous" and not continuous:
+        log.warning("generate: data.generator=continuous is greedy only; sampling uses the plain path")
     if target.dtype != torch.float32 and not continuous:
         # bf16/fp16 + sdpa + left padding yields garbage rows on CPU (stack-notes 3); eager is correct.
         target.model.set_attn_implementation("eager")
