@@ -2,6 +2,7 @@
 
     python bench/train_throughput.py --device cuda                    # both presets, H200 peak 790 TFLOP/s
     python bench/train_throughput.py --device cpu --seq 128 --steps 2 --ttt-steps 2 --preset smollm2
+    python bench/train_throughput.py --preset smollm2 --batch-tokens 32768 --targets full   # the old soft targets
 
 One step = what train/loop.py does per batch: target distribution from last_hidden (no grad), the TTT unroll,
 backward, grad clipping, fused AdamW. Prints one JSON line per preset.
@@ -87,9 +88,13 @@ def bench(name: str, args) -> dict:
         "attention_mask": torch.ones(B, args.seq, dtype=torch.bool, device=device),
     }
 
+    # draft-rows: the full-vocab argmax comes with the batch (extract stores it), the soft targets use the draft
+    # rows of lm_head only; full: today's full-vocabulary matmul per batch
+    top = torch.randint(0, v, (B, args.seq), generator=g).to(device, torch.int32) if args.targets == "draft-rows" else None
+
     def step() -> float:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-            targets = target_distribution(batch["last_hidden"], lm_head, model.d2t, model.t2d)
+            targets = target_distribution(batch["last_hidden"], lm_head, model.d2t, model.t2d, top=top)
             loss, _ = ttt_unroll(model, batch, targets, args.ttt_steps, 0.8)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -117,7 +122,7 @@ def bench(name: str, args) -> dict:
     achieved = per_token * tokens / seconds / 1e12
     return {
         "preset": name, "device": args.device, "seq": args.seq, "batch": B, "ttt_steps": args.ttt_steps,
-        "layers": args.layers, "compile": args.compile, "step_s": round(seconds, 4),
+        "layers": args.layers, "compile": args.compile, "targets": args.targets, "step_s": round(seconds, 4),
         "tokens_per_s": round(tokens / seconds, 1), "gflop_per_token": round(per_token / 1e9, 3),
         "tflops": round(achieved, 3), "peak_tflops": peak, "mfu": round(achieved / peak, 4) if peak else None,
         "target_head_gflop_per_token": round(2 * cfg.target_hidden_size * v / 1e9, 3),
@@ -138,6 +143,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--peak", type=float, default=None, help="peak TFLOP/s for MFU (default 790 on CUDA: H200 bf16)")
     ap.add_argument("--compile", action="store_true", help="torch.compile the MLPs and norms")
+    ap.add_argument("--targets", choices=["full", "draft-rows"], default="draft-rows",
+                    help="soft targets from the full-vocab head (the old path) or its draft rows (target_top given)")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads")
     args = ap.parse_args()
     if args.threads:

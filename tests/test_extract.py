@@ -246,3 +246,45 @@ def test_batch_count_comes_from_lengths_alone(pool, monkeypatch):
         monkeypatch.setattr(source, "_offline_batch", lambda *a: pytest.fail("a shard was read"))
         assert source.num_batches("train", epoch, tokens, 24, seed=1) == real
         monkeypatch.undo()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_stored_target_top_gives_the_plain_soft_targets(pool, dtype):
+    """extract stores the full-vocab argmax (int32, 4 bytes a token) of the stored last_hidden; training's fast path
+    (draft rows of lm_head only) then forms exactly the targets of the full-vocab path, batch by batch."""
+    from draftlab.train.ttt import target_distribution
+
+    cfg = config(pool, samples=12, batch_size=3, dtype=dtype)
+    run(pool, cfg)
+    assert read_manifest(pool / "extract")["target_top"] is True
+    source = open_source(cfg, {"extract": pool / "extract"})
+    d2t, t2d = source.vocab()
+    lm_head = source.head()["lm_head.weight"]
+    checked = 0
+    for batch in source.batches("train", 0, 128, 64, seed=3):  # no truncation: every token checked
+        assert batch["target_top"].dtype == torch.int32 and batch["target_top"].shape == batch["input_ids"].shape
+        plain = target_distribution(batch["last_hidden"], lm_head, d2t, t2d)
+        fast = target_distribution(batch["last_hidden"], lm_head, d2t, t2d, top=batch["target_top"])
+        real = batch["attention_mask"]
+        assert torch.equal(fast.top[real], plain.top[real]) and torch.equal(fast.in_vocab[real], plain.in_vocab[real])
+        assert torch.allclose(fast.probs, plain.probs, atol=1e-6)
+        checked += int(real.sum())
+    assert checked == source.num_tokens("train")
+
+
+def test_prefetched_batches_equal_batches_read_in_line(pool):
+    """Offline batches are read ahead on a worker thread: same batches, same order; stopping early and a second
+    iterator at the same time (validation in the middle of an epoch) are both fine."""
+    run(pool, config(pool, samples=20))
+    source = open_source(config(pool, samples=20), {"extract": pool / "extract"})
+    in_line = [source._offline_batch(g, 24) for g in source._plan("train", 2, 64, 24, 1, True)]
+    prefetched = source.batches("train", 2, 64, 24, seed=1)
+    first = next(prefetched)
+    val = list(source.batches("val", 0, 64, 24, seed=1, shuffle=False))  # while the train iterator is paused
+    rest = list(prefetched)
+    assert len(in_line) == 1 + len(rest) > 3 and val
+    for a, b in zip(in_line, [first, *rest]):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    stopped = source.batches("train", 2, 64, 24, seed=1)
+    assert torch.equal(next(stopped)["input_ids"], first["input_ids"])
+    stopped.close()  # the worker is shut down, nothing hangs

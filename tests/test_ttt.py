@@ -187,3 +187,21 @@ def test_out_of_vocab_targets_are_masked_and_counted():
     # changing the target distribution only at out-of-vocab positions leaves the loss unchanged
     tg.probs[~tg.in_vocab] = torch.full((VD,), 1 / VD)
     assert torch.allclose(ttt_unroll(model, batch, tg, steps=2, decay=0.8)[0], loss)
+
+
+def test_draft_rows_fast_path_equals_the_full_vocab_path():
+    """The fast path (full-vocab argmax given, e.g. stored by extract) builds the same targets, loss and stats."""
+    model = _model(layers=2)
+    batch, lm_head = _batch()
+    plain = target_distribution(batch["last_hidden"], lm_head, model.d2t, model.t2d)
+    fast = target_distribution(batch["last_hidden"], lm_head, model.d2t, model.t2d, top=plain.top.to(torch.int32))
+    assert torch.equal(fast.top, plain.top) and torch.equal(fast.in_vocab, plain.in_vocab)
+    assert fast.top.dtype == torch.long
+    assert torch.allclose(fast.probs, plain.probs, atol=1e-6, rtol=1e-5)
+    loss_plain, stats_plain = ttt_unroll(model, batch, plain, steps=3, decay=0.8)
+    loss_fast, stats_fast = ttt_unroll(model, batch, fast, steps=3, decay=0.8)
+    assert torch.allclose(loss_fast, loss_plain, atol=1e-6, rtol=1e-6)
+    assert torch.allclose(stats_fast, stats_plain, atol=1e-5, rtol=1e-6)
+    # the given argmax is what the masks use: a wrong one changes them (so the argument is not ignored)
+    wrong = target_distribution(batch["last_hidden"], lm_head, model.d2t, model.t2d, top=(plain.top + 1) % V)
+    assert not torch.equal(wrong.in_vocab, plain.in_vocab)

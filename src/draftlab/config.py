@@ -63,6 +63,7 @@ class DataConfig:
     temperature: float = MISSING  # 0 = greedy
     batch_size: int = MISSING
     shard_size: int = MISSING  # samples per shard: the unit of resume
+    generator: str = MISSING  # plain | static (static KV cache, CUDA graphs) | continuous (paged cache, refill)
 
 
 @dataclass
@@ -150,6 +151,13 @@ class PathsConfig:
 
 
 @dataclass
+class HardwareConfig:
+    """Which preset (conf/hardware) set the batch sizes, dtypes and fast paths; informational."""
+
+    name: str = MISSING  # cpu | gpu
+
+
+@dataclass
 class Config:
     target: TargetConfig = field(default_factory=TargetConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -160,6 +168,7 @@ class Config:
     bench: BenchConfig = field(default_factory=BenchConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
     stages: list = MISSING
 
 
@@ -209,6 +218,7 @@ def _check_values(c: DictConfig) -> None:
     if not 0.0 <= c.data.val_fraction < 1.0:
         raise ConfigError(f"data.val_fraction: must be in [0, 1), got {c.data.val_fraction}")
     _positive("data.temperature", c.data.temperature, allow_zero=True)
+    _choice("data.generator", c.data.generator, ("plain", "static", "continuous"))
     check_layers_spec(c.extract.layers)
     _choice("extract.dtype", c.extract.dtype, ("bfloat16", "float16", "float32"))
     _choice("extract.mode", c.extract.mode, ("offline", "online"))

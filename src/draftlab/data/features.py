@@ -1,7 +1,8 @@
 """The extract stage's format (`draftlab.features/1`) and FeatureSource, the one way training reads target features.
 
 A features folder holds `manifest.json` (complete shards only; rewritten after each shard), `shard-NNNNN.safetensors`
-(the generate tensors of its samples plus `features` [T, n_layers*H] and `last_hidden` [T, H] in `extract.dtype`),
+(the generate tensors of its samples plus `features` [T, n_layers*H] and `last_hidden` [T, H] in `extract.dtype`,
+and `target_top` int32 [T], the full-vocabulary argmax, when the manifest says `"target_top": true`),
 `target_head.safetensors` (fp32 `embed_tokens.weight`, `lm_head.weight`) and `vocab/n{N}-v{V}.safetensors`.
 
 `open_source(cfg, inputs)` gives the same batches offline (stored shards) and online (the target runs on the
@@ -11,6 +12,9 @@ generate samples): the batch plan depends only on the sample lengths, the split,
 from __future__ import annotations
 
 import functools
+import threading
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -26,6 +30,7 @@ from draftlab.fsutil import read_json
 FORMAT = "draftlab.features/1"
 HEAD_FILE = "target_head.safetensors"
 PLAN_WINDOW = 256  # samples sorted by length together: little padding, still a shuffled order
+PREFETCH = 2  # offline batches built ahead on a worker thread while the caller trains on the current one
 
 
 def read_manifest(folder: Path) -> dict | None:
@@ -47,6 +52,7 @@ class HiddenTap:
         self.body = model.model
         self.layer_ids = list(layer_ids)
         self.hidden = model.config.hidden_size
+        self.head_weight = model.get_output_embeddings().weight
 
     @torch.inference_mode()
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
@@ -69,6 +75,20 @@ class HiddenTap:
             for handle in handles:
                 handle.remove()
         return buf, out.last_hidden_state.to(dtype)
+
+
+@torch.inference_mode()
+def head_top1(last_hidden: torch.Tensor, head_weight: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
+    """int32 argmax over the full vocabulary of `last_hidden @ head_weight.T`, from the hidden state as stored
+    and the head in the target's dtype: the argmax training's plain path forms, kept at 4 bytes a token so that
+    training builds its soft targets from the draft rows of the head only (train/ttt.py)."""
+    flat = last_hidden.reshape(-1, last_hidden.shape[-1])
+    # under target.device_map the head may sit on another GPU than the final norm's output
+    tops = [(rows.to(head_weight.device, head_weight.dtype) @ head_weight.T).argmax(-1).to(torch.int32)
+            for rows in flat.split(chunk)]
+    if not tops:
+        return flat.new_zeros(last_hidden.shape[:-1], dtype=torch.int32)
+    return torch.cat(tops).to(last_hidden.device).view(last_hidden.shape[:-1])
 
 
 def pad_batch(seqs: list[torch.Tensor], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -142,6 +162,7 @@ class FeatureSource:
         self.target = target  # online only
         self._tap = HiddenTap(target.model, layer_ids) if target is not None else None
         self._handles: dict[int, object] = {}
+        self._read_lock = threading.Lock()  # two iterators (train paused mid-epoch, val) share the shard handles
 
     @property
     def online(self) -> bool:
@@ -173,8 +194,31 @@ class FeatureSource:
 
     def batches(self, split: str, epoch: int, batch_tokens: int, max_seq_len: int, seed: int,
                 shuffle: bool = True) -> Iterator[dict]:
-        for group in self._plan(split, epoch, batch_tokens, max_seq_len, seed, shuffle):
-            yield (self._online_batch if self.online else self._offline_batch)(group, max_seq_len)
+        """Offline, the next PREFETCH batches are read on a worker thread while the caller trains, so slow reads
+        (a cold page cache, a busy CPU: 0.2 s for a 32k-token SmolLM2 batch on our 2 cores) overlap the step. On
+        the H200 host with warm shards the gain was small (BENCHMARKS.md). Same batches, same order either way."""
+        plan = self._plan(split, epoch, batch_tokens, max_seq_len, seed, shuffle)
+        if self.online:  # the target runs on the caller's device and stream: nothing to overlap on a thread
+            for group in plan:
+                yield self._online_batch(group, max_seq_len)
+            return
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="draftlab-batches")
+        ahead: deque = deque()
+        groups = iter(plan)
+        try:
+            while True:
+                while len(ahead) < PREFETCH:
+                    group = next(groups, None)
+                    if group is None:
+                        break
+                    ahead.append(pool.submit(self._offline_batch, group, max_seq_len))
+                if not ahead:
+                    return
+                yield ahead.popleft().result()
+        finally:  # also when the caller stops early: queued reads are dropped, a running one finishes
+            for future in ahead:
+                future.cancel()
+            pool.shutdown(wait=True)
 
     def _online_batch(self, group: list[_Entry], max_seq_len: int) -> dict:
         seqs = [e.ids[:max_seq_len].long() for e in group]
@@ -186,17 +230,26 @@ class FeatureSource:
         features, last = self._tap(ids, mask if use_mask else None, torch.float32)
         features = features.masked_fill(~mask[..., None], 0.0)  # padding positions are zero, as offline
         last = last.masked_fill(~mask[..., None], 0.0)
-        return {"input_ids": ids, "features": features, "last_hidden": last, "loss_mask": loss,
+        top = head_top1(last, self._tap.head_weight)
+        return {"input_ids": ids, "features": features, "last_hidden": last, "target_top": top, "loss_mask": loss,
                 "attention_mask": mask, "sample_index": torch.tensor([e.sample_index for e in group])}
 
     def _offline_batch(self, group: list[_Entry], max_seq_len: int) -> dict:
+        with self._read_lock:
+            return self._read_batch(group, max_seq_len)
+
+    def _read_batch(self, group: list[_Entry], max_seq_len: int) -> dict:
         lengths = [min(e.length, max_seq_len) for e in group]
         B, T = len(group), max(lengths)
         width = self.manifest["shapes"]["features"][1]
         hidden = self.manifest["shapes"]["last_hidden"][1]
-        out = {"input_ids": torch.zeros(B, T, dtype=torch.long), "features": torch.zeros(B, T, width),
-               "last_hidden": torch.zeros(B, T, hidden), "loss_mask": torch.zeros(B, T, dtype=torch.bool),
+        pin = torch.cuda.is_available()  # pinned: the trainer's .to(device, non_blocking=True) is then asynchronous
+        out = {"input_ids": torch.zeros(B, T, dtype=torch.long), "features": torch.zeros(B, T, width, pin_memory=pin),
+               "last_hidden": torch.zeros(B, T, hidden, pin_memory=pin), "loss_mask": torch.zeros(B, T, dtype=torch.bool),
                "attention_mask": torch.zeros(B, T, dtype=torch.bool)}
+        with_top = bool(self.manifest.get("target_top"))  # pools made before target_top: the plain path
+        if with_top:
+            out["target_top"] = torch.zeros(B, T, dtype=torch.int32)
         for i, (e, n) in enumerate(zip(group, lengths)):
             shard = self._shard(e.shard)
             span = slice(e.start, e.start + n)
@@ -205,6 +258,8 @@ class FeatureSource:
             out["features"][i, :n] = shard.get_slice("features")[span]  # reads only these rows (mmap)
             out["last_hidden"][i, :n] = shard.get_slice("last_hidden")[span]
             out["attention_mask"][i, :n] = True
+            if with_top:
+                out["target_top"][i, :n] = shard.get_slice("target_top")[span]
         out["sample_index"] = torch.tensor([e.sample_index for e in group])
         return out
 

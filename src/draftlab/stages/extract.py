@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 from draftlab.data import samples as samples_fmt
-from draftlab.data.features import (FORMAT, HEAD_FILE, HiddenTap, model_mask, offline_entries, pad_batch,
-                                    read_manifest, target_head, target_info)
+from draftlab.data.features import (FORMAT, HEAD_FILE, HiddenTap, head_top1, model_mask, offline_entries,
+                                    pad_batch, read_manifest, target_head, target_info)
 from draftlab.data.layers import CONVENTION, LAST_WARNING, num_target_layers, resolve_layers, sglang_servable, spec_name
 from draftlab.data.vocab import count_tokens, vocab_name, vocab_path, write_vocab
 from draftlab.fsutil import atomic_save_safetensors, atomic_write_json
@@ -26,8 +26,9 @@ from draftlab.fsutil import atomic_save_safetensors, atomic_write_json
 log = logging.getLogger("draftlab.extract")
 
 
-def extract_batch(tap: HiddenTap, batch: list, dtype: torch.dtype, device) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(features [T_i, nL*H], last_hidden [T_i, H]) per sample, on the device, in the storage dtype.
+def extract_batch(tap: HiddenTap, batch: list, dtype: torch.dtype, device) -> list[tuple[torch.Tensor, ...]]:
+    """(features [T_i, nL*H], last_hidden [T_i, H], target_top [T_i]) per sample, on the device; the first two in
+    the storage dtype, the last the int32 full-vocabulary argmax of the stored last_hidden (features.head_top1).
 
     Per-sample slices use lengths known on the host, so no boolean gather (and no device->host sync) happens here.
     """
@@ -35,11 +36,13 @@ def extract_batch(tap: HiddenTap, batch: list, dtype: torch.dtype, device) -> li
     ids, mask = pad_batch(seqs)
     mask = model_mask(seqs, mask)
     features, last = tap(ids.to(device), None if mask is None else mask.to(device), dtype)
-    return [(features[i, :len(s.input_ids)], last[i, :len(s.input_ids)]) for i, s in enumerate(batch)]
+    top = head_top1(last, tap.head_weight)
+    return [(features[i, :len(s.input_ids)], last[i, :len(s.input_ids)], top[i, :len(s.input_ids)])
+            for i, s in enumerate(batch)]
 
 
 def extract_shard(tap: HiddenTap, shard: list, batch_size: int, dtype: torch.dtype, device) -> dict:
-    """The shard's packed sample tensors plus `features` / `last_hidden` (still on the device).
+    """The shard's packed sample tensors plus `features` / `last_hidden` / `target_top` (still on the device).
 
     Samples are batched by length (less padding) and put back in index order.
     """
@@ -47,12 +50,46 @@ def extract_shard(tap: HiddenTap, shard: list, batch_size: int, dtype: torch.dty
     results: list = [None] * len(shard)
     for start in range(0, len(order), batch_size):
         chunk = order[start:start + batch_size]
-        for i, pair in zip(chunk, extract_batch(tap, [shard[i] for i in chunk], dtype, device)):
-            results[i] = pair
+        for i, triple in zip(chunk, extract_batch(tap, [shard[i] for i in chunk], dtype, device)):
+            results[i] = triple
     tensors = samples_fmt.pack(shard)
-    tensors["features"] = torch.cat([r[0] for r in results])
-    tensors["last_hidden"] = torch.cat([r[1] for r in results])
+    for slot, key in enumerate(("features", "last_hidden", "target_top")):
+        tensors[key] = torch.cat([r[slot] for r in results])
     return tensors
+
+
+def start_host_copy(tensors: dict) -> tuple[dict, list]:
+    """Starts the device->host copies of a shard on a side stream into pinned memory and returns (host tensors,
+    events). The caller keeps computing; the writer thread waits on the events only. A plain `.cpu()` on the writer
+    thread would instead wait for everything queued on the main stream (the next shard's forward included).
+    Pinned buffers come from torch's caching host allocator, so two shards in flight reuse two sets of buffers.
+    One side stream per GPU: under target.device_map the tensors of one shard can sit on several."""
+    host, streams = dict(tensors), {}
+    for key, t in tensors.items():
+        if not t.is_cuda:
+            continue
+        side = _copy_stream(t.device)
+        if t.device not in streams:  # the copies start after what the main stream has queued (the forward)
+            side.wait_stream(torch.cuda.current_stream(t.device))
+        with torch.cuda.stream(side):
+            host[key] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
+            t.record_stream(side)  # the caching allocator must not reuse t before the copy ran
+        streams[t.device] = side
+    events = []
+    for side in streams.values():
+        event = torch.cuda.Event()
+        event.record(side)
+        events.append(event)
+    return host, events
+
+
+_COPY_STREAMS: dict = {}
+
+
+def _copy_stream(device):
+    if device not in _COPY_STREAMS:
+        _COPY_STREAMS[device] = torch.cuda.Stream(device=device)
+    return _COPY_STREAMS[device]
 
 
 class ShardWriter:
@@ -66,7 +103,8 @@ class ShardWriter:
 
     def submit(self, tensors: dict, seconds: float) -> None:
         self.wait()
-        self.pending = self.pool.submit(self._write, tensors, seconds)
+        host, events = start_host_copy(tensors)
+        self.pending = self.pool.submit(self._write, host, events, seconds)
 
     def wait(self) -> None:
         if self.pending is not None:
@@ -77,8 +115,9 @@ class ShardWriter:
         self.wait()
         self.pool.shutdown()
 
-    def _write(self, tensors: dict, seconds: float) -> None:
-        cpu = {k: v.cpu() for k, v in tensors.items()}
+    def _write(self, cpu: dict, events: list, seconds: float) -> None:
+        for event in events:
+            event.synchronize()
         name = samples_fmt.shard_name(len(self.manifest["shards"]))
         path = self.out / f"{name}.safetensors"
         atomic_save_safetensors(path, cpu, metadata={"format": FORMAT})
@@ -105,6 +144,7 @@ def new_manifest(cfg, target, layer_ids: list[int], samples_fingerprint: str) ->
             "convention": CONVENTION, "dtype": cfg.extract.dtype, "target": target_info(target),
             "samples_fingerprint": samples_fingerprint,
             "shapes": {"features": [-1, width], "last_hidden": [-1, target.hidden_size]},
+            "target_top": True,  # shards hold the int32 full-vocabulary argmax: training's fast soft targets
             "num_samples": 0, "tokens": 0, "bytes": 0, "bytes_per_token": 0.0, "shards": [], "vocabs": {}}
 
 

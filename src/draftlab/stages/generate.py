@@ -39,7 +39,10 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter) -> dict[str, float]:
     reporter.tag("data.source_file", prompts.source)
     reporter.tag("data.source_sha256", file_sha256(Path(prompts.source)))
     target = load_target(cfg.target, Path(cfg.paths.root) / "models")
-    if target.dtype != torch.float32:
+    continuous = data.generator == "continuous" and data.temperature == 0  # fastgen.py says why greedy only
+    if data.generator == "continuous" and not continuous:
+        log.warning("generate: data.generator=continuous is greedy only; sampling uses the plain path")
+    if target.dtype != torch.float32 and not continuous:
         # bf16/fp16 + sdpa + left padding yields garbage rows on CPU (stack-notes 3); eager is correct.
         target.model.set_attn_implementation("eager")
     writer = SampleWriter(out, fingerprint, meta={"target": target.fingerprint, "source": prompts.source,
@@ -60,7 +63,7 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter) -> dict[str, float]:
             raise ValueError(f"data.samples: {need} asked, but {prompts.source} has only "
                              f"{writer.num_samples + len(batch)} prompts within data.max_prompt_tokens="
                              f"{data.max_prompt_tokens}")
-        samples = _generate_shard(target, data, first, batch)
+        samples = _generate_shard(target, data, first, batch, continuous)
         writer.write_shard(samples)
         new_tokens += sum(int(s.loss_mask.sum()) for s in samples)
         progress.update(len(samples))
@@ -89,12 +92,25 @@ def _tokenized_prompts(prompts: list[Prompt], target: Target, data) -> Iterator[
             yield prompt, ids
 
 
-def _generate_shard(target: Target, data, first: int, items: list[tuple[Prompt, list[int]]]) -> list[Sample]:
+def _generate_shard(target: Target, data, first: int, items: list[tuple[Prompt, list[int]]],
+                    continuous: bool = False) -> list[Sample]:
     samples = []
-    for start in range(0, len(items), data.batch_size):
-        chunk = items[start:start + data.batch_size]
+    # continuous: the whole shard in one call, refilling up to batch_size rows (draftlab/fastgen.py)
+    step = len(items) if continuous else data.batch_size
+    for start in range(0, len(items), step):
+        chunk = items[start:start + step]
         torch.manual_seed(data.seed * 1_000_003 + first + start)  # sampling depends on the batch, not on history
-        answers = generate_batch(target, [ids for _, ids in chunk], data.max_new_tokens, data.temperature)
+        if continuous:
+            from draftlab.fastgen import generate_continuous
+
+            answers = generate_continuous(target, [ids for _, ids in chunk], data.max_new_tokens, data.batch_size)
+        elif data.generator == "static":
+            from draftlab.fastgen import generate_static
+
+            answers = generate_static(target, [ids for _, ids in chunk], data.max_new_tokens, data.temperature,
+                                      data.max_prompt_tokens)
+        else:
+            answers = generate_batch(target, [ids for _, ids in chunk], data.max_new_tokens, data.temperature)
         for offset, ((prompt, ids), answer) in enumerate(zip(chunk, answers)):
             text = target.tokenizer.decode(answer, skip_special_tokens=True)
             samples.append(Sample(
@@ -108,10 +124,12 @@ def _generate_shard(target: Target, data, first: int, items: list[tuple[Prompt, 
 
 
 @torch.inference_mode()
-def generate_batch(target: Target, prompts: list[list[int]], max_new_tokens: int, temperature: float) -> list[list[int]]:
-    """Answers a batch of tokenised prompts (left padded); each answer ends at its first end-of-turn token."""
+def generate_batch(target: Target, prompts: list[list[int]], max_new_tokens: int, temperature: float,
+                   width: int | None = None, **generate_kwargs) -> list[list[int]]:
+    """Answers a batch of tokenised prompts (left padded, to `width` if given); each answer ends at its first
+    end-of-turn token. `generate_kwargs` go to HF generate (draftlab/fastgen.py's static cache)."""
     pad = target.tokenizer.pad_token_id
-    width = max(len(p) for p in prompts)
+    width = max([width or 0] + [len(p) for p in prompts])
     input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
     attention = torch.zeros((len(prompts), width), dtype=torch.long)
     for row, ids in enumerate(prompts):
@@ -122,6 +140,7 @@ def generate_batch(target: Target, prompts: list[list[int]], max_new_tokens: int
     output = target.model.generate(
         input_ids=input_ids.to(target.device), attention_mask=attention.to(target.device),
         max_new_tokens=max_new_tokens, eos_token_id=target.eos_token_ids, pad_token_id=pad, **sampling,
+        **generate_kwargs,
     )
     eos = set(target.eos_token_ids)
     answers = []

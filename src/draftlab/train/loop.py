@@ -155,7 +155,7 @@ class Trainer:
         m = self.model
         amp = torch.autocast(self.device.type, dtype=self.amp) if self.amp else contextlib.nullcontext()
         with amp:
-            targets = target_distribution(batch["last_hidden"], self.lm_head, m.d2t, m.t2d)
+            targets = target_distribution(batch["last_hidden"], self.lm_head, m.d2t, m.t2d, top=batch.get("target_top"))
             return ttt_unroll(m, batch, targets, self.s.ttt_steps, self.s.loss_decay)
 
     def evaluate(self, split: str = "val") -> dict[str, float] | None:
