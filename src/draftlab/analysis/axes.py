@@ -163,8 +163,7 @@ def _confound(runs: list[Run], axes: Axes) -> str:
     groups = by_group(runs)
     if len(groups) < 2:
         return ""
-    s_lo = np.nanmedian([r.steps for r in groups[0][1]]) if groups[0][1] else NAN
-    s_hi = np.nanmedian([r.steps for r in groups[-1][1]]) if groups[-1][1] else NAN
+    s_lo, s_hi = _median_steps(groups[0][1]), _median_steps(groups[-1][1])
     n_ratio = groups[-1][0] / groups[0][0]
     if math.isfinite(s_lo) and math.isfinite(s_hi) and s_hi > 1.5 * s_lo:
         return (f"steps confound: from N={groups[0][0]:.4g} to N={groups[-1][0]:.4g} ({n_ratio:.3g}x data) the "
@@ -176,6 +175,11 @@ def _confound(runs: list[Run], axes: Axes) -> str:
                 "were trained to convergence, and how long, cannot be told")
     return ("no run converged (early stopping) and no N was trained at two step budgets, so the gain of data "
             "at convergence is not measured")
+
+
+def _median_steps(runs: list[Run]) -> float:
+    steps = [r.steps for r in runs if math.isfinite(r.steps)]
+    return float(np.median(steps)) if steps else NAN
 
 
 def stage_costs(runs: list[Run]) -> dict[str, float]:

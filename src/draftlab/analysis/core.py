@@ -84,7 +84,8 @@ def _numbers(runs, n_sizes, fits, comparisons, gap, axes, verdict) -> dict[str, 
     return {k: float(v) for k, v in out.items() if math.isfinite(float(v))}
 
 
-def _plots(fits, base_runs, comparisons, axes, out: Path, level: float) -> dict[str, Path]:
+def _plots(fits, series, base_runs, comparisons, axes, out: Path, level: float) -> dict[str, Path]:
+    """series: the data-scaling runs (fits); base_runs: every run of the baseline config (steps x data)."""
     paths: dict[str, Path] = {}
     grid = plots.steps_data_plot(base_runs, axes, out / "steps_vs_data.png")
     if grid is not None:
@@ -92,8 +93,8 @@ def _plots(fits, base_runs, comparisons, axes, out: Path, level: float) -> dict[
     for metric, fit in fits.items():
         if len(fit.n):
             name = f"scaling_{SHORT.get(metric, 'loss')}"
-            paths[name] = plots.scaling_plot(fit, base_runs, out / f"{name}.png", level)
-    acc = plots.accuracy_plot(base_runs, out / "accuracy_by_step.png")
+            paths[name] = plots.scaling_plot(fit, series, out / f"{name}.png", level)
+    acc = plots.accuracy_plot(series, out / "accuracy_by_step.png")
     if acc is not None:
         paths["accuracy_by_step"] = acc
     by_key: dict[str, list[Comparison]] = {}
@@ -188,7 +189,7 @@ def analyze(records: list[dict], out_dir: str | Path | None = None, thresholds: 
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        paths = _plots(fits, series, comparisons, axes, out, level)
+        paths = _plots(fits, series, base_runs, comparisons, axes, out, level)
     report = render(verdict, fits, comparisons, runs, series, baseline, lk, n_source, gap, paths,
                     thresholds, level, others, axes)
     if out_dir is not None:

@@ -9,8 +9,10 @@ against a materiality threshold m (loss: `material_loss_rel` of the loss there; 
 Rules, first match wins (other findings are listed as "also"):
   1. under-trained: the steps axis helps for some metric: more steps on the same data help materially. It
      comes first because it confounds every other comparison, and it costs no new data.
-  2. data-limited: the data axis helps, measured where training has converged: among runs whose early stopping
-     fired, or at a step budget where the steps axis is flat.
+  2. data-limited: the data axis helps, measured where training has converged (among runs whose early stopping
+     fired, or at a step budget where the steps axis is flat) and fitted on `min_points` data sizes: data is
+     dear, so the next doubling is projected from a curve, not read off the last one. (The steps axis may rest
+     on two points: its last doubling costs no new data.)
   3. undetermined (confound): nothing separates data from steps (a fixed-epoch sweep doubles both at once).
   4. bottleneck:<features|capacity|optimisation>: the direct finding with the largest effect (in units of m):
      two `extract.*` settings differ, a `draft.*` or `train.*` setting beats the baseline, at equal data.
@@ -162,8 +164,13 @@ def decide(axes: dict[str, Axes], comparisons: list[Comparison], val_at_nmax: fl
         state, text = axis_state(ax.data, th)
         # data at a step budget only counts once more steps there stop helping
         trusted = ax.data_at_convergence is not None or steps[0] == "flat"
-        evidence.append(text + ("" if trusted else " (not at convergence: the steps axis there is not flat)"))
-        data_states.append(state if trusted else "unresolved")
+        if not trusted:
+            state, text = "unresolved", text + " (not at convergence: the steps axis there is not flat)"
+        elif ax.data.fit is None or not ax.data.fit.ok:  # buying data is dear: the next doubling needs a curve
+            state, text = "insufficient", (f"{text}; but {len(ax.data.x)} data sizes only measure the last "
+                                           f"doubling: the next needs {th.min_points} for a curve")
+        evidence.append(text)
+        data_states.append(state)
     steps_state, state = _combine(steps_states), _combine(data_states)
 
     findings: list[Finding] = []
