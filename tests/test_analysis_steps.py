@@ -89,7 +89,7 @@ def test_issue_table_is_under_trained(tmp_path):
     # 380 -> 1520 steps on 6,400 samples: 3.2 in loss over two doublings; one seed, so the noise is assumed
     assert loss.steps.gain.value == pytest.approx(3.2 / 2, abs=0.01) and loss.steps.gain.lo > 1.0
     assert loss.noise_source == "assumed"
-    assert "2x steps" in result.headline and "2x data" in result.headline and "GPU-seconds" in result.headline
+    assert "2x steps" in result.headline and "2x data" in result.headline and "measured stage time" in result.headline
     assert result.paths["steps_vs_data"].exists()
 
 

@@ -74,7 +74,7 @@ def _axes_section(axes: dict[str, Axes], level: float) -> list[str]:
     out = ["## Steps and data", "",
            "Each axis with the other held fixed; the gain is the improvement of the next doubling (> 0 = better), "
            f"{level:.0%} bootstrap interval; the price is from the runs' measured stage seconds.", "",
-           "| metric | axis | held fixed | points (x: mean) | next doubling gains | price (GPU-s) | fit |",
+           "| metric | axis | held fixed | points (x: mean) | next doubling gains | price (s) | fit |",
            "|---|---|---|---|---|---|---|"]
     for ax in axes.values():
         for axis in (ax.steps, ax.data_at_steps, ax.data_at_convergence):

@@ -114,11 +114,11 @@ def _combine(states: list[str]) -> str:
 def _per_second(axis: Axis) -> str:
     if not math.isfinite(axis.seconds) or axis.seconds <= 0:
         return "price unknown (no measured stage seconds)"
-    return f"about {axis.seconds:,.0f} GPU-seconds ({1000.0 * axis.gain.value / axis.seconds:+.3g} per 1000 s)"
+    return f"about {axis.seconds:,.0f} s of measured stage time ({1000.0 * axis.gain.value / axis.seconds:+.3g} per 1000 s)"
 
 
 def pricing(axes: Axes) -> str:
-    """'2x steps: +g [lo, hi], about X GPU-seconds; 2x data: ...' for one metric; '' when neither is measured."""
+    """'2x steps: +g [lo, hi], about X s of stage time; 2x data: ...' for one metric; '' when neither is measured."""
     parts = []
     if axes.steps is not None:
         parts.append(f"2x steps (at {axes.steps.held}): {axes.metric} {axes.steps.gain.fmt()}, "
