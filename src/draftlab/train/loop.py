@@ -40,6 +40,7 @@ from draftlab.config import TrainConfig
 from draftlab.model.draft import Eagle3Draft
 from draftlab.reporting import NullReporter, Reporter
 from draftlab.target import resolve_device
+from draftlab.train.schedule import budget_steps, lr_factor, watch_plateau
 from draftlab.train.ttt import STATS, summarize, target_distribution, ttt_unroll
 
 log = logging.getLogger("draftlab")
@@ -79,33 +80,6 @@ def autocast_dtype(device: torch.device, dtype: str) -> torch.dtype | None:
     return torch.bfloat16
 
 
-def wsd_decay_start(total: int, decay_ratio: float) -> int:
-    """Where warmup-stable-decay starts decaying when no plateau comes first: decay = decay_ratio x stable."""
-    return min(total - 1, max(0, round(total / (1.0 + decay_ratio))))
-
-
-def lr_factor(step: int, total: int, warmup_ratio: float, schedule: str, decay_start: int | None = None,
-              end: int | None = None, decay_ratio: float = 0.2) -> float:
-    """Multiplier of train.lr for optimizer step `step` (0-based) out of `total`: linear warmup, then decay.
-
-    wsd: constant after warmup until `decay_start` (default `wsd_decay_start`), then linear to zero at `end`
-    (default `total`); early stopping moves both (see the module docstring).
-    """
-    warmup = int(warmup_ratio * total)
-    if step < warmup:
-        return (step + 1) / warmup
-    if schedule == "constant":
-        return 1.0
-    if schedule == "wsd":
-        end = total if end is None else end
-        start = wsd_decay_start(total, decay_ratio) if decay_start is None else decay_start
-        return 1.0 if step < start else max(0.0, (end - step) / max(1, end - start))
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    if schedule == "linear":
-        return 1.0 - progress
-    return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
 def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, device: torch.device):
     """AdamW with the EAGLE-3 paper's betas; no weight decay on norms (1-D weights)."""
     params = [p for p in model.parameters() if p.requires_grad]
@@ -137,11 +111,6 @@ def _batches_per_epoch(source, s: LoopSettings) -> int:
         raise ValueError("train: the training split gives no batches (no samples, or every sample is longer "
                          "than train.max_seq_len)")
     return count
-
-
-def budget_steps(batches_per_epoch: int, s: LoopSettings) -> int:
-    """The run's step budget: train.max_steps when set, else train.epochs passes over the data."""
-    return int(s.max_steps) if s.max_steps else max(1, batches_per_epoch * s.epochs)
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -296,26 +265,10 @@ class Trainer:
             self._watch_plateau(score)
 
     def _watch_plateau(self, score: float) -> None:
-        """Counts passes since the last material improvement; at `early_stop_patience` ends the stable phase."""
-        s, st = self.s, self.state
-        watch = st["plateau"] or {"ref": None, "bad": 0}
-        if watch["ref"] is None or score < watch["ref"] * (1.0 - s.early_stop_min_delta):
-            watch = {"ref": score, "bad": 0}
-        else:
-            watch["bad"] += 1
-        st["plateau"] = watch
-        if watch["bad"] < s.early_stop_patience or st["stopped_early"]:
-            return
-        step, budget = st["step"], st["total_steps"]
-        if s.schedule == "wsd":
-            if st["decay_start"] is None and step < wsd_decay_start(budget, s.decay_ratio):
-                st["decay_start"] = step
-                st["stop_at"] = min(budget, step + max(1, round(s.decay_ratio * step)))
-                st["stopped_early"] = True
-                log.info("train: val/loss plateau at step %d: decaying until step %d", step, st["stop_at"])
-        else:
-            st["stop_at"], st["stopped_early"] = step, True
-            log.info("train: val/loss plateau at step %d: stopping", step)
+        stop = watch_plateau(self.state, score, self.s)
+        if stop is not None:
+            log.info("train: val/loss plateau at step %d: %s", self.state["step"],
+                     f"decaying until step {stop}" if stop > self.state["step"] else "stopping")
 
     def _prune_best(self) -> None:
         keep = self.state["best"]["file"] if self.state["best"] else None
