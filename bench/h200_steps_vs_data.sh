@@ -31,18 +31,19 @@
 #   calls   converge 12800          ~3,000            ~11.5   (generation of 6,400 more: ~1 min, extract ~0.3)
 #   calls   converge 25600          ~4,000 (cap 6000) ~17     (generation of 12,800 more: ~2.2 min, extract ~0.5)
 #   calls   seeds: seed 1 at 1600 and 6400            ~10     the noise, so intervals are measured not assumed
-#   calls   ablate at the largest converged N         ~30     extract.layers=last (re-extract ~1 min), then
-#                                                             draft.num_layers=2 (~1.5x per step)
+#   calls   ablate-layers at the largest converged N  ~14     extract.layers=last (re-extract ~1 min)
+#   calls   ablate-capacity, same N                   ~16     draft.num_layers=2 (~1.5x per step)
 # Total ~85 minutes at 0.2 s/step; it does NOT fit the ~12 minutes left today. In order of importance, what each
 # call answers (stop when the budget ends; everything finished is already in $OUT):
 #   1. install (1 min), then `converge` (9 min): sizes 1,600 and 3,200 converged, 6,400 started. Answers how many
 #      steps convergence takes and how far below the fixed-epoch curve the converged points sit: the under-training.
 #   2. `converge` again: 6,400 (and 12,800) converged: the first converged data doubling at the issue's size,
 #      i.e. whether data limits there. With three converged sizes the analysis can say data-limited or not.
-#   3. `converge` until 25,600 is done, then `seeds`, then `ablate` (features: last layer only; capacity: 2 layers).
+#   3. `converge` until 25,600 is done, then `seeds`, then `ablate-layers` (features: the last layer only) and
+#      `ablate-capacity` (a 2-layer draft). ABLATE_N overrides the size (default: the largest converged one).
 # A faster trainer (the speed engineer's, issue 11) divides the training minutes; rerun the estimates then.
 set -euo pipefail
-step=${1:?usage: h200_steps_vs_data.sh install|converge|seeds|ablate|collect}
+step=${1:?usage: h200_steps_vs_data.sh install|converge|seeds|ablate-layers|ablate-capacity|collect}
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
 ROOT=/tmp/dl
 SIZES=${SIZES:-1600,3200,6400,12800,25600}  # ascending: the most important (cheapest) answers first
@@ -106,13 +107,13 @@ converge)  # each size to convergence, seed 0, ascending
 seeds)     # a second seed at two sizes: the measured noise behind every interval
   prepare
   sweep seeds data.samples=${SEED_SIZES:-1600,6400} train.seed=1 ;;
-ablate)    # features and capacity at the largest converged size
+ablate-layers|ablate-capacity)  # features, then capacity, at the largest converged size (one per call)
   prepare
   n=${ABLATE_N:-$(largest_converged)}
-  [ -n "$n" ] || { echo "ablate: no converged size yet (run converge first)"; exit 2; }
-  echo "ablate at data.samples=$n"
-  sweep ablate_layers data.samples=$n train.seed=0 extract.layers=last
-  sweep ablate_capacity data.samples=$n train.seed=0 draft.num_layers=2 ;;
+  [ -n "$n" ] || { echo "$step: no converged size yet (run converge first)"; exit 2; }
+  echo "$step at data.samples=$n"
+  if [ "$step" = ablate-layers ]; then sweep ablate_layers data.samples=$n train.seed=0 extract.layers=last
+  else sweep ablate_capacity data.samples=$n train.seed=0 draft.num_layers=2; fi ;;
 collect) ;;
 esac
 collect

@@ -173,6 +173,9 @@ def _confound(runs: list[Run], axes: Axes) -> str:
     if not any(math.isfinite(r.steps) for r in runs):
         return ("steps unknown: the runs record neither train/steps nor train/stopped_early, so whether they "
                 "were trained to convergence, and how long, cannot be told")
+    if any(r.converged for r in runs):
+        return ("fewer than two data sizes converged (early stopping) and no N was trained at two step budgets, "
+                "so the gain of data at convergence is not measured")
     return ("no run converged (early stopping) and no N was trained at two step budgets, so the gain of data "
             "at convergence is not measured")
 
