@@ -45,7 +45,7 @@
 set -euo pipefail
 step=${1:?usage: h200_steps_vs_data.sh install|converge|seeds|ablate-layers|ablate-capacity|collect}
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
-ROOT=/tmp/dl
+ROOT=${ROOT:-/tmp/dl}
 SIZES=${SIZES:-1600,3200,6400,12800,25600}  # ascending: the most important (cheapest) answers first
 CAP=${CAP:-6000}
 LIMIT=${LIMIT:-520}
