@@ -310,3 +310,19 @@ def test_config_checks_the_new_train_keys():
         with pytest.raises(ConfigError, match=key):
             default_config({"train": bad})
     assert default_config({"train": {"max_steps": 10, "schedule": "wsd"}}).train.max_steps == 10
+
+
+def test_resume_from_a_checkpoint_written_before_the_step_budget(tmp_path):
+    """A checkpoint without the budget keys (an older draftlab) still resumes to the same end."""
+    import json
+
+    ref, _ = _run(tmp_path / "ref", epochs=3)
+    with pytest.raises(_Kill):
+        _run(tmp_path / "old", kill_at=11, epochs=3)
+    for state_file in (tmp_path / "old").glob("ckpt-*/trainer.json"):
+        state = json.loads(state_file.read_text())
+        for key in ("epoch_batches", "stop_at", "decay_start", "plateau", "stopped_early", "last_eval_step"):
+            state.pop(key)
+        state_file.write_text(json.dumps(state))
+    again, _ = _run(tmp_path / "old", epochs=3)
+    assert again.steps == ref.steps and again.history == ref.history and again.best == ref.best

@@ -224,6 +224,8 @@ class Trainer:
         for key in ("format", "settings"):
             state.pop(key, None)
         self.state.update(state)
+        if self.state["last_eval_step"] is None and self.state["history"]:  # an older checkpoint's last pass
+            self.state["last_eval_step"] = int(self.state["history"][-1]["step"])
         if not full:  # continuing with a new horizon (train.init_from): keep weights, optimizer and history
             self.state.update(total_steps=None, **self._fresh_horizon())
             self.state["last_eval_step"] = self.state["step"]  # the source's last pass already validated it
@@ -294,8 +296,9 @@ class Trainer:
             torch.manual_seed(s.seed)
             random.seed(s.seed)
         st = self.state
-        if st["total_steps"] is None:
+        if st["epoch_batches"] is None:  # also for a checkpoint written before the step budget existed
             st["epoch_batches"] = _batches_per_epoch(self.source, s)
+        if st["total_steps"] is None:
             st["total_steps"] = budget_steps(st["epoch_batches"], s)
         if st["stop_at"] is None:
             st["stop_at"] = st["total_steps"]
