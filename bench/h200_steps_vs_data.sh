@@ -21,27 +21,31 @@
 # grow by shards, and a killed train stage resumes from its last checkpoint (every 200 steps). Everything lives
 # in /tmp/dl on the device machine, so all calls must come while the machine is still held (< 30 min, warm).
 #
-# Minutes at today's H200 speeds (generation 13.1k tok/s = ~100 samples/s at 128 new tokens; extraction ~2 min
-# per 50k samples; training 0.2 s/step, eval and start-up on top). Steps to convergence are guesses from the
-# issue's table (6,400 samples still gained 3.2 in loss from 380 to 1,520 steps):
-#                                   guessed steps     minutes
-#   call 1  install                                   ~1      wheels + first GGUF half
-#   calls   converge 1600,3200      ~800 + ~1,200     ~8      the first converged points: steps each size needs
-#   calls   converge 6400           ~2,000            ~7.5    the issue table's size, now converged
-#   calls   converge 12800          ~3,000            ~11.5   (generation of 6,400 more: ~1 min, extract ~0.3)
-#   calls   converge 25600          ~4,000 (cap 6000) ~17     (generation of 12,800 more: ~2.2 min, extract ~0.5)
-#   calls   seeds: seed 1 at 1600 and 6400            ~10     the noise, so intervals are measured not assumed
-#   calls   ablate-layers at the largest converged N  ~14     extract.layers=last (re-extract ~1 min)
-#   calls   ablate-capacity, same N                   ~16     draft.num_layers=2 (~1.5x per step)
-# Total ~85 minutes at 0.2 s/step; it does NOT fit the ~12 minutes left today. In order of importance, what each
-# call answers (stop when the budget ends; everything finished is already in $OUT):
-#   1. install (1 min), then `converge` (9 min): sizes 1,600 and 3,200 converged, 6,400 started. Answers how many
-#      steps convergence takes and how far below the fixed-epoch curve the converged points sit: the under-training.
-#   2. `converge` again: 6,400 (and 12,800) converged: the first converged data doubling at the issue's size,
-#      i.e. whether data limits there. With three converged sizes the analysis can say data-limited or not.
-#   3. `converge` until 25,600 is done, then `seeds`, then `ablate-layers` (features: the last layer only) and
-#      `ablate-capacity` (a 2-layer draft). ABLATE_N overrides the size (default: the largest converged one).
-# A faster trainer (the speed engineer's, issue 11) divides the training minutes; rerun the estimates then.
+# Minutes at today's H200 speeds: generation 13.1k tok/s = ~100 samples/s at 128 new tokens; extraction ~2 min per
+# 50k samples; training 0.2 s/step (0.23 with validation, bench/results/h200_data_scaling_jobs.jsonl); ~1 min of
+# start-up per call. Steps to the plateau are guesses: in the issue's table 3,200 samples still gained 1.24 in loss
+# per doubling of steps at 1,536 steps and 6,400 gained 1.6, so plateaus come late, from overfitting:
+#                          guessed steps to plateau   minutes   answers
+#   install                                           ~1        wheels + first GGUF half
+#   converge 1600          ~1,500                     ~7        steps to converge at the smallest size
+#   converge 3200          ~2,500                     ~9.5      the first converged data doubling (1,600 -> 3,200)
+#   converge 6400          ~4,000                     ~15.5     the issue table's size, converged
+#   converge 12800         ~6,000 (the cap)           ~25       generation of 6,400 more ~1.1 min, extract ~0.3
+#   converge 25600         ~6,000 (the cap)           ~26       generation of 12,800 more ~2.2, extract ~0.5;
+#                                                               at the cap it is NOT converged, and says so
+#   seeds (1600, 6400)     ~5,500                     ~21       measured noise: intervals not assumed
+#   ablate-layers @ Nconv  like converge Nconv        ~16       features: extract.layers=last (re-extract ~0.3)
+#   ablate-capacity @ Nconv                           ~23       capacity: draft.num_layers=2 (~1.5x per step)
+# Total ~145 minutes at 0.2 s/step: it does NOT fit the ~12 minutes left today. Each call runs up to LIMIT seconds
+# and everything finished is in $OUT, so stop whenever the budget ends. In order of importance:
+#   1. install, then `converge` (9 min): 1,600 converged, 3,200 started. Answers how many steps convergence takes
+#      and how far below the fixed-epoch curve a converged point sits (the issue's 1,600 x 16 epochs = 384 steps
+#      gave 15.03).
+#   2. `converge` again (~9 min): 3,200 converged: the first data doubling at convergence, where the fixed-epoch
+#      sweep and the steps_vs_data table disagree.
+#   3. `converge` until 6,400 (and up) is done, then `seeds`, `ablate-layers`, `ablate-capacity`.
+# With today's ~12 minutes only (1) fits. A faster trainer (the speed engineer's, issue 11) divides the training
+# minutes (5x faster: ~35 minutes in all); rerun the estimates then. SIZES and CAP override the defaults.
 set -euo pipefail
 step=${1:?usage: h200_steps_vs_data.sh install|converge|seeds|ablate-layers|ablate-capacity|collect}
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
