@@ -138,3 +138,19 @@ def test_converged_runs_with_different_steps_are_replicates_of_one_cell():
     ax = result.axes["best/val_loss"]
     assert ax.noise_source == "seeds" and ax.df == 4 and ax.steps is None
     assert ax.data.name == "data@convergence" and result.tag == "data-limited", result.report
+
+
+def test_runs_that_hit_the_step_cap_are_named_and_left_off_the_converged_axis():
+    """The early-stopping record: a run with early stopping on that reached train.max_steps was still improving."""
+    rng = np.random.default_rng(4)
+    records = [grid_record(n, 300 + n // 20, 10.0 + 6.0 * (n / 1600) ** -0.5 + rng.normal(0, 0.01), seed=sd,
+                           converged=True) for n in (800, *SIZES) for sd in (0, 1)]
+    records += [grid_record(12800, 4000, 10.2, seed=sd) for sd in (0, 1)]  # capped: stopped_early = 0
+    for r in records:
+        r["params"]["train.early_stop_patience"] = "4"
+        r["params"]["train.max_steps"] = "4000"
+    result = analyze(records)
+    ax = result.axes["best/val_loss"]
+    assert ax.capped == [12800 * 160.0] and ax.data.x_max == 6400 * 160.0
+    assert result.tag == "data-limited" and "still improving at the step cap" in result.report
+    assert any("raise train.max_steps" in s for s in result.next_steps)

@@ -59,6 +59,7 @@ class Axes:
     data_at_convergence: Axis | None = None
     confound: str = ""  # non-empty: the data series also changed the steps, and nothing separates them
     costs: dict[str, float] = field(default_factory=dict)
+    capped: list[float] = field(default_factory=list)  # N whose early-stopping runs all hit train.max_steps
 
     @property
     def data(self) -> Axis | None:
@@ -147,6 +148,7 @@ def measure_axes(runs: list[Run], metric: str, th, level: float, n_boot: int, se
         axis.steps_at = float(np.nanmean([r.steps for r in groups[-1][1]]))
         out.data_at_convergence = axis
     out.confound = _confound(runs, out)
+    out.capped = capped_sizes(runs)
     _price(out)
     return out
 
@@ -178,6 +180,17 @@ def _confound(runs: list[Run], axes: Axes) -> str:
                 "so the gain of data at convergence is not measured")
     return ("no run converged (early stopping) and no N was trained at two step budgets, so the gain of data "
             "at convergence is not measured")
+
+
+def capped_sizes(runs: list[Run]) -> list[float]:
+    """Data sizes where early stopping was on but every run reached its step cap: the early-stopping record says
+    they were still improving materially, so they are under-trained and not on the converged data axis."""
+    out = []
+    for n, group in by_group(runs):
+        watched = [r for r in group if r.params.get("train.early_stop_patience") and r.params.get("train.max_steps")]
+        if watched and all(not r.converged and r.steps >= r.params["train.max_steps"] for r in watched):
+            out.append(n)
+    return out
 
 
 def _median_steps(runs: list[Run]) -> float:

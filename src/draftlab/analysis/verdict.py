@@ -157,6 +157,9 @@ def decide(axes: dict[str, Axes], comparisons: list[Comparison], val_at_nmax: fl
         steps_states.append(steps[0])
         if steps[1]:
             evidence.append(steps[1])
+        if ax.capped and ax is next(iter(axes.values())):
+            evidence.append("still improving at the step cap (early stopping never fired), so under-trained there "
+                            "and left out of the converged data axis: N=" + ", ".join(f"{n:.4g}" for n in ax.capped))
         if ax.data is None:
             data_states.append("insufficient")
             if ax.confound:
@@ -203,6 +206,12 @@ def decide(axes: dict[str, Axes], comparisons: list[Comparison], val_at_nmax: fl
     return v
 
 
+def _cap_advice(axes: dict[str, Axes]) -> list[str]:
+    capped = next(iter(axes.values())).capped if axes else []
+    return [f"raise train.max_steps for N={', '.join(f'{n:.4g}' for n in capped)}: those runs hit the cap still "
+            "improving, so the data axis at convergence does not reach them yet"] if capped else []
+
+
 def _gains(axes: dict[str, Axes], which: str) -> str:
     out = []
     for ax in axes.values():
@@ -228,7 +237,7 @@ def _verdict(state, steps_state, findings, evidence, axes, confounds, th) -> Ver
     if state == "limited":
         v = Verdict("data-limited", None, f"Data-limited: at convergence, doubling the data helps materially "
                     f"({_gains(axes, 'data')}). Get more data.", state, evidence, ranked)
-        v.next_steps = also
+        v.next_steps = also + _cap_advice(axes)
         return v
     if confounds and state == "insufficient":
         return Verdict("undetermined", None, f"Undetermined: {confounds[0]}.", state, evidence, ranked,
@@ -247,7 +256,7 @@ def _verdict(state, steps_state, findings, evidence, axes, confounds, th) -> Ver
                        state, evidence, ranked,
                        ["run the layer sweep (extract.layers auto vs last) and a capacity sweep "
                         "(draft.num_layers, draft.hidden_size) at the largest N"])
-    nxt = []
+    nxt = _cap_advice(axes)
     if state == "insufficient":
         nxt.append(f"run at least 2 data sizes ({th.min_points}+ spaced by doublings is better), each trained to "
                    "convergence")
