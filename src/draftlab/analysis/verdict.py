@@ -21,7 +21,9 @@ Rules, first match wins (other findings are listed as "also"):
      (optimisation); flat with nothing isolating the cause is `bottleneck:unidentified`.
   6. undetermined, with what to run next.
 Convergence is read from the steps axis itself or from the early-stopping record (`train/stopped_early`), so
-it holds under any schedule (a cosine that ends at zero flattens every curve at its end, converged or not).
+it holds under any schedule (a cosine that ends at zero flattens every curve at its end, converged or not). A
+size whose early-stopping runs all reached `train.max_steps` was still improving: it is named, and left off the
+converged data axis.
 """
 
 from __future__ import annotations
