@@ -125,7 +125,9 @@ def measure_axes(runs: list[Run], metric: str, th, level: float, n_boot: int, se
         by_s = defaultdict(list)
         for r in group:
             by_s[clusters[r.run_id]].append(r)
-        axis = _axis("steps", metric, f"N={n:.4g}", list(by_s.items()), *args)
+        samples = _samples(group)
+        held = f"N={n:.4g}" + (f", {samples:.0f} samples" if math.isfinite(samples) and samples != n else "")
+        axis = _axis("steps", metric, held, list(by_s.items()), *args)
         if axis is not None:
             axis.samples_at, axis.steps_at = _samples(group), axis.x_max
             out.steps = axis
