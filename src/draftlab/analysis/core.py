@@ -167,8 +167,8 @@ def analyze(records: list[dict], out_dir: str | Path | None = None, thresholds: 
     if lk is None:
         return _nothing("no validation loss in the records (metric val/loss or best/val_loss): did the "
                         "sweep run the train stage?", out_dir)
-    tau = next((k for k in (TAU_KEY, PREDICTED_TAU_KEY) if any(math.isfinite(r.value(k)) for r in runs)), None)
-    metrics = [lk] + ([tau] if tau else [])
+    # the loss, deployed tau (bench) and the tau training predicts: each answers the question on its own scale
+    metrics = [lk] + [k for k in (TAU_KEY, PREDICTED_TAU_KEY) if any(math.isfinite(r.value(k)) for r in runs)]
     noise = {m: metric_noise(runs, m) for m in metrics}
     axes = {m: measure_axes(base_runs, m, thresholds, level, n_boot, seed + 10 * i) for i, m in enumerate(metrics)}
     series = _data_series(base_runs)

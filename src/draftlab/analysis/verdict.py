@@ -200,7 +200,7 @@ def decide(axes: dict[str, Axes], comparisons: list[Comparison], val_at_nmax: fl
                                     "help, so the draft cannot represent more (or its features carry no more)"))
         else:
             evidence.append(text)
-    prices = [p for p in (pricing(a) for a in axes.values()) if p]
+    prices = [p for p in (pricing(a) for a in list(axes.values())[:2]) if p]  # the loss and the first tau
     v = _verdict(state, steps_state, findings, evidence, axes, confounds, th)
     v.steps_state = steps_state
     if prices:
