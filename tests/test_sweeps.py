@@ -12,9 +12,9 @@ pytestmark = pytest.mark.slow
 
 
 def test_data_scaling_sweep_on_tiny_target(tmp_path):
-    overrides = [o for o in tiny_overrides(tmp_path) if not o.startswith(("data.samples", "train.epochs"))]
+    overrides = [o for o in tiny_overrides(tmp_path) if not o.startswith(("experiment=", "tracking.experiment="))]
     result = subprocess.run(
-        [sys.executable, str(REPO / "src" / "run.py"), "-m", "experiment=data_scaling", *overrides,
+        [sys.executable, str(REPO / "src" / "run.py"), "-m", "experiment=[smoke,data_scaling]", *overrides,
          "data.samples=24,12", "train.seed=0", "train.max_steps=4", "train.eval_every=2", "bench.tau_fail=0.0",
          f"hydra.sweep.dir={tmp_path / 'sweep'}"],
         capture_output=True, text=True, timeout=1200, cwd=REPO)
@@ -40,9 +40,9 @@ def test_data_scaling_sweep_on_tiny_target(tmp_path):
 
 
 def test_steps_vs_data_sweep_then_analysis_prices_both_axes(tmp_path):
-    overrides = [o for o in tiny_overrides(tmp_path) if not o.startswith(("data.samples", "train.epochs"))]
+    overrides = [o for o in tiny_overrides(tmp_path) if not o.startswith(("experiment=", "tracking.experiment="))]
     result = subprocess.run(
-        [sys.executable, str(REPO / "src" / "run.py"), "-m", "experiment=steps_vs_data", *overrides,
+        [sys.executable, str(REPO / "src" / "run.py"), "-m", "experiment=[smoke,steps_vs_data]", *overrides,
          "data.samples=32,16,8", "train.max_steps=4,2", "train.eval_every=2", "stages=[generate,extract,train]",
          f"hydra.sweep.dir={tmp_path / 'sweep'}"],
         capture_output=True, text=True, timeout=1200, cwd=REPO)
