@@ -13,11 +13,14 @@ SAMPLES = (1000, 2000, 4000, 8000, 16000)
 TOKENS_PER_SAMPLE = 2100.0
 
 
-def record(samples, seed, val, train=None, tau=None, history=None, **params):
-    """One job record as MLflow gives it back: params as strings, final metrics, optional histories."""
+def record(samples, seed, val, train=None, tau=None, history=None, steps=500, converged=True, **params):
+    """One job record as MLflow gives it back: params as strings, final metrics, optional histories.
+
+    By default the run was trained to convergence (early stopping fired after `steps` steps)."""
     p = {"data.samples": samples, "train.seed": seed, "extract.layers": "auto", "draft.num_layers": 1,
-         "train.epochs": 4, "tracking.experiment": "x", **params}
-    m = {"extract/tokens": samples * TOKENS_PER_SAMPLE, "val/loss": val}
+         "train.max_steps": 4000, "train.early_stop_patience": 4, "tracking.experiment": "x", **params}
+    m = {"extract/tokens": samples * TOKENS_PER_SAMPLE, "val/loss": val, "train/steps": steps,
+         "train/stopped_early": float(converged)}
     if train is not None:
         m["train/loss"] = train
     if tau is not None:
@@ -136,13 +139,14 @@ def test_bigger_draft_at_fixed_data_names_capacity():
     assert result.bottleneck == "capacity" and result.details.findings[0].direct
 
 
-def test_unconverged_training_names_optimisation():
+def test_steep_curve_at_one_step_budget_is_not_data_limited():
+    """Runs that hit their step budget (no early stopping) and no steps axis: the data gain may be steps."""
     rng = np.random.default_rng(5)
-    falling = {"train/loss": [(e, 6.1 * (1 + 0.1 * (3 - e))) for e in range(4)]}
-    records = [record(s, sd, 6.13 + rng.normal(0, 0.005), train=6.1, history=falling)
+    records = [record(s, sd, power(s, 5.0, 3.0, 0.5) + rng.normal(0, 0.01), converged=False)
                for s in SAMPLES for sd in (0, 1)]
     result = analyze(records)
-    assert result.verdict == "bottleneck" and result.bottleneck == "optimisation"
+    assert result.verdict == "undetermined", result.report
+    assert "not at convergence" in result.report
 
 
 def test_bootstrap_is_deterministic_for_a_seed():

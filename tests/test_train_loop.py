@@ -121,6 +121,14 @@ def test_lr_schedules():
     assert lr_factor(55, 100, 0.1, "linear") == pytest.approx(0.5)
     assert lr_factor(99, 100, 0.1, "linear") == pytest.approx(1 / 90)
     assert lr_factor(99, 100, 0.0, "constant") == 1.0
+    # wsd: stable until total / (1 + decay_ratio), then linear to zero at the end
+    assert lr_factor(50, 120, 0.0, "wsd", decay_ratio=0.2) == 1.0
+    assert lr_factor(100, 120, 0.0, "wsd", decay_ratio=0.2) == pytest.approx(1.0)
+    assert lr_factor(110, 120, 0.0, "wsd", decay_ratio=0.2) == pytest.approx(0.5)
+    # a plateau at step 40 moved the decay: 40 -> 48, whatever the budget
+    assert lr_factor(39, 120, 0.0, "wsd", decay_start=40, end=48) == 1.0
+    assert lr_factor(44, 120, 0.0, "wsd", decay_start=40, end=48) == pytest.approx(0.5)
+    assert lr_factor(47, 120, 0.0, "wsd", decay_start=40, end=48) == pytest.approx(1 / 8)
 
 
 def test_val_accuracy_climbs_far_above_chance(tmp_path):
@@ -239,3 +247,82 @@ def test_stage_run_exports_best_draft(tmp_path, monkeypatch):
     assert draft.cfg.aux_layer_ids == LAYERS and draft.cfg.max_position_embeddings >= 256
     best = load_file(str(next((out / "checkpoints").glob("best-epoch*.safetensors"))))
     assert torch.allclose(draft.state_dict()["fc.weight"], best["fc.weight"].to(torch.bfloat16).float())
+
+
+def test_max_steps_replaces_epochs_and_eval_every_sets_validation(tmp_path):
+    result, trainer = _run(tmp_path / "r", epochs=1, max_steps=15, eval_every=4, schedule="wsd")
+    per_epoch = trainer.state["epoch_batches"]
+    assert per_epoch < 15  # the budget runs past one epoch: epochs no longer limits
+    assert result.steps == 15 and trainer.state["total_steps"] == 15
+    assert [h["step"] for h in result.history] == [4.0, 8.0, 12.0, 15.0]  # every 4 steps, and at the end
+    assert result.final["train/epochs_seen"] == pytest.approx(15 / per_epoch)
+    assert result.final["train/stopped_early"] == 0.0 and result.final["train/steps"] == 15.0
+    best = min(result.history, key=lambda h: h["val/loss"])
+    assert result.best["best/step"] == best["step"] and result.best["best/val_loss"] == best["val/loss"]
+    assert result.best_weights.name.endswith(f"step{int(best['step']):09d}.safetensors")
+    assert len(list((tmp_path / "r").glob("best-epoch*.safetensors"))) == 1
+
+
+def test_early_stopping_starts_the_wsd_decay_then_stops(tmp_path):
+    # min_delta 0.9: no pass after the first is a material improvement, so the plateau comes at the 3rd pass
+    rep = RecordingReporter()
+    source = FakeSource(n_train=24, n_val=8)
+    s = _settings(max_steps=100, eval_every=3, early_stop_patience=2, early_stop_min_delta=0.9, schedule="wsd",
+                  decay_ratio=0.5, warmup_ratio=0.0, batch_tokens=100, log_every=1)
+    trainer = Trainer(_model(source), source, source.lm_head, s, tmp_path / "c", rep)
+    result = trainer.run()
+    assert trainer.state["decay_start"] == 9 and result.steps == 9 + round(0.5 * 9)
+    assert result.final["train/stopped_early"] == 1.0
+    lrs = rep.series("lr")
+    assert lrs[8] == pytest.approx(s.lr) and lrs[-1] < 0.5 * s.lr  # stable, then decayed
+    # other schedules stop at the plateau itself
+    cosine, _ = _run(tmp_path / "cos", max_steps=100, eval_every=3, early_stop_patience=2, early_stop_min_delta=0.9)
+    assert cosine.steps == 9 and cosine.final["train/stopped_early"] == 1.0
+    # without early stopping the same run uses its whole budget
+    full, _ = _run(tmp_path / "full", max_steps=20, eval_every=3, schedule="wsd")
+    assert full.steps == 20 and full.final["train/stopped_early"] == 0.0
+
+
+@pytest.mark.parametrize("kill_at", [7, 11])  # before the plateau (step 9), and inside the decay it started
+def test_kill_and_resume_is_exact_with_step_budget_and_early_stopping(tmp_path, kill_at):
+    kw = dict(max_steps=40, eval_every=3, early_stop_patience=2, early_stop_min_delta=0.9, schedule="wsd",
+              decay_ratio=0.5, checkpoint_every=5)
+    ref, ref_trainer = _run(tmp_path / "ref", **kw)
+    assert ref.final["train/stopped_early"] == 1.0 and ref.steps < 40
+    with pytest.raises(_Kill):
+        _run(tmp_path / "killed", kill_at=kill_at, **kw)
+    again, trainer = _run(tmp_path / "killed", **kw)
+    assert again.steps == ref.steps and again.history == ref.history and again.best == ref.best
+    assert _comparable(again.final) == _comparable(ref.final)
+    for k, v in ref_trainer.model.state_dict().items():
+        assert torch.equal(v, trainer.model.state_dict()[k]), k
+    a, b = load_file(str(ref.best_weights)), load_file(str(again.best_weights))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_config_checks_the_new_train_keys():
+    from draftlab.config import ConfigError
+
+    for bad, key in (({"max_steps": 0}, "train.max_steps"), ({"eval_every": -1}, "train.eval_every"),
+                     ({"early_stop_patience": 0}, "train.early_stop_patience"),
+                     ({"early_stop_min_delta": 1.5}, "train.early_stop_min_delta"),
+                     ({"decay_ratio": 0.0}, "train.decay_ratio"), ({"schedule": "step"}, "train.schedule")):
+        with pytest.raises(ConfigError, match=key):
+            default_config({"train": bad})
+    assert default_config({"train": {"max_steps": 10, "schedule": "wsd"}}).train.max_steps == 10
+
+
+def test_resume_from_a_checkpoint_written_before_the_step_budget(tmp_path):
+    """A checkpoint without the budget keys (an older draftlab) still resumes to the same end."""
+    import json
+
+    ref, _ = _run(tmp_path / "ref", epochs=3)
+    with pytest.raises(_Kill):
+        _run(tmp_path / "old", kill_at=11, epochs=3)
+    for state_file in (tmp_path / "old").glob("ckpt-*/trainer.json"):
+        state = json.loads(state_file.read_text())
+        for key in ("epoch_batches", "stop_at", "decay_start", "plateau", "stopped_early", "last_eval_step"):
+            state.pop(key)
+        state_file.write_text(json.dumps(state))
+    again, _ = _run(tmp_path / "old", epochs=3)
+    assert again.steps == ref.steps and again.history == ref.history and again.best == ref.best

@@ -26,6 +26,7 @@ class ConfigError(ValueError):
 
 STAGE_NAMES = ("generate", "extract", "train", "bench")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+SCHEDULES = ("cosine", "linear", "constant", "wsd")
 
 
 @dataclass
@@ -87,10 +88,15 @@ class DraftConfig:
 
 @dataclass
 class TrainConfig:
-    epochs: int = 3
+    epochs: int = 3  # the budget in passes over the data, unless max_steps is set
+    max_steps: Optional[int] = None  # the budget in optimizer steps; replaces epochs and sizes the schedule
+    eval_every: Optional[int] = None  # optimizer steps between validation passes; None = once per epoch
+    early_stop_patience: Optional[int] = None  # validation passes without a material improvement; None = off
+    early_stop_min_delta: float = 0.002  # material = val/loss below the reference by this fraction of it
     lr: float = 1e-3
-    schedule: str = "cosine"  # cosine | linear | constant
+    schedule: str = "cosine"  # cosine | linear | constant | wsd (warmup-stable-decay)
     warmup_ratio: float = 0.05
+    decay_ratio: float = 0.2  # wsd: the decay phase, as a fraction of the steps before it
     ttt_steps: int = 7
     loss_decay: float = 0.8
     batch_tokens: int = 4096
@@ -227,8 +233,15 @@ def _check_values(c: DictConfig) -> None:
     for key in ("vocab_size", "num_layers", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads"):
         _positive(f"draft.{key}", c.draft[key])
     _positive("train.epochs", c.train.epochs)
+    for key in ("max_steps", "eval_every", "early_stop_patience"):
+        _positive(f"train.{key}", c.train[key])
+    if not 0.0 <= c.train.early_stop_min_delta < 1.0:
+        raise ConfigError(f"train.early_stop_min_delta: must be in [0, 1) (a fraction of val/loss), "
+                          f"got {c.train.early_stop_min_delta}")
+    if not 0.0 < c.train.decay_ratio <= 1.0:
+        raise ConfigError(f"train.decay_ratio: must be in (0, 1], got {c.train.decay_ratio}")
     _positive("train.lr", c.train.lr)
-    _choice("train.schedule", c.train.schedule, ("cosine", "linear", "constant"))
+    _choice("train.schedule", c.train.schedule, SCHEDULES)
     if not 0.0 <= c.train.warmup_ratio < 1.0:
         raise ConfigError(f"train.warmup_ratio: must be in [0, 1), got {c.train.warmup_ratio}")
     for key in ("ttt_steps", "batch_tokens", "max_seq_len", "log_every", "checkpoint_every"):

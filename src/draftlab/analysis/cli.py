@@ -36,8 +36,9 @@ def analyze_parent(source: str, tracking_uri: str | None = None, out: Path | Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="analyze.py", description="Is this draft data-limited, or at a bottleneck? "
-                                "Fits the sweep's children against training tokens and names the verdict.")
+    p = argparse.ArgumentParser(prog="analyze.py", description="Is this draft under-trained, data-limited, or at a "
+                                "bottleneck? Measures the sweep's children along optimizer steps and training "
+                                "tokens, prices the next doubling of each, and names the verdict.")
     p.add_argument("source", help="a sweep's parent run id, or an experiment name (its latest sweep)")
     p.add_argument("--tracking-uri", default=None,
                    help="default: MLFLOW_TRACKING_URI, else sqlite:///<repo>/mlruns/mlflow.db")

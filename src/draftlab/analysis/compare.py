@@ -1,5 +1,5 @@
 """Comparisons at equal data: which factor settings (layers, draft size, epochs, ...) beat the baseline, the
-train/validation gap, and whether training had converged.
+train/validation gap. (Whether training converged is the steps axis: see axes.py.)
 
 A comparison for factor k uses only runs whose config equals the baseline's except for k, at the largest data
 size where two or more settings of k exist, so nothing else differs. Differences use the pooled seed sigma
@@ -112,28 +112,3 @@ def train_val_gap(runs_at_nmax: list[Run], val_key: str, level: float) -> Estima
         return Estimate(float(gaps.mean()))
     half = t_quantile(level, gaps.size - 1) * gaps.std(ddof=1) / math.sqrt(gaps.size)
     return Estimate(float(gaps.mean()), float(gaps.mean() - half), float(gaps.mean() + half))
-
-
-def tail_drop(history: list[tuple[float, float]], tail: float) -> float:
-    """Relative fall of a loss over the last `tail` fraction of training: (y(at 1-tail) - y_end) / y_end.
-
-    Works for per-epoch and per-step histories alike (linear interpolation on the step axis); the last
-    quarter of a cosine schedule runs at a small learning rate, so a large fall there means far from done.
-    """
-    if len(history) < 2:
-        return NAN
-    steps = np.array([s for s, _ in history], dtype=float)
-    ys = np.array([v for _, v in history], dtype=float)
-    at = steps[0] + (1.0 - tail) * (steps[-1] - steps[0])
-    y_at, y_end = float(np.interp(at, steps, ys)), float(ys[-1])
-    return (y_at - y_end) / abs(y_end) if y_end else NAN
-
-
-def convergence(runs_at_nmax: list[Run], tail: float) -> tuple[str, float] | None:
-    """Mean tail drop over runs at the largest N, from the train/loss history (else val loss); None if none."""
-    for key in ("train/loss", "val/loss"):
-        drops = [tail_drop(r.history[key], tail) for r in runs_at_nmax if len(r.history.get(key, [])) >= 2]
-        drops = [d for d in drops if math.isfinite(d)]
-        if drops:
-            return key, float(np.mean(drops))
-    return None

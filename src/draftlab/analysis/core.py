@@ -9,20 +9,22 @@ from pathlib import Path
 import numpy as np
 
 from draftlab.analysis import plots
-from draftlab.analysis.compare import Comparison, compare_all, convergence, train_val_gap
+from draftlab.analysis.axes import Axes, measure_axes
+from draftlab.analysis.compare import Comparison, compare_all, train_val_gap
 from draftlab.analysis.fit import PowerLawFit, fit_power_law
 from draftlab.analysis.records import (TAU_KEY, baseline_config, by_group, direction, loss_key, metric_noise,
-                                       normalise, values)
+                                       normalise, step_clusters, values)
 from draftlab.analysis.report import render
 from draftlab.analysis.verdict import Thresholds, Verdict, decide
 
-SHORT = {TAU_KEY: "tau"}  # metric -> prefix in analysis/* numbers; any loss metric is "loss"
-VERDICT_CODES = {"undetermined": 0, "data-limited": 1, "bottleneck": 2}
+PREDICTED_TAU_KEY = "val/predicted_tau"
+SHORT = {TAU_KEY: "tau", PREDICTED_TAU_KEY: "predicted_tau"}  # analysis/* prefix; any loss metric is "loss"
+VERDICT_CODES = {"undetermined": 0, "data-limited": 1, "bottleneck": 2, "under-trained": 3}
 
 
 @dataclass
 class AnalysisResult:
-    verdict: str  # data-limited | bottleneck | undetermined
+    verdict: str  # under-trained | data-limited | bottleneck | undetermined
     bottleneck: str | None  # features | capacity | optimisation | unidentified, when verdict == bottleneck
     headline: str  # the verdict in plain words
     evidence: list[str]
@@ -30,18 +32,32 @@ class AnalysisResult:
     numbers: dict[str, float]  # flat `analysis/*` metrics, ready for MLflow
     report: str  # Markdown
     paths: dict[str, Path] = field(default_factory=dict)  # report + plots, when out_dir was given
-    fits: dict[str, PowerLawFit] = field(default_factory=dict)
+    fits: dict[str, PowerLawFit] = field(default_factory=dict)  # the data-scaling series, per metric
+    axes: dict[str, Axes] = field(default_factory=dict)  # steps and data axes, per metric
     comparisons: list[Comparison] = field(default_factory=list)
     details: Verdict | None = None
     parent_run_id: str | None = None  # set when the records came from an MLflow sweep
 
     @property
     def tag(self) -> str:
-        """The `verdict` tag value: data-limited | bottleneck:<which> | undetermined."""
+        """The `verdict` tag value: under-trained | data-limited | bottleneck:<which> | undetermined."""
         return f"bottleneck:{self.bottleneck}" if self.verdict == "bottleneck" else self.verdict
 
 
-def _numbers(runs, n_sizes, fits, comparisons, gap, conv, verdict) -> dict[str, float]:
+def _axis_numbers(axes: dict[str, Axes]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for metric, ax in axes.items():
+        p = f"analysis/{SHORT.get(metric, 'loss')}"
+        for name, axis in (("steps", ax.steps), ("data", ax.data)):
+            if axis is not None:
+                out.update(axis.gain.as_metrics(f"{p}_{name}_gain_2x"))
+                out[f"{p}_{name}_cost_2x_s"] = axis.seconds
+    for key, value in next(iter(axes.values())).costs.items() if axes else ():
+        out[f"analysis/cost_{key}"] = value
+    return out
+
+
+def _numbers(runs, n_sizes, fits, comparisons, gap, axes, verdict) -> dict[str, float]:
     out: dict[str, float] = {"analysis/runs": len(runs), "analysis/data_sizes": n_sizes,
                              "analysis/verdict_code": VERDICT_CODES[verdict.kind]}
     for metric, fit in fits.items():
@@ -60,8 +76,7 @@ def _numbers(runs, n_sizes, fits, comparisons, gap, conv, verdict) -> dict[str, 
             out[f"{p}_sigma"] = fit.sigma
     if gap is not None:
         out.update(gap.as_metrics("analysis/train_val_gap"))
-    if conv is not None:
-        out["analysis/tail_drop"] = conv[1]
+    out.update(_axis_numbers(axes))
     for c in comparisons:
         p = f"analysis/{c.key}/{SHORT.get(c.metric, 'loss')}"
         out.update(c.best_vs_baseline.as_metrics(f"{p}_best_vs_baseline"))
@@ -69,13 +84,17 @@ def _numbers(runs, n_sizes, fits, comparisons, gap, conv, verdict) -> dict[str, 
     return {k: float(v) for k, v in out.items() if math.isfinite(float(v))}
 
 
-def _plots(fits, base_runs, comparisons, out: Path, level: float) -> dict[str, Path]:
+def _plots(fits, series, base_runs, comparisons, axes, out: Path, level: float) -> dict[str, Path]:
+    """series: the data-scaling runs (fits); base_runs: every run of the baseline config (steps x data)."""
     paths: dict[str, Path] = {}
+    grid = plots.steps_data_plot(base_runs, axes, out / "steps_vs_data.png")
+    if grid is not None:
+        paths["steps_vs_data"] = grid
     for metric, fit in fits.items():
         if len(fit.n):
             name = f"scaling_{SHORT.get(metric, 'loss')}"
-            paths[name] = plots.scaling_plot(fit, base_runs, out / f"{name}.png", level)
-    acc = plots.accuracy_plot(base_runs, out / "accuracy_by_step.png")
+            paths[name] = plots.scaling_plot(fit, series, out / f"{name}.png", level)
+    acc = plots.accuracy_plot(series, out / "accuracy_by_step.png")
     if acc is not None:
         paths["accuracy_by_step"] = acc
     by_key: dict[str, list[Comparison]] = {}
@@ -100,6 +119,21 @@ def _other_series(runs, baseline, lk, noise, th, level, n_boot, seed) -> dict[st
                                       seed_df=noise[1], level=level, n_boot=n_boot, seed=seed,
                                       min_points=th.min_points)
     return out
+
+
+def _data_series(base_runs):
+    """The runs the data-scaling curve is drawn from: the converged ones when there are any; else, on a
+    steps x data grid, the largest step budget; else every run (one per N: a fixed-epoch sweep)."""
+    converged = [r for r in base_runs if r.converged]
+    if len({r.group for r in converged}) >= 2:
+        return converged
+    clusters = step_clusters(base_runs)
+    budgets = sorted(set(clusters.values()), reverse=True)
+    for s in budgets:
+        runs = [r for r in base_runs if clusters.get(r.run_id) == s]
+        if len({r.group for r in runs}) >= 2:
+            return runs
+    return base_runs
 
 
 def _nothing(reason: str, out_dir) -> AnalysisResult:
@@ -133,33 +167,35 @@ def analyze(records: list[dict], out_dir: str | Path | None = None, thresholds: 
     if lk is None:
         return _nothing("no validation loss in the records (metric val/loss or best/val_loss): did the "
                         "sweep run the train stage?", out_dir)
-    metrics = [lk] + ([TAU_KEY] if any(math.isfinite(r.value(TAU_KEY)) for r in runs) else [])
+    # the loss, deployed tau (bench) and the tau training predicts: each answers the question on its own scale
+    metrics = [lk] + [k for k in (TAU_KEY, PREDICTED_TAU_KEY) if any(math.isfinite(r.value(k)) for r in runs)]
     noise = {m: metric_noise(runs, m) for m in metrics}
-    groups = by_group(base_runs)
+    axes = {m: measure_axes(base_runs, m, thresholds, level, n_boot, seed + 10 * i) for i, m in enumerate(metrics)}
+    series = _data_series(base_runs)
+    groups = by_group(series)
     fits = {}
     for i, m in enumerate(metrics):
-        sigma, df = noise[m]
+        sigma, df = axes[m].sigma, axes[m].df
         fits[m] = fit_power_law(m, [(n, values(g, m)) for n, g in groups], sign=-direction(m),
-                                lower=1.0 if m == TAU_KEY else 0.0, seed_sigma=sigma, seed_df=df, level=level,
+                                lower=1.0 if direction(m) > 0 else 0.0, seed_sigma=sigma, seed_df=df, level=level,
                                 n_boot=n_boot, seed=seed + i, min_points=thresholds.min_points)
     nmax_runs = groups[-1][1]
     val_nmax = float(np.mean(values(nmax_runs, lk))) if values(nmax_runs, lk).size else math.nan
     gap = train_val_gap(nmax_runs, lk, level)
-    conv = convergence(nmax_runs, thresholds.tail_fraction)
     comparisons = compare_all(runs, baseline, metrics, noise, level)
     others = _other_series(runs, baseline, lk, noise[lk], thresholds, level, n_boot, seed)
-    verdict = decide(fits, comparisons, val_nmax, gap, conv, thresholds)
+    verdict = decide(axes, comparisons, val_nmax, gap, thresholds)
     paths: dict[str, Path] = {}
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        paths = _plots(fits, base_runs, comparisons, out, level)
-    report = render(verdict, fits, comparisons, runs, base_runs, baseline, lk, n_source, gap, paths,
-                    thresholds, level, others)
+        paths = _plots(fits, series, base_runs, comparisons, axes, out, level)
+    report = render(verdict, fits, comparisons, runs, series, baseline, lk, n_source, gap, paths,
+                    thresholds, level, others, axes)
     if out_dir is not None:
         paths["report"] = Path(out_dir) / "report.md"
         paths["report"].write_text(report)
     return AnalysisResult(verdict.kind, verdict.bottleneck, verdict.headline, verdict.evidence,
-                          verdict.next_steps, _numbers(runs, len(groups), fits, comparisons, gap, conv, verdict),
-                          report, paths, fits, comparisons, verdict)
+                          verdict.next_steps, _numbers(runs, len(groups), fits, comparisons, gap, axes, verdict),
+                          report, paths, fits, axes, comparisons, verdict)
 

@@ -18,7 +18,8 @@ from mlflow.tracking import MlflowClient
 from draftlab.tracking import tracking_uri
 
 PARENT_TAG = "mlflow.parentRunId"
-# Metric histories worth fetching (one call per run and key): the convergence check reads these.
+# Metric histories worth fetching (one call per run and key): the curves, for readers of the records. The
+# verdict reads convergence from train/steps and train/stopped_early instead (see analysis/axes.py).
 HISTORY_KEYS = ("train/loss", "val/loss")
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 

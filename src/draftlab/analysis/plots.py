@@ -13,7 +13,7 @@ import numpy as np  # noqa: E402
 
 from draftlab.analysis.compare import Comparison  # noqa: E402
 from draftlab.analysis.fit import PowerLawFit  # noqa: E402
-from draftlab.analysis.records import Run, by_group, values  # noqa: E402
+from draftlab.analysis.records import Run, by_group, step_clusters, values  # noqa: E402
 
 ACC_KEY = re.compile(r"^val/acc_(\d+)$")
 
@@ -87,4 +87,37 @@ def comparison_plot(comparisons: list[Comparison], path: Path) -> Path:
         ax.set_title(f"{c.key} at N={c.n:.3g}")
         ax.set_ylabel(c.metric)
         ax.tick_params(axis="x", rotation=20)
+    return _save(fig, path)
+
+
+def steps_data_plot(runs: list[Run], axes: dict, path: Path) -> Path | None:
+    """The loss against optimizer steps, one line per data size (budget runs), converged runs as stars:
+    lines that keep falling are under-trained; the spread between lines at equal steps is the data effect."""
+    if not axes:
+        return None
+    metric = next(iter(axes))
+    clusters = step_clusters(runs)
+    if len(set(clusters.values())) < 2 and not any(r.converged for r in runs):
+        return None
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    groups = by_group(runs)
+    for i, (n, group) in enumerate(groups):
+        color = plt.cm.viridis(i / max(1, len(groups) - 1))
+        cells: dict[float, list[float]] = {}
+        for r in group:
+            if r.run_id in clusters and np.isfinite(r.value(metric)):
+                cells.setdefault(clusters[r.run_id], []).append(r.value(metric))
+        if cells:
+            xs = sorted(cells)
+            ax.plot(xs, [np.mean(cells[x]) for x in xs], "o-", color=color, label=f"N={n:.3g}")
+        conv = [(r.steps, r.value(metric)) for r in group if r.converged]
+        if conv:
+            ax.scatter(*zip(*conv), marker="*", s=90, color=color, edgecolor="k",
+                       label=f"N={n:.3g} converged" if not cells else None)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("optimizer steps S")
+    ax.set_ylabel(metric)
+    ax.set_title("steps vs data (stars: early stopping fired)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
     return _save(fig, path)

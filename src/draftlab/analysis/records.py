@@ -5,11 +5,14 @@ A record is a plain dict (what `mlflow_source.load_records` returns, and what te
     {"run_id": "...",                          # optional
      "params": {"data.samples": 800, "extract.layers": "auto", "train.seed": 1, ...},  # dotted config keys
      "metrics": {"train/train_tokens": 2.1e7, "val/loss": 6.13, "train/loss": 6.0, "bench/tau": 2.9,
-                 "val/acc_0": 0.745, ...},      # final values
+                 "val/acc_0": 0.745, "train/steps": 1520, "train/stopped_early": 1,
+                 "generate/seconds": 98.8, ...},      # final values
      "history": {"val/loss": [(step, value), ...], "train/loss": [...]}}  # optional, per epoch or step
 
 Params may be strings (MLflow stores them so); they are parsed back to ints, floats, lists, None.
 N, the data size, is the first of `N_SOURCES` that every record has, so one sweep never mixes units.
+S, the optimizer steps a run took, is `train/steps`; a run converged when early stopping fired
+(`train/stopped_early` = 1). The budget keys (`BUDGET_KEYS`) are the steps axis, not factors.
 """
 
 from __future__ import annotations
@@ -28,6 +31,11 @@ from draftlab.analysis.stats import pooled_sd
 N_SOURCES = ("metrics:train/train_tokens", "metrics:extract/tokens", "params:data.samples")
 # Keys that only change which replicate a run is, not what is being compared: their spread is the noise.
 REPLICATE_KEYS = ("train.seed", "data.seed", "bench.seed")
+# The steps axis: how long a run trains is read from its metrics (train/steps, train/stopped_early), so the keys
+# that set it are an axis, not a factor to compare configs on.
+BUDGET_KEYS = ("train.max_steps", "train.epochs", "train.eval_every", "train.early_stop_patience",
+               "train.early_stop_min_delta")
+STEPS_KEY, STOPPED_KEY = "train/steps", "train/stopped_early"
 # Bookkeeping keys that do not change results; anything else that differs between runs is a factor.
 IGNORE_PREFIXES = ("tracking.", "paths.", "hydra.", "stages")
 IGNORE_KEYS = frozenset({
@@ -36,7 +44,8 @@ IGNORE_KEYS = frozenset({
     "serve.python", "serve.startup_timeout_s", "serve.extra_args", "train.init_from",
 })
 # Metric names: lower-is-better unless listed as higher-is-better.
-LOSS_KEYS = ("val/loss", "best/val_loss")
+# best/val_loss first: the exported draft is the best validation pass (early stopping may end after it)
+LOSS_KEYS = ("best/val_loss", "val/loss")
 TAU_KEY = "bench/tau"
 HIGHER_IS_BETTER_PREFIXES = ("bench/tau", "val/acc", "val/predicted_tau")
 
@@ -79,7 +88,17 @@ class Run:
     history: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     n: float = math.nan  # data size on the chosen scale
     group: Any = None  # runs with the same group share a dataset (same data.samples, or same N)
-    config: tuple = ()  # the factor settings: params minus N, replicate and bookkeeping keys
+    config: tuple = ()  # the factor settings: params minus N, replicate, budget and bookkeeping keys
+
+    @property
+    def steps(self) -> float:
+        """Optimizer steps the run took (NaN when the record does not say)."""
+        return self.value(STEPS_KEY)
+
+    @property
+    def converged(self) -> bool:
+        """Early stopping fired: more steps at this learning-rate schedule no longer helped."""
+        return self.value(STOPPED_KEY) == 1.0
 
     def value(self, metric: str) -> float:
         v = self.metrics.get(metric)
@@ -87,7 +106,7 @@ class Run:
 
 
 def is_factor_key(key: str) -> bool:
-    return not (key in IGNORE_KEYS or key in REPLICATE_KEYS or key == "data.samples"
+    return not (key in IGNORE_KEYS or key in REPLICATE_KEYS or key in BUDGET_KEYS or key == "data.samples"
                 or key.startswith(IGNORE_PREFIXES))
 
 
@@ -146,18 +165,39 @@ def baseline_config(runs: list[Run]) -> tuple:
 
 
 def loss_key(runs: list[Run]) -> str | None:
-    """The validation loss metric present in the runs (val/loss, else best/val_loss)."""
+    """The validation loss metric present in the runs (best/val_loss, else val/loss)."""
     for key in LOSS_KEYS:
         if any(math.isfinite(r.value(key)) for r in runs):
             return key
     return None
 
 
+def step_clusters(runs: list[Run], tolerance: float = 0.1) -> dict[str, float]:
+    """run_id -> the step budget it shares with others: steps within `tolerance` of each other (380 and 384,
+    from token-budget batching) are one budget. Converged runs and runs without a step count are left out."""
+    budget = sorted((r.steps, r.run_id) for r in runs if math.isfinite(r.steps) and not r.converged)
+    out, members = {}, []
+    for steps, run_id in budget + [(math.inf, "")]:
+        if members and steps > members[0][0] * (1.0 + tolerance):
+            centre = float(np.median([s for s, _ in members]))
+            out.update({rid: centre for _, rid in members})
+            members = []
+        members.append((steps, run_id))
+    return out
+
+
+def cell_key(r: Run, clusters: dict[str, float]) -> tuple:
+    """Runs in one cell differ only in their replicate keys: same config, dataset and step budget (or both
+    converged)."""
+    return (r.config, r.group, "converged" if r.converged else clusters.get(r.run_id, math.nan))
+
+
 def metric_noise(runs: list[Run], metric: str) -> tuple[float, int]:
-    """Pooled seed-to-seed sd of a metric over all (config, dataset) cells holding replicates."""
+    """Pooled seed-to-seed sd of a metric over all (config, dataset, step budget) cells holding replicates."""
+    clusters = step_clusters(runs)
     cells: dict[tuple, list[Run]] = defaultdict(list)
     for r in runs:
-        cells[(r.config, r.group)].append(r)
+        cells[cell_key(r, clusters)].append(r)
     return pooled_sd(values(c, metric) for c in cells.values())
 
 

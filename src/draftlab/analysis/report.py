@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
 
+from draftlab.analysis.axes import Axes
 from draftlab.analysis.compare import Comparison
 from draftlab.analysis.fit import PowerLawFit
 from draftlab.analysis.records import Run, by_group, values
 from draftlab.analysis.stats import Estimate
 from draftlab.analysis.verdict import Thresholds, Verdict
 
-COLUMNS = ("val/loss", "train/loss", "bench/tau", "val/predicted_tau", "val/acc_0")
+COLUMNS = ("val/loss", "train/loss", "bench/tau", "val/predicted_tau", "val/acc_0", "train/steps",
+           "train/stopped_early")
 
 
 def _cell(v: np.ndarray) -> str:
@@ -67,11 +70,36 @@ def _comparison_section(comparisons: list[Comparison]) -> list[str]:
                   "the baseline is in bold.", ""]
 
 
+def _axes_section(axes: dict[str, Axes], level: float) -> list[str]:
+    out = ["## Steps and data", "",
+           "Each axis with the other held fixed; the gain is the improvement of the next doubling (> 0 = better), "
+           f"{level:.0%} bootstrap interval; the price is from the runs' measured stage seconds.", "",
+           "| metric | axis | held fixed | points (x: mean) | next doubling gains | price (s) | fit |",
+           "|---|---|---|---|---|---|---|"]
+    for ax in axes.values():
+        for axis in (ax.steps, ax.data_at_steps, ax.data_at_convergence):
+            if axis is None:
+                continue
+            pts = ", ".join(f"{x:.4g}: {m:.4g}" for x, m in zip(axis.x, axis.mean))
+            price = f"{axis.seconds:,.0f}" if math.isfinite(axis.seconds) else "unknown"
+            fit = "power law" if axis.fit is not None and axis.fit.ok else "two largest points"
+            out.append(f"| {ax.metric} | {axis.name} | {axis.held} | {pts} | {axis.gain.fmt()} | {price} | {fit} |")
+    first = next(iter(axes.values()), None)
+    if first is not None:
+        out += ["", f"Noise: sd {first.sigma:.3g} of {first.metric} ({first.noise_source}"
+                + (", no cell has replicate seeds" if first.noise_source == "assumed" else f", df {first.df}") + ")."]
+        if first.costs:
+            out += ["Measured costs: " + ", ".join(f"{k} {v:.3g}" for k, v in first.costs.items()) + "."]
+        if first.confound:
+            out += ["", f"**{first.confound}.**"]
+    return out + [""]
+
+
 def render(verdict: Verdict, fits: dict[str, PowerLawFit], comparisons: list[Comparison], runs: list[Run],
            base_runs: list[Run], baseline: tuple, loss_key: str, n_source: str, gap: Estimate | None,
            plots: dict[str, Path], th: Thresholds, level: float,
-           others: dict[str, PowerLawFit] | None = None) -> str:
-    lines = ["# Sweep analysis: data-limited or at a bottleneck?", "",
+           others: dict[str, PowerLawFit] | None = None, axes: dict[str, Axes] | None = None) -> str:
+    lines = ["# Sweep analysis: under-trained, data-limited or at a bottleneck?", "",
              f"**Verdict: {verdict.plain}** (`{verdict.tag}`). {verdict.headline}", ""]
     if verdict.findings:
         lines += ["Findings (resolved at the thresholds below):", ""]
@@ -83,7 +111,8 @@ def render(verdict: Verdict, fits: dict[str, PowerLawFit], comparisons: list[Com
               f"config ({len(base_runs)} runs):", "",
               "`" + ", ".join(f"{k}={v}" for k, v in baseline) + "`" if baseline else "(no varied factors)", ""]
     lines += _data_table(base_runs, loss_key) + [""]
-    lines += ["## Data scaling", ""]
+    lines += _axes_section(axes or {}, level)
+    lines += ["## Data scaling (the series above: converged runs, else the largest step budget)", ""]
     for fit in fits.values():
         lines += _fit_section(fit, level)
     if gap is not None:
@@ -98,7 +127,7 @@ def render(verdict: Verdict, fits: dict[str, PowerLawFit], comparisons: list[Com
         lines += ["## Plots", ""] + [f"![{name}]({p.name})" for name, p in plots.items()] + [""]
     lines += ["## Rules", "", f"Material change: {th.material_loss_rel:.0%} of the loss at N_max, "
               f"{th.material_tau} tau. Resolved: point >= material and the {level:.0%} interval's lower bound "
-              f"> {th.near_zero_fraction} x material. Flat: upper bound < material. Converged: loss fell "
-              f"< {th.not_converged_rel_drop:.0%} over the last {th.tail_fraction:.0%} of training. "
-              "See `draftlab/analysis/verdict.py`.", ""]
+              f"> {th.near_zero_fraction} x material. Flat: upper bound < material. Converged: early stopping "
+              "fired (train/stopped_early), or the steps axis is flat there. See `draftlab/analysis/verdict.py`.",
+              ""]
     return "\n".join(lines)

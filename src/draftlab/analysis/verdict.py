@@ -1,27 +1,29 @@
-"""The verdict: is the draft data-limited, at a bottleneck (features, capacity, optimisation), or can the
-sweep not tell? Every rule is below, with its threshold in `Thresholds`.
+"""The verdict: under-trained, data-limited, at a bottleneck (features, capacity, optimisation), or undetermined.
+Every rule is below, with its threshold in `Thresholds`. The axes come from `axes.measure_axes`.
 
-Data axis (per fitted metric: validation loss, and bench/tau when benchmarked), from the gain per doubling g at
-the largest N with its bootstrap interval [lo, hi] and a materiality threshold m (loss: `material_loss_rel` of
-the loss at N_max; tau: `material_tau` absolute):
-  - data-limited: g >= m and lo > `near_zero_fraction` * m (the interval excludes ~0 and the gain is material)
-  - flat:         hi < m (even the optimistic end of the interval is not worth a doubling)
-  - unresolved:   otherwise (the interval straddles m), or no interval (no noise estimate)
-  - insufficient: fewer than `min_points` data sizes (a 3-parameter curve needs 3)
-The sweep is data-limited if any metric is, flat if every fitted metric is, else unresolved/insufficient.
-
-Bottleneck findings (counted only when resolved: the interval excludes ~0 and the effect is material):
-  - features (direct):       two `extract.*` settings (layer sets) differ at equal data
-  - capacity (direct):       a `draft.*` setting (layers, width) beats the baseline at equal data
-  - optimisation (direct):   a `train.*` setting (epochs, lr) beats the baseline at equal data
-  - optimisation (indirect): loss still falling by > `not_converged_rel_drop` over the last `tail_fraction`
-                             of training at N_max, or train loss above val loss by > `train_above_val_rel`
-  - capacity (indirect):     data axis flat and |val - train| < `small_gap_rel` of val: the draft does not
-                             overfit and more data does not help, so it cannot represent more
-Verdict: data-limited wins (other findings are listed as "also"). Otherwise a non-converged training run
-comes first (it confounds every other comparison), then the direct finding with the largest effect (in units
-of m), then indirect ones. A flat curve with no finding is a bottleneck "unidentified"; anything else is
-undetermined, with what to run next.
+An axis gain g (the improvement of the next doubling of steps or data) with its bootstrap interval [lo, hi] is,
+against a materiality threshold m (loss: `material_loss_rel` of the loss there; tau: `material_tau` absolute):
+  - limited (helps):  g >= m and lo > `near_zero_fraction` * m (the interval excludes ~0, the gain is material)
+  - flat:             hi < m (even the optimistic end of the interval is not worth a doubling)
+  - unresolved:       otherwise, or no interval
+Rules, first match wins (other findings are listed as "also"):
+  1. under-trained: the steps axis helps for some metric: more steps on the same data help materially. It
+     comes first because it confounds every other comparison, and it costs no new data.
+  2. data-limited: the data axis helps, measured where training has converged (among runs whose early stopping
+     fired, or at a step budget where the steps axis is flat) and fitted on `min_points` data sizes: data is
+     dear, so the next doubling is projected from a curve, not read off the last one. (The steps axis may rest
+     on two points: its last doubling costs no new data.)
+  3. undetermined (confound): nothing separates data from steps (a fixed-epoch sweep doubles both at once).
+  4. bottleneck:<features|capacity|optimisation>: the direct finding with the largest effect (in units of m):
+     two `extract.*` settings differ, a `draft.*` or `train.*` setting beats the baseline, at equal data.
+  5. bottleneck (indirect): the converged data axis is flat and |val - train| < `small_gap_rel` of val
+     (capacity: no overfitting, yet more data does not help), or train loss above val by > `train_above_val_rel`
+     (optimisation); flat with nothing isolating the cause is `bottleneck:unidentified`.
+  6. undetermined, with what to run next.
+Convergence is read from the steps axis itself or from the early-stopping record (`train/stopped_early`), so
+it holds under any schedule (a cosine that ends at zero flattens every curve at its end, converged or not). A
+size whose early-stopping runs all reached `train.max_steps` was still improving: it is named, and left off the
+converged data axis.
 """
 
 from __future__ import annotations
@@ -29,9 +31,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from draftlab.analysis.axes import Axes, Axis
 from draftlab.analysis.compare import Comparison
-from draftlab.analysis.fit import PowerLawFit
-from draftlab.analysis.records import TAU_KEY
+from draftlab.analysis.records import direction
 from draftlab.analysis.stats import Estimate
 
 
@@ -40,11 +42,14 @@ class Thresholds:
     material_loss_rel: float = 0.01  # a loss change worth having: 1% of the loss at N_max (0.06 at 6.13)
     material_tau: float = 0.1  # a tau change worth having; EAGLE-3 gains 0.3-0.4 per doubling, EAGLE-2 ~0
     near_zero_fraction: float = 0.25  # "excludes ~0": the lower bound must clear this fraction of material
-    min_points: int = 3  # distinct data sizes needed for a power-law fit
+    min_points: int = 3  # distinct axis values needed for a power-law fit (fewer: two-point gain)
     small_gap_rel: float = 0.05  # |val - train| / val below this: no overfitting
     train_above_val_rel: float = 0.05  # train loss this far above val: the optimiser has not fit the data
-    not_converged_rel_drop: float = 0.02  # loss still falling this much over the last part of training
-    tail_fraction: float = 0.25  # "the last part of training"
+    # Noise when no cell has replicate seeds: the seed-to-seed sd of SmolLM2's own sweep
+    # (bench/results/h200_data_scaling_jobs.jsonl, pooled over 6 sizes) is 1.4% of val/loss and 0.012 of tau;
+    # the assumed values are above it, so an unreplicated sweep gets wider, not narrower, intervals.
+    assumed_noise_rel: float = 0.02
+    assumed_noise_tau: float = 0.05
 
 
 @dataclass
@@ -58,13 +63,14 @@ class Finding:
 
 @dataclass
 class Verdict:
-    kind: str  # data-limited | bottleneck | undetermined
+    kind: str  # under-trained | data-limited | bottleneck | undetermined
     bottleneck: str | None  # features | capacity | optimisation | unidentified (kind == bottleneck)
     headline: str
-    data_state: str  # limited | flat | unresolved | insufficient
+    data_state: str  # limited | flat | unresolved | insufficient (the data axis where training converged)
     evidence: list[str] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     next_steps: list[str] = field(default_factory=list)
+    steps_state: str = "insufficient"  # limited | flat | unresolved | insufficient
 
     @property
     def tag(self) -> str:
@@ -76,23 +82,24 @@ class Verdict:
 
 
 def material(metric: str, reference: float, th: Thresholds) -> float:
-    return th.material_tau if metric.startswith(TAU_KEY) else th.material_loss_rel * abs(reference)
+    return th.material_tau if direction(metric) > 0 else th.material_loss_rel * abs(reference)
 
 
 def _resolved(e: Estimate, m: float, th: Thresholds) -> bool:
     return e.known and e.value >= m and e.lo > th.near_zero_fraction * m
 
 
-def data_state(fit: PowerLawFit, m: float, th: Thresholds) -> tuple[str, str]:
-    """(state, sentence) for one metric's data-scaling fit."""
-    g = fit.gain_per_doubling
-    where = f"{fit.metric}: gain per doubling at N={fit.n_max:.3g} is {g.fmt()} (material: {m:.3g})"
-    if not fit.ok:
-        return "insufficient", f"{fit.metric}: {fit.note}; local gain per doubling {fit.local_gain.fmt()}"
+def axis_state(axis: Axis, th: Thresholds) -> tuple[str, str]:
+    """(limited | flat | unresolved, sentence) for one axis of one metric."""
+    m = material(axis.metric, axis.mean[-1], th)
+    g = axis.gain
+    what = "steps" if axis.name == "steps" else "data"
+    where = (f"{axis.metric}: next doubling of {what} ({axis.held}, from {axis.x_max:.4g}) gains {g.fmt()} "
+             f"(material: {m:.3g})")
     if not g.known:
-        return "unresolved", f"{where}; {fit.note}"
+        return "unresolved", f"{where}: no interval"
     if _resolved(g, m, th):
-        return "limited", f"{where}: more data clearly helps"
+        return "limited", f"{where}: more {what} clearly helps"
     if g.hi < m:
         return "flat", f"{where}: even the upper bound is below material"
     return "unresolved", f"{where}: the interval straddles the threshold"
@@ -105,6 +112,24 @@ def _combine(states: list[str]) -> str:
     if fitted and all(s == "flat" for s in fitted):
         return "flat"
     return "unresolved" if fitted else "insufficient"
+
+
+def _per_second(axis: Axis) -> str:
+    if not math.isfinite(axis.seconds) or axis.seconds <= 0:
+        return "price unknown (no measured stage seconds)"
+    return f"about {axis.seconds:,.0f} s of measured stage time ({1000.0 * axis.gain.value / axis.seconds:+.3g} per 1000 s)"
+
+
+def pricing(axes: Axes) -> str:
+    """'2x steps: +g [lo, hi], about X s of stage time; 2x data: ...' for one metric; '' when neither is measured."""
+    parts = []
+    if axes.steps is not None:
+        parts.append(f"2x steps (at {axes.steps.held}): {axes.metric} {axes.steps.gain.fmt()}, "
+                     f"{_per_second(axes.steps)}")
+    if axes.data is not None:
+        parts.append(f"2x data ({axes.data.held}): {axes.metric} {axes.data.gain.fmt()}, "
+                     f"{_per_second(axes.data)}, generation + extraction + training")
+    return "; ".join(parts)
 
 
 def _comparison_finding(c: Comparison, m: float, th: Thresholds) -> Finding | None:
@@ -124,17 +149,35 @@ def _comparison_finding(c: Comparison, m: float, th: Thresholds) -> Finding | No
     return Finding(c.category, True, e.value / m, f"{text} {e.fmt()} {at} (material: {m:.3g}){advice}")
 
 
-def decide(fits: dict[str, PowerLawFit], comparisons: list[Comparison], val_at_nmax: float,
-           gap: Estimate | None, conv: tuple[str, float] | None, th: Thresholds = Thresholds()) -> Verdict:
-    """Applies the rules in the module docstring. `fits` maps metric -> fit; `val_at_nmax` is the baseline
-    validation loss at the largest N (the scale of the loss thresholds)."""
-    evidence, states = [], []
-    for metric, fit in fits.items():
-        ref = fit.mean[-1] if len(fit.mean) else val_at_nmax
-        state, text = data_state(fit, material(metric, ref, th), th)
-        states.append(state)
+def decide(axes: dict[str, Axes], comparisons: list[Comparison], val_at_nmax: float,
+           gap: Estimate | None, th: Thresholds = Thresholds()) -> Verdict:
+    """Applies the rules in the module docstring. `axes` maps metric -> both axes of the baseline config;
+    `val_at_nmax` is the baseline validation loss at the largest N (the scale of the loss thresholds)."""
+    evidence, steps_states, data_states, confounds = [], [], [], []
+    for ax in axes.values():
+        steps = axis_state(ax.steps, th) if ax.steps is not None else ("insufficient", "")
+        steps_states.append(steps[0])
+        if steps[1]:
+            evidence.append(steps[1])
+        if ax.capped and ax is next(iter(axes.values())):
+            evidence.append("still improving at the step cap (early stopping never fired), so under-trained there "
+                            "and left out of the converged data axis: N=" + ", ".join(f"{n:.4g}" for n in ax.capped))
+        if ax.data is None:
+            data_states.append("insufficient")
+            if ax.confound:
+                confounds.append(ax.confound)
+            continue
+        state, text = axis_state(ax.data, th)
+        # data at a step budget only counts once more steps there stop helping
+        trusted = ax.data_at_convergence is not None or steps[0] == "flat"
+        if not trusted:
+            state, text = "unresolved", text + " (not at convergence: the steps axis there is not flat)"
+        elif ax.data.fit is None or not ax.data.fit.ok:  # buying data is dear: the next doubling needs a curve
+            state, text = "insufficient", (f"{text}; but {len(ax.data.x)} data sizes only measure the last "
+                                           f"doubling: the next needs {th.min_points} for a curve")
         evidence.append(text)
-    state = _combine(states)
+        data_states.append(state)
+    steps_state, state = _combine(steps_states), _combine(data_states)
 
     findings: list[Finding] = []
     for c in comparisons:
@@ -146,14 +189,6 @@ def decide(fits: dict[str, PowerLawFit], comparisons: list[Comparison], val_at_n
             evidence.append(f"{c.key} on {c.metric} at N={c.n:.3g}: best {c.best}, vs baseline "
                             f"{c.baseline} {c.best_vs_baseline.fmt()}, best vs worst {c.best_vs_worst.fmt()}"
                             " (not resolved or not material)")
-    if conv is not None:
-        key, drop = conv
-        text = f"{key} fell {drop:.1%} over the last {th.tail_fraction:.0%} of training at N_max"
-        if drop > th.not_converged_rel_drop:
-            findings.append(Finding("optimisation", False, drop / th.not_converged_rel_drop,
-                                    f"{text}: training has not converged", confound=True))
-        else:
-            evidence.append(f"{text}: converged")
     if gap is not None and math.isfinite(val_at_nmax) and val_at_nmax:
         rel = gap.value / abs(val_at_nmax)
         text = f"train/val gap at N_max (val - train) = {gap.fmt()} ({rel:+.1%} of val loss)"
@@ -165,40 +200,73 @@ def decide(fits: dict[str, PowerLawFit], comparisons: list[Comparison], val_at_n
                                     "help, so the draft cannot represent more (or its features carry no more)"))
         else:
             evidence.append(text)
-    return _verdict(state, findings, evidence, fits, th)
+    prices = [p for p in (pricing(a) for a in list(axes.values())[:2]) if p]  # the loss and the first tau
+    v = _verdict(state, steps_state, findings, evidence, axes, confounds, th)
+    v.steps_state = steps_state
+    if prices:
+        v.headline += " Next doubling: " + " | ".join(prices) + "."
+    return v
 
 
-def _verdict(state, findings, evidence, fits, th) -> Verdict:
-    ranked = sorted(findings, key=lambda f: (f.confound, f.direct, f.effect), reverse=True)
+def _cap_advice(axes: dict[str, Axes]) -> list[str]:
+    capped = next(iter(axes.values())).capped if axes else []
+    return [f"raise train.max_steps for N={', '.join(f'{n:.4g}' for n in capped)}: those runs hit the cap still "
+            "improving, so the data axis at convergence does not reach them yet"] if capped else []
+
+
+def _gains(axes: dict[str, Axes], which: str) -> str:
+    out = []
+    for ax in axes.values():
+        axis = getattr(ax, which)
+        if axis is not None:
+            out.append(f"{ax.metric} {axis.gain.fmt()} ({axis.held})")
+    return "; ".join(out)
+
+
+def _verdict(state, steps_state, findings, evidence, axes, confounds, th) -> Verdict:
+    ranked = sorted(findings, key=lambda f: (f.direct, f.effect), reverse=True)
     primary = next((f for f in ranked if f.category != "other"), None)
-    gains = "; ".join(f"{m} {f.gain_per_doubling.fmt()}" for m, f in fits.items() if f.ok)
-    if state == "limited":
-        v = Verdict("data-limited", None, f"Data-limited: doubling the data is projected to help materially "
-                    f"(gain per doubling at the largest N: {gains}). Get more data.", state, evidence, ranked)
-        if any(f.confound for f in findings):
-            v.next_steps.append("training had not converged at N_max: with fixed epochs more data also means "
-                                "more optimiser steps, so rerun the largest N with more epochs to separate the two")
-        v.next_steps += [f"also: {f.category} ({f.text})" for f in ranked if not f.confound]
+    also = [f"also: {f.category} ({f.text})" for f in ranked]
+    if steps_state == "limited":
+        v = Verdict("under-trained", None, f"Under-trained: more optimizer steps on the same data help "
+                    f"materially (next doubling of steps: {_gains(axes, 'steps')}). Train longer before "
+                    "buying data.", state, evidence, ranked)
+        v.next_steps = ["train to convergence: train.early_stop_patience with a train.max_steps cap "
+                        "(experiment=data_scaling does this), or a larger train.max_steps"] + also
+        if any(a.data is not None for a in axes.values()):
+            v.next_steps.append(f"the data axis was measured short of convergence: {_gains(axes, 'data')}")
         return v
+    if state == "limited":
+        v = Verdict("data-limited", None, f"Data-limited: at convergence, doubling the data helps materially "
+                    f"({_gains(axes, 'data')}). Get more data.", state, evidence, ranked)
+        v.next_steps = also + _cap_advice(axes)
+        return v
+    if confounds and state == "insufficient":
+        return Verdict("undetermined", None, f"Undetermined: {confounds[0]}.", state, evidence, ranked,
+                       ["run experiment=steps_vs_data (data sizes x step budgets), or experiment=data_scaling "
+                        "(each N trained to convergence)"] + also)
     if primary is not None:
-        why = {"limited": "", "flat": "more data is not helping materially",
-               "unresolved": "the data curve is not resolved", "insufficient": "the data curve is not measured"}
+        why = {"flat": "more data is not helping materially", "unresolved": "the data curve is not resolved",
+               "insufficient": "the data curve at convergence is not measured"}
         v = Verdict("bottleneck", primary.category, f"At a bottleneck: {primary.category}. {primary.text}; "
-                    f"{why[state]}{' (' + gains + ')' if gains else ''}.", state, evidence, ranked)
+                    f"{why[state]}.", state, evidence, ranked)
         v.next_steps += [f"also: {f.category} ({f.text})" for f in ranked if f is not primary]
         return v
     if state == "flat":
-        return Verdict("bottleneck", "unidentified", f"At a bottleneck, not identified: more data is not helping "
-                       f"materially ({gains}) and no sweep isolates the cause.", state, evidence, ranked,
+        return Verdict("bottleneck", "unidentified", f"At a bottleneck, not identified: at convergence more data "
+                       f"is not helping materially ({_gains(axes, 'data')}) and no sweep isolates the cause.",
+                       state, evidence, ranked,
                        ["run the layer sweep (extract.layers auto vs last) and a capacity sweep "
                         "(draft.num_layers, draft.hidden_size) at the largest N"])
-    nxt = []
+    nxt = _cap_advice(axes)
     if state == "insufficient":
-        nxt.append(f"run at least {th.min_points} data sizes (4+ spaced by doublings is better)")
-    if any(f.ok and not f.gain_per_doubling.known for f in fits.values()) or state == "insufficient":
-        nxt.append("add seeds (2-3 per data size) so noise can be measured")
-    if state == "unresolved":
-        nxt.append("add seeds or a larger data size: the gain per doubling interval straddles the threshold")
+        nxt.append(f"run at least 2 data sizes ({th.min_points}+ spaced by doublings is better), each trained to "
+                   "convergence")
+    if any(a.noise_source == "assumed" for a in axes.values()):
+        nxt.append("add seeds (2-3 per cell) so noise can be measured rather than assumed")
+    if "unresolved" in (state, steps_state):
+        nxt.append("add seeds or a larger data size / step budget: an interval straddles the threshold")
     return Verdict("undetermined", None, f"Undetermined: the sweep cannot tell "
-                   f"({'too few data sizes' if state == 'insufficient' else 'the data curve is not resolved'}"
-                   f"{'; ' + gains if gains else ''}).", state, evidence, ranked, nxt)
+                   f"({'the data axis at convergence is not measured' if state == 'insufficient' else 'nothing is resolved'}"
+                   f"; steps: {_gains(axes, 'steps') or 'not measured'}; data: {_gains(axes, 'data') or 'not measured'}).",
+                   state, evidence, ranked, nxt)

@@ -1,4 +1,4 @@
-"""The train stage: build the draft from the extract manifest, train it with TTT, export the best epoch.
+"""The train stage: build the draft from the extract manifest, train it with TTT, export the best validation pass.
 
 Reads `train.*`, `draft.*` and `serve.num_steps` (plus whatever `open_source` reads to open the extract folder).
 Writes `out/checkpoints/` (resumable), `out/draft/` (the SGLang folder of the best epoch, tagged `draft_dir`),
@@ -68,7 +68,7 @@ def build_model(cfg, source) -> tuple[Eagle3Draft, DraftModelConfig, torch.Tenso
 
 
 def plot_curves(reporter_history: list[dict], history: list[dict], path: Path, steps: int) -> Path:
-    """Loss and per-step accuracy curves (train loss per log window, validation per epoch)."""
+    """Loss and per-step accuracy curves (train loss per log window, validation per pass)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -84,11 +84,11 @@ def plot_curves(reporter_history: list[dict], history: list[dict], path: Path, s
     ax1.set_xlabel("optimizer step")
     ax1.set_ylabel("TTT loss")
     ax1.legend()
-    for j in range(steps):
-        pts = [(h["epoch"], h[f"val/acc_{j}"]) for h in history if f"val/acc_{j}" in h]
+    for j in range(steps):  # against steps: with train.eval_every there are several passes per epoch
+        pts = [(h["step"], h[f"val/acc_{j}"]) for h in history if f"val/acc_{j}" in h]
         if pts:
             ax2.plot(*zip(*pts), "o-", label=f"acc_{j}")
-    ax2.set_xlabel("epoch")
+    ax2.set_xlabel("optimizer step")
     ax2.set_ylabel("val accuracy (teacher-forced)")
     ax2.legend(fontsize=7)
     fig.tight_layout()

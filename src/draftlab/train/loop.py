@@ -1,10 +1,18 @@
-"""The training loop: AdamW, warmup + cosine|linear|constant schedule, grad clipping, token-budget batches,
-per-epoch validation, best-epoch tracking and resumable checkpoints.
+"""The training loop: AdamW, warmup + cosine|linear|constant|wsd schedule, grad clipping, token-budget batches,
+validation per epoch or every `eval_every` steps, best-checkpoint tracking, early stopping and resumable
+checkpoints.
+
+Budget: `max_steps` optimizer steps when set, else `epochs` passes over the data; the schedule is sized to it.
+Early stopping (`early_stop_patience`): after that many validation passes without a material val/loss
+improvement (`early_stop_min_delta`, a fraction of the reference loss) the run stops. Under `wsd` the plateau
+starts the decay instead: the learning rate falls linearly to zero over `decay_ratio` x the steps so far, then
+the run stops; other schedules stop at once. The best validation pass is what the stage exports.
 
 Resume contract: a killed run restarted on the same folder continues from its last checkpoint and ends where an
 uninterrupted run would (bit-identical on CPU). A checkpoint holds the trainable weights and the AdamW state
-(safetensors), the RNG states, and JSON for the rest: epoch, batch position, optimizer step (the schedule is a
-pure function of it), the metric window and the per-epoch history. Nothing is ever unpickled.
+(safetensors), the RNG states, and JSON for the rest: epoch, batch position, optimizer step, the schedule's
+decay start and stop step (the learning rate is a pure function of them), the plateau watch, the metric window
+and the validation history. Nothing is ever unpickled.
 
 Data: `source.batches(split, epoch, batch_tokens, max_seq_len, seed, shuffle)` must give the same batches for the
 same arguments; resume skips the batches of the current epoch that were already consumed.
@@ -32,6 +40,7 @@ from draftlab.config import TrainConfig
 from draftlab.model.draft import Eagle3Draft
 from draftlab.reporting import NullReporter, Reporter
 from draftlab.target import resolve_device
+from draftlab.train.schedule import budget_steps, lr_factor, watch_plateau
 from draftlab.train.ttt import STATS, summarize, target_distribution, ttt_unroll
 
 log = logging.getLogger("draftlab")
@@ -53,9 +62,9 @@ class LoopSettings(TrainConfig):
 @dataclass
 class TrainResult:
     final: dict[str, float]  # last train window + last validation, prefixed
-    best: dict[str, float]  # best/epoch, best/val_loss, best/predicted_tau, ...
-    history: list[dict[str, float]]  # one entry per epoch (validation metrics, prefixed)
-    best_weights: Path  # trainable weights of the best epoch (safetensors)
+    best: dict[str, float]  # best/epoch, best/step, best/val_loss, best/predicted_tau, ...
+    history: list[dict[str, float]]  # one entry per validation pass: epoch, step, val/* metrics
+    best_weights: Path  # trainable weights of the best validation pass (safetensors)
     steps: int = 0
     extras: dict[str, Any] = field(default_factory=dict)
 
@@ -69,19 +78,6 @@ def autocast_dtype(device: torch.device, dtype: str) -> torch.dtype | None:
     if dtype == "float16":
         raise ValueError("train.dtype: float16 needs loss scaling, which draftlab does not do; use bfloat16")
     return torch.bfloat16
-
-
-def lr_factor(step: int, total: int, warmup_ratio: float, schedule: str) -> float:
-    """Multiplier of train.lr for optimizer step `step` (0-based) out of `total`: linear warmup, then decay."""
-    warmup = int(warmup_ratio * total)
-    if step < warmup:
-        return (step + 1) / warmup
-    if schedule == "constant":
-        return 1.0
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    if schedule == "linear":
-        return 1.0 - progress
-    return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, device: torch.device):
@@ -108,9 +104,13 @@ def load_trainable(model: torch.nn.Module, path: Path) -> None:
 def _batches_per_epoch(source, s: LoopSettings) -> int:
     counter = getattr(source, "num_batches", None)
     if counter is not None:
-        return int(counter("train", 0, s.batch_tokens, s.max_seq_len, s.seed))
-    # No count offered by the source: one pass over epoch 0 (token-budget batching fixes the count per epoch).
-    return sum(1 for _ in source.batches("train", 0, s.batch_tokens, s.max_seq_len, s.seed, True))
+        count = int(counter("train", 0, s.batch_tokens, s.max_seq_len, s.seed))
+    else:  # no count offered: one pass over epoch 0 (token-budget batching fixes the count per epoch)
+        count = sum(1 for _ in source.batches("train", 0, s.batch_tokens, s.max_seq_len, s.seed, True))
+    if count <= 0:
+        raise ValueError("train: the training split gives no batches (no samples, or every sample is longer "
+                         "than train.max_seq_len)")
+    return count
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -141,7 +141,13 @@ class Trainer:
         self.on_step = on_step
         self.opt = build_optimizer(self.model, settings.lr, settings.weight_decay, self.device)
         self.state: dict[str, Any] = {"epoch": 0, "batch": 0, "step": 0, "history": [], "best": None,
-                                      "window": None, "total_steps": None}
+                                      "window": None, "total_steps": None, **self._fresh_horizon()}
+
+    @staticmethod
+    def _fresh_horizon() -> dict[str, Any]:
+        """The state that belongs to one budget: reset when train.init_from continues with a new one."""
+        return {"epoch_batches": None, "stop_at": None, "decay_start": None, "plateau": None,
+                "stopped_early": False, "last_eval_step": None}
 
     # ------------------------------------------------------------------ one batch
     def _to_device(self, batch: dict) -> dict:
@@ -218,8 +224,11 @@ class Trainer:
         for key in ("format", "settings"):
             state.pop(key, None)
         self.state.update(state)
+        if self.state["last_eval_step"] is None and self.state["history"]:  # an older checkpoint's last pass
+            self.state["last_eval_step"] = int(self.state["history"][-1]["step"])
         if not full:  # continuing with a new horizon (train.init_from): keep weights, optimizer and history
-            self.state["total_steps"] = None
+            self.state.update(total_steps=None, **self._fresh_horizon())
+            self.state["last_eval_step"] = self.state["step"]  # the source's last pass already validated it
 
     # ------------------------------------------------------------------ logging
     def _log_window(self, t0: float) -> float:
@@ -238,25 +247,34 @@ class Trainer:
         self.state["window"] = None
         return time.perf_counter()
 
-    def _end_epoch(self, best_dir: Path) -> None:
-        epoch = self.state["epoch"]
+    def _validate(self) -> None:
+        """One validation pass: history entry, best checkpoint, and the plateau watch of early stopping."""
+        epoch, step = self.state["epoch"], self.state["step"]
         val = self.evaluate("val")
-        entry = {"epoch": float(epoch), "step": float(self.state["step"])}
+        entry = {"epoch": float(epoch), "step": float(step)}
         if val is not None:
             entry.update({f"val/{k}": v for k, v in val.items()})
-            self.reporter.metrics(entry, step=self.state["step"])
+            self.reporter.metrics(entry, step=step)
         self.state["history"].append(entry)
+        self.state["last_eval_step"] = step
         score = entry.get("val/loss", self.state.get("last_train", {}).get("train/loss", math.inf))
         best = self.state["best"]
         if best is None or score < best["score"]:
-            file = best_dir / f"best-epoch{epoch}.safetensors"
+            file = self.ckpt_dir / f"best-epoch{epoch}-step{step:09d}.safetensors"
             fsutil.atomic_save_safetensors(file, trainable_state(self.model))
             self.state["best"] = {"epoch": epoch, "score": score, "file": file.name, "metrics": entry}
-        self.state["epoch"], self.state["batch"] = epoch + 1, 0
+        if self.s.early_stop_patience and math.isfinite(score):
+            self._watch_plateau(score)
 
-    def _prune_best(self, best_dir: Path) -> None:
+    def _watch_plateau(self, score: float) -> None:
+        stop = watch_plateau(self.state, score, self.s)
+        if stop is not None:
+            log.info("train: val/loss plateau at step %d: %s", self.state["step"],
+                     f"decaying until step {stop}" if stop > self.state["step"] else "stopping")
+
+    def _prune_best(self) -> None:
         keep = self.state["best"]["file"] if self.state["best"] else None
-        for path in best_dir.glob("best-epoch*.safetensors"):
+        for path in self.ckpt_dir.glob("best-epoch*.safetensors"):
             if path.name != keep:
                 path.unlink()
 
@@ -277,41 +295,78 @@ class Trainer:
         else:
             torch.manual_seed(s.seed)
             random.seed(s.seed)
-        if self.state["total_steps"] is None:
-            self.state["total_steps"] = max(1, _batches_per_epoch(self.source, s) * s.epochs)
-        total = self.state["total_steps"]
+        st = self.state
+        if st["epoch_batches"] is None:  # also for a checkpoint written before the step budget existed
+            st["epoch_batches"] = _batches_per_epoch(self.source, s)
+        if st["total_steps"] is None:
+            st["total_steps"] = budget_steps(st["epoch_batches"], s)
+        if st["stop_at"] is None:
+            st["stop_at"] = st["total_steps"]
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.model.train()
-        t0 = time.perf_counter()
-        while self.state["epoch"] < s.epochs:
-            epoch, skip = self.state["epoch"], self.state["batch"]
+        self._t0 = time.perf_counter()
+        while st["step"] < st["stop_at"]:
+            epoch, skip, stepped = st["epoch"], st["batch"], False
             for index, batch in enumerate(self.source.batches("train", epoch, s.batch_tokens, s.max_seq_len, s.seed, True)):
                 if index < skip:
                     continue
-                lr = s.lr * lr_factor(self.state["step"], total, s.warmup_ratio, s.schedule)
-                for group in self.opt.param_groups:
-                    group["lr"] = lr
-                batch = self._to_device(batch)
-                loss, stats = self._forward(batch)
-                self.opt.zero_grad(set_to_none=True)
-                loss.backward()
-                norm = torch.nn.utils.clip_grad_norm_(params, s.grad_clip if s.grad_clip > 0 else float("inf"))
-                self.opt.step()
-                self.state["step"] += 1
-                self.state["batch"] = index + 1
-                self._accumulate(stats, batch, float(norm))
-                if self.state["step"] % s.log_every == 0:
-                    t0 = self._log_window(t0)
-                if self.state["step"] % s.checkpoint_every == 0:
-                    self._save()
-                if self.on_step is not None:
-                    self.on_step(self.state["step"])
-            t0 = self._log_window(t0)
-            self._end_epoch(self.ckpt_dir)
-            self._save()
-            self._prune_best(self.ckpt_dir)
+                self._train_step(batch, index, params)
+                stepped = True
+                if self._after_step() or st["step"] >= st["stop_at"]:
+                    break
+            else:  # the source gave fewer batches than it counted: the epoch ends here all the same
+                if not stepped:
+                    raise RuntimeError(f"train: epoch {epoch} gave no batches after batch {skip}")
+                if st["epoch"] == epoch:
+                    self._end_epoch()
+        self._t0 = self._log_window(self._t0)
+        if st["last_eval_step"] != st["step"]:
+            self._validate()
+        self._save()
+        self._prune_best()
         return self._result()
+
+    def _train_step(self, batch: dict, index: int, params: list) -> None:
+        s, st = self.s, self.state
+        lr = s.lr * lr_factor(st["step"], st["total_steps"], s.warmup_ratio, s.schedule, st["decay_start"],
+                              st["stop_at"], s.decay_ratio)
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+        batch = self._to_device(batch)
+        loss, stats = self._forward(batch)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(params, s.grad_clip if s.grad_clip > 0 else float("inf"))
+        self.opt.step()
+        st["step"] += 1
+        st["batch"] = index + 1
+        self._accumulate(stats, batch, float(norm))
+
+    def _after_step(self) -> bool:
+        """Logging, validation, checkpoints after one step; True when the step ended its epoch."""
+        s, st = self.s, self.state
+        step, end_of_epoch = st["step"], st["batch"] >= st["epoch_batches"]
+        if step % s.log_every == 0:
+            self._t0 = self._log_window(self._t0)
+        if s.eval_every and step % s.eval_every == 0:
+            self._validate()
+        if end_of_epoch:
+            self._end_epoch()
+        elif step % s.checkpoint_every == 0:
+            self._save()
+        if self.on_step is not None:
+            self.on_step(step)
+        return end_of_epoch
+
+    def _end_epoch(self) -> None:
+        """Closes a pass over the data: per-epoch validation (when eval_every is unset), next epoch, checkpoint."""
+        self._t0 = self._log_window(self._t0)
+        if not self.s.eval_every:
+            self._validate()
+        self.state["epoch"], self.state["batch"] = self.state["epoch"] + 1, 0
+        self._save()
+        self._prune_best()
 
     def _accumulate(self, stats: torch.Tensor, batch: dict, grad_norm: float) -> None:
         # The window is kept as plain floats so a checkpoint can carry it; one host sync per step is cheap
@@ -334,6 +389,10 @@ class Trainer:
         if "val/loss" in bm:
             best_metrics.update({"best/val_loss": bm["val/loss"], "best/predicted_tau": bm["val/predicted_tau"],
                                  "best/val_acc_0": bm["val/acc_0"]})
-        self.reporter.metrics(best_metrics, step=self.state["step"])
+        epochs_seen = self.state["step"] / max(1, self.state["epoch_batches"] or 1)
+        budget = {"train/steps": float(self.state["step"]), "train/epochs_seen": epochs_seen,
+                  "train/stopped_early": float(bool(self.state["stopped_early"]))}
+        final.update(budget)
+        self.reporter.metrics({**best_metrics, **budget}, step=self.state["step"])
         return TrainResult(final=final, best=best_metrics, history=list(self.state["history"]),
                            best_weights=self.ckpt_dir / best["file"], steps=self.state["step"])
