@@ -22,7 +22,7 @@ log = logging.getLogger("draftlab")
 def preflight(cfg) -> None:
     """Checks that need the target's shape but not its weights, so that bad input fails before any work."""
     from draftlab.data.layers import resolve_layers
-    from draftlab.target import target_shape
+    from draftlab.target_shape import target_shape
 
     shape = target_shape(cfg.target)
     resolve_layers(cfg.extract.layers, shape["num_hidden_layers"])  # raises ConfigError naming extract.layers
