@@ -39,12 +39,15 @@ STAGES: dict[str, StageSpec] = {
         "data.max_new_tokens", "data.temperature", "data.batch_size"), grows_with=("data.samples",)),
     "extract": StageSpec("extract", _TARGET + ("extract.layers", "extract.dtype", "extract.mode"),
                          needs=("generate",), grows_with=("data.samples", "draft.vocab_size")),
-    "train": StageSpec("train", ("data.samples", "draft", "train", "serve.num_steps"), needs=("generate", "extract")),
+    "train": StageSpec("train", ("data.samples", "extract.mode", "draft", "train", "serve.num_steps"),
+                       needs=("generate", "extract")),
     # bench reads data.samples to pick the same held-out prompts whatever else the shared pool holds.
     "bench": StageSpec("bench", _TARGET + _PROMPTS + ("data.samples", "serve", "bench"), needs=("generate", "train")),
 }
-# Settings that change how fast, not what: they never split a cache.
-NOT_FINGERPRINTED = {"train.log_every", "train.device", "serve.host", "serve.port", "serve.python"}
+# Settings that change how fast, where, or how files are cut, not what they hold: they never split a cache.
+# tests/test_stage_reads.py checks that every key a stage reads is in its reads or here.
+NOT_FINGERPRINTED = {"train.log_every", "train.device", "serve.host", "serve.port", "serve.python", "target.device",
+                     "data.shard_size", "extract.batch_size", "extract.shard_size"}
 # Read by every stage, never part of a key: where outputs go and how they are tracked.
 NOT_OUTPUT_SETTINGS = ("paths", "tracking", "stages")
 
