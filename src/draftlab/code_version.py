@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import json
 from functools import lru_cache
 from pathlib import Path
 
@@ -97,3 +98,28 @@ def _hash(stamps: tuple) -> str:
     for module, file, _, _ in stamps:
         digest.update(module.encode() + b"\0" + Path(file).read_bytes() + b"\0")
     return digest.hexdigest()
+
+
+def cached_code_version(name: str, cache_dir: Path, root: Path | None = None) -> str:
+    """`code_version`, remembered in `cache_dir` under a stamp of every source file of the package (path,
+    size, mtime): stat-ing the tree takes a millisecond, parsing and hashing it a few hundred, which an
+    all-cached rerun should not pay. Any edit, added or removed file changes the stamp."""
+    root = Path(root or PACKAGE_ROOT)
+    files = sorted(root.rglob("*.py"))
+    stamp = hashlib.sha256("\n".join(f"{f}|{f.stat().st_size}|{f.stat().st_mtime_ns}" for f in files).encode())
+    key = f"{name}|{stamp.hexdigest()}"
+    cache = Path(cache_dir) / "code_versions.json"
+    try:
+        known = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if key not in known:
+        from draftlab.fsutil import atomic_write_json
+
+        known = {k: v for k, v in known.items() if not k.startswith(f"{name}|")}  # only the newest per stage
+        known[key] = code_version(name, root)
+        try:  # a cache: a concurrent writer may win, and a read-only disk only costs a rehash next time
+            atomic_write_json(cache, known)
+        except OSError:
+            pass
+    return known[key]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from draftlab.code_version import code_version
+from draftlab.code_version import cached_code_version
 from draftlab.fsutil import atomic_write_json
 from draftlab.provenance import file_sha256, fingerprint
 
@@ -116,7 +116,7 @@ def plan(cfg, package_root: Path | None = None) -> dict[str, PlannedStage]:
         upstream = {up: (planned[up].folder.name if STAGES[up].incremental else planned[up].key) for up in spec.needs}
         upstream_full = {up: planned[up].key for up in spec.needs}
         reads = {"stage": name, "reads": _values(cfg, spec.reads), "inputs": upstream,
-                 "code": code_version(name, package_root)}
+                 "code": cached_code_version(name, root / ".cache", package_root)}
         if "data.path" in spec.reads:
             reads["data.sha256"] = data_sha
         folder_key = fingerprint(reads)
