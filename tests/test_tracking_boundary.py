@@ -25,3 +25,15 @@ def test_the_check_sees_an_import_inside_a_function(tmp_path):
     file = tmp_path / "m.py"
     file.write_text("def f():\n    from mlflow.entities import Metric\n")
     assert _imports_mlflow(file)
+
+
+def test_child_search_pages_through_every_child(tmp_path):
+    from draftlab.tracking import child_runs, create_run, open_client, search_runs
+
+    client = open_client(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    parent = create_run(client, "paging", "parent", {})
+    children = {create_run(client, "paging", f"c{i}", {"mlflow.parentRunId": parent}) for i in range(5)}
+    experiment = client.get_run(parent).info.experiment_id
+    paged = search_runs(client, [experiment], f"tags.`mlflow.parentRunId` = '{parent}'", page_size=2)
+    assert {r.info.run_id for r in paged} == children  # three pages of 2, 2 and 1
+    assert {r.info.run_id for r in child_runs(client, parent)} == children
