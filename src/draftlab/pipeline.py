@@ -28,27 +28,44 @@ def run_stages(cfg, reporter: Reporter, names: list[str] | None = None) -> dict[
     """Runs the requested stages in order, skipping those already done; returns every stage's metrics."""
     wanted = [n for n in STAGES if n in (names or cfg.stages)]
     planned = plan(cfg)
-    commit = None
+    commit = _current_commit()
     results: dict[str, float] = {}
-    for name in wanted:
-        stage = planned[name]
-        inputs = {up: planned[up].folder for up in stage.spec.needs}
-        for up in stage.spec.needs:
-            if up not in wanted and not planned[up].done_record.exists():
-                raise RuntimeError(f"stage {name} needs {up} output {planned[up].folder}, which is not complete: "
-                                   f"run with stages=[{up},{name}] or all stages")
-        if commit is None:
-            from draftlab.tracking import repo_root
-
-            state = git_state(repo_root())  # a dirty tree is not its commit: say so
-            commit = state["git.commit"] + ("+dirty" if state["git.dirty"] == "true" else "")
-        metrics, produced_by = run_stage(_continuation(cfg) if name == "train" else cfg, stage, inputs, reporter,
-                                         commit)
-        reporter.tag(f"fingerprint.{name}", stage.key)
-        reporter.tag(f"folder.{name}", str(stage.folder))
-        reporter.tag(f"{name}/produced_by", produced_by)
-        results.update(metrics)
+    tags: dict[str, str] = {}
+    try:  # the stages that finished are tagged even when a later one fails
+        for name in wanted:
+            stage = planned[name]
+            inputs = {up: planned[up].folder for up in stage.spec.needs}
+            for up in stage.spec.needs:
+                if up not in wanted and not planned[up].done_record.exists():
+                    raise RuntimeError(f"stage {name} needs {up} output {planned[up].folder}, which is not "
+                                       f"complete: run with stages=[{up},{name}] or all stages")
+            stage_cfg = _continuation(cfg) if name == "train" else cfg
+            metrics, produced_by = run_stage(stage_cfg, stage, inputs, reporter, commit)
+            tags.update({f"fingerprint.{name}": stage.key, f"folder.{name}": str(stage.folder),
+                         f"{name}/produced_by": produced_by})
+            results.update(metrics)
+    finally:
+        _tag_all(reporter, tags)
     return results
+
+
+def _current_commit() -> str:
+    """The commit a stage run now is produced by; a dirty tree is not its commit, so it says so."""
+    from draftlab.tracking import repo_root
+
+    state = git_state(repo_root())
+    return state["git.commit"] + ("+dirty" if state["git.dirty"] == "true" else "")
+
+
+def _tag_all(reporter: Reporter, tags: dict[str, str]) -> None:
+    """In one call where the reporter can (MLflow: one transaction, not one per tag)."""
+    if not tags:
+        return
+    if hasattr(reporter, "tag_many"):
+        reporter.tag_many(tags)
+    else:
+        for key, value in tags.items():
+            reporter.tag(key, value)
 
 
 def _with(cfg, key: str, value):
