@@ -80,3 +80,26 @@ def test_dvc_yaml_lists_each_stage_code_as_deps():
         expected = {str(path.relative_to(REPO)) for path in code_version.stage_files(name)}
         assert listed == expected, (f"dvc.yaml stage {name}: code deps should be exactly\n"
                                     + "\n".join(f"      - {dep}" for dep in sorted(expected)))
+
+
+def test_an_extract_pool_made_by_other_code_starts_over(tmp_path, monkeypatch):
+    """Under DVC the extract folder is fixed: after an edit to extract's code, `dvc repro` reruns the stage,
+    which must start the pool over, not find it complete and keep features made by the old code."""
+    from draftlab.config import default_config
+    from draftlab.data.samples import write_samples
+    from draftlab.reporting import RecordingReporter
+    from draftlab.stages import extract
+    from test_extract import make_samples
+
+    write_samples(tmp_path / "generate", make_samples(), shard_size=8)
+    cfg = default_config({"target": {"name": "tiny"}, "paths": {"root": str(tmp_path)}, "data": {"samples": 10},
+                          "extract": {"dtype": "float32", "batch_size": 1, "shard_size": 4},
+                          "draft": {"vocab_size": 64}})
+
+    def run():
+        return extract.run(cfg, tmp_path / "extract", {"generate": tmp_path / "generate"}, RecordingReporter())
+
+    assert run()["extract/new_samples"] == 10
+    assert run()["extract/new_samples"] == 0  # same code: the pool is complete
+    monkeypatch.setattr(extract, "code_version", lambda name: "edited")
+    assert run()["extract/new_samples"] == 10
