@@ -56,6 +56,21 @@ def test_every_key_a_stage_reads_is_in_its_cache_key(tiny_cfg, accessed):
     assert not any(undeclared.values()), f"keys read but missing from StageSpec.reads: {undeclared}"
 
 
+# Declared keys a tiny-target run does not read: the target's files are read only for target=hf / gguf.
+READ_BY_OTHER_TARGETS = {"target.path", "target.gguf_file"}
+
+
+def test_every_declared_key_is_read(tiny_cfg, accessed):
+    """The other direction: a declared key that no stage code reads only splits caches for nothing."""
+    run_task(tiny_cfg("data.samples=16", "tracking.enabled=false"))
+    unread = {}
+    for name, spec in STAGES.items():
+        keys = accessed[name]
+        unread[name] = sorted(d for d in set(spec.reads + spec.grows_with) - READ_BY_OTHER_TARGETS
+                              if not any(k == d or k.startswith(d + ".") for k in keys))
+    assert not any(unread.values()), f"declared in StageSpec.reads but never read: {unread}"
+
+
 def test_the_recorder_sees_a_read(tiny_cfg, accessed, monkeypatch):
     """The check above can fail: a stage that reads an undeclared key is caught."""
     from draftlab.stages import generate
