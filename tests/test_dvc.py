@@ -39,13 +39,17 @@ def _sh(args, cwd, env):
 def dvc_repo(tmp_path):
     repo = tmp_path / "repo"
     repo.mkdir()
-    for item in ("conf", "dvc.yaml", ".dvc/config", ".dvcignore", ".gitignore"):
+    for item in ("conf", "src", "dvc.yaml", ".dvc/config", ".dvcignore", ".gitignore"):
         source = REPO / item
         (repo / item).parent.mkdir(parents=True, exist_ok=True)
-        (shutil.copytree if source.is_dir() else shutil.copy)(source, repo / item)
+        if source.is_dir():
+            shutil.copytree(source, repo / item, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            shutil.copy(source, repo / item)
     overrides = tiny_overrides(tmp_path, "data.samples=8", "paths.root=outputs")
     (repo / "params.yaml").write_text(OmegaConf.to_yaml(compose_config(overrides)))
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    # The stages run the repository's own copy of draftlab, so that editing it is what DVC sees.
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "PYTHONPATH": str(repo / "src"),
            "DVC_NO_ANALYTICS": "1", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
            "GIT_COMMITTER_EMAIL": "t@t"}
     _sh(["git", "init", "-q"], repo, env)
@@ -98,3 +102,28 @@ def test_queued_experiments_log_into_the_repository_store(dvc_repo):
     runs = client.search_runs([client.get_experiment_by_name("draftlab").experiment_id])
     assert sorted(int(r.data.params["data.samples"]) for r in runs) == [8, 16]
     assert all(r.data.tags["draftlab.driver"] == "dvc" for r in runs)
+
+
+def test_edited_train_code_reruns_train_and_bench_in_a_new_run(dvc_repo):
+    """dvc.yaml lists each stage's code: after an edit to train/loop.py, `dvc repro` reruns train and bench
+    only, and logs them into a new MLflow run tagged with the new commit, never into the first command's run."""
+    from mlflow.tracking import MlflowClient
+
+    repo, env, _ = dvc_repo
+    first = _sh(["dvc", "repro"], repo, env)
+    assert all(f"Running stage '{name}'" in first for name in STAGES), first
+    loop = repo / "src/draftlab/train/loop.py"
+    loop.write_text(loop.read_text() + "\n# an edit\n")
+    _sh(["git", "commit", "-qam", "edit train"], repo, env)
+    second = _sh(["dvc", "repro"], repo, env)
+    ran = {name for name in STAGES if f"Running stage '{name}'" in second}
+    assert ran == {"train", "bench"}, second
+
+    client = MlflowClient(tracking_uri=OmegaConf.load(repo / "params.yaml").tracking.uri)
+    runs = client.search_runs([client.get_experiment_by_name("draftlab").experiment_id],
+                              order_by=["attributes.start_time ASC"])
+    assert len(runs) == 2 and all(r.info.status == "FINISHED" for r in runs)
+    commits = [r.data.tags["git.commit"] for r in runs]
+    assert commits[0] != commits[1]
+    assert {"generate/seconds", "bench/seconds"} <= set(runs[0].data.metrics)
+    assert "generate/seconds" not in runs[1].data.metrics and "bench/tau" in runs[1].data.metrics

@@ -1,37 +1,57 @@
 """`python -m draftlab stage <name>`: one stage as a DVC command, on the config DVC composed into params.yaml.
 
-DVC decides what to rerun; this only loads params.yaml (no Hydra, as DVC's docs advise for stage code), calls the
-same stage function as src/run.py, writes the metrics file `dvc exp show` reads, and logs into one MLflow run per
-distinct params.yaml, so the stages of one `dvc exp run` land in a single run.
+DVC decides what to rerun; this only loads params.yaml (no Hydra, as DVC's docs advise for stage code), runs
+the stage through the same `draftlab.stages.invoke` as src/run.py, writes the metrics file `dvc exp show`
+reads, and logs into one MLflow run per `dvc repro` / `dvc exp run`: the stages of one DVC command share a run,
+and a later command (even with the same params) opens a new one, tagged with its own commit.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
-import time
+import os
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from draftlab.config import validate
-from draftlab.fsutil import atomic_write_json
-from draftlab.pipeline import final_step
 from draftlab.provenance import file_sha256
-from draftlab.tracking import MlflowReporter, _client, experiment_id, tracked_run, tracking_uri
+from draftlab.stages import invoke
 
 log = logging.getLogger("draftlab.dvc")
 METRICS_DIR = Path("dvc_metrics")  # tracked by git (not under the ignored dvcout/) so `dvc exp show` sees it
+INVOCATION_TAG = "draftlab.dvc_invocation"
 
 
-def _existing_run(cfg, key: str) -> str | None:
-    uri = tracking_uri(cfg.tracking.uri)
-    client = _client(uri)
-    runs = client.search_runs([experiment_id(client, cfg.tracking.experiment, uri)],
-                              filter_string=f"tags.`draftlab.dvc_key` = '{key}'", max_results=1,
-                              order_by=["attributes.start_time DESC"])
-    return runs[0].info.run_id if runs else None
+def _proc_stat(pid: int) -> tuple[int, str] | None:
+    """(parent pid, start time in clock ticks) of a process, from /proc (Linux)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()  # the command name may hold spaces: cut after it
+    return int(fields[1]), fields[19]
+
+
+def dvc_invocation(pid: int | None = None) -> str:
+    """Names the DVC command this stage runs under: pid and start time of the nearest ancestor process
+    whose command line is dvc's (every stage of one `dvc repro` is its child; a later command is another
+    process). Without /proc, the parent process stands in for it."""
+    pid = os.getppid() if pid is None else pid
+    while pid > 1:
+        stat = _proc_stat(pid)
+        if stat is None:
+            break
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            break
+        if any(Path(arg.decode(errors="replace")).name in ("dvc", "dvc.exe") or arg == b"dvc.__main__"
+               for arg in argv[:3]):
+            return f"{pid}-{stat[1]}"
+        pid = stat[0]
+    return f"{os.getppid()}-{(_proc_stat(os.getppid()) or (0, '0'))[1]}"
 
 
 def run_dvc_stage(name: str, params: Path, out: Path, inputs: dict[str, Path]) -> dict[str, float]:
@@ -43,16 +63,10 @@ def run_dvc_stage(name: str, params: Path, out: Path, inputs: dict[str, Path]) -
     from draftlab.task import preflight
 
     preflight(cfg)
-    module = importlib.import_module(f"draftlab.stages.{name}")
-    key = file_sha256(params)[:16]
+    METRICS_DIR.mkdir(exist_ok=True)
 
     def work(reporter) -> dict[str, float]:
-        started = time.perf_counter()
-        out.mkdir(parents=True, exist_ok=True)
-        metrics = dict(module.run(cfg, out, inputs, reporter))
-        metrics[f"{name}/seconds"] = time.perf_counter() - started
-        reporter.metrics(metrics, step=final_step(metrics))
-        atomic_write_json(METRICS_DIR / f"{name}.json", metrics)
+        metrics = invoke(name, cfg, out, inputs, reporter, metrics_files=(METRICS_DIR / f"{name}.json",))
         if name == "train":
             _write_curve(out / "manifest.json", METRICS_DIR / "train_curve.csv")
         return metrics
@@ -61,19 +75,15 @@ def run_dvc_stage(name: str, params: Path, out: Path, inputs: dict[str, Path]) -
         from draftlab.reporting import NullReporter
 
         return work(NullReporter())
-    run_id = _existing_run(cfg, key)
+    from draftlab.tracking import find_run, reopened_run, tracked_run
+
+    tags = {INVOCATION_TAG: dvc_invocation(), "draftlab.dvc_key": file_sha256(params)[:16]}
+    run_id = find_run(cfg, tags)
     if run_id is None:
-        with tracked_run(cfg, tags={"draftlab.dvc_key": key, "draftlab.driver": "dvc"}) as reporter:
+        with tracked_run(cfg, tags={**tags, "draftlab.driver": "dvc"}) as reporter:
             return work(reporter)
-    client = _client(tracking_uri(cfg.tracking.uri))
-    client.update_run(run_id, status="RUNNING")
-    try:
-        metrics = work(MlflowReporter(client, run_id))
-    except BaseException:
-        client.set_terminated(run_id, status="FAILED")
-        raise
-    client.set_terminated(run_id, status="FINISHED")
-    return metrics
+    with reopened_run(cfg, run_id) as reporter:
+        return work(reporter)
 
 
 def _write_curve(manifest: Path, path: Path) -> None:

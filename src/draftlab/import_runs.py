@@ -9,18 +9,16 @@ import argparse
 import json
 from pathlib import Path
 
-from draftlab.tracking import MlflowReporter, _client, experiment_id, tracking_uri
+from draftlab.tracking import create_run, end_run, import_job, open_client
 
 
 def import_runs(folder: Path, experiment: str, uri: str | None = None) -> str:
     """Logs every results.json under `folder`; returns the parent run's id."""
-    from mlflow.entities import Param
-
     files = sorted(Path(folder).rglob("results.json"))
     if not files:
         raise FileNotFoundError(f"{folder}: no results.json (were the jobs run with src/run.py?)")
     records = []
-    for file in files:
+    for file in files:  # every file is checked before the first run is created
         try:
             record = json.loads(file.read_text())
         except ValueError as err:
@@ -28,21 +26,18 @@ def import_runs(folder: Path, experiment: str, uri: str | None = None) -> str:
         if not isinstance(record, dict) or not {"params", "metrics"} <= set(record):
             raise ValueError(f"{file}: not a draftlab results.json (needs params and metrics)")
         records.append((file, record))
-    uri = tracking_uri(uri)
-    client = _client(uri)
-    exp = experiment_id(client, experiment, uri)
-    parent = client.create_run(exp, run_name=f"import-{Path(folder).name}",
-                               tags={"draftlab.role": "sweep", "draftlab.imported_from": str(folder)}).info.run_id
-    for file, record in records:
-        tags = {**{k: str(v) for k, v in record.get("tags", {}).items()}, "mlflow.parentRunId": parent,
-                "draftlab.imported_from": str(file.parent)}
-        run_id = client.create_run(exp, run_name=file.parent.name, tags=tags).info.run_id
-        params = [Param(k, str(v)[:6000]) for k, v in sorted(record["params"].items())]
-        for start in range(0, len(params), 100):
-            client.log_batch(run_id, params=params[start:start + 100])
-        MlflowReporter(client, run_id).metrics(record["metrics"])
-        client.set_terminated(run_id, status="FINISHED")
-    client.set_terminated(parent, status="FINISHED")
+    client = open_client(uri)
+    parent = create_run(client, experiment, f"import-{Path(folder).name}",
+                        {"draftlab.role": "sweep", "draftlab.imported_from": str(folder)})
+    try:
+        for file, record in records:
+            tags = {**{k: str(v) for k, v in record.get("tags", {}).items()}, "mlflow.parentRunId": parent,
+                    "draftlab.imported_from": str(file.parent)}
+            import_job(client, experiment, file.parent.name, record["params"], record["metrics"], tags)
+    except BaseException:
+        end_run(client, parent, failed=True)
+        raise
+    end_run(client, parent)
     return parent
 
 

@@ -1,107 +1,71 @@
-"""The stage registry and the content-addressed cache that makes `src/run.py` recompute only what changed.
+"""Runs the stages of a `src/run.py` job in order, recomputing only what changed.
 
-Each stage's folder is `paths.root/<stage>/<key>/`, where the key is a fingerprint of the config values the
-stage reads plus its inputs' keys, so parallel jobs of a sweep never collide and equal work is done once.
-Incremental stages (generate, extract) leave `data.samples` out of their folder key: the folder is a pool that
-grows, and a finished request is remembered by a completion record keyed by the full key.
+Each stage's folder is `paths.root/<stage>/<key>/` (keys: `draftlab.stage_keys`), so parallel jobs of a sweep
+never collide and equal work is done once. Incremental stages (generate, extract) leave `data.samples` out of
+their folder key: the folder is a pool that grows, and a finished request is remembered by a completion record
+keyed by the full key. The record also names the commit that produced it, logged as `<stage>/produced_by` when
+a later job reuses it.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from draftlab.fsutil import atomic_write_json, file_lock, read_json, remove_leftovers
-from draftlab.provenance import fingerprint
+from draftlab.provenance import git_state
 from draftlab.reporting import Reporter
+from draftlab.stage_keys import NOT_FINGERPRINTED, STAGES, PlannedStage, StageSpec, plan  # noqa: F401 (re-exported)
+from draftlab.stages import final_step, invoke  # noqa: F401 (final_step re-exported)
 
 log = logging.getLogger("draftlab.pipeline")
-
-
-@dataclass(frozen=True)
-class StageSpec:
-    name: str
-    reads: tuple[str, ...]  # config keys (or whole sections) that determine the output
-    needs: tuple[str, ...] = ()  # upstream stages, in order
-    grows_with: tuple[str, ...] = ()  # keys an incremental pool serves from the same folder
-
-    @property
-    def incremental(self) -> bool:
-        return bool(self.grows_with)
-
-
-_TARGET = ("target.name", "target.path", "target.gguf_file", "target.dtype", "target.tiny")
-_PROMPTS = ("data.source", "data.path", "data.seed", "data.val_fraction", "data.max_prompt_tokens")
-
-STAGES: dict[str, StageSpec] = {
-    "generate": StageSpec("generate", _TARGET + _PROMPTS + (
-        "data.max_new_tokens", "data.temperature", "data.batch_size", "data.generator"), grows_with=("data.samples",)),
-    "extract": StageSpec("extract", _TARGET + ("extract.layers", "extract.dtype", "extract.mode"),
-                         needs=("generate",), grows_with=("data.samples", "draft.vocab_size")),
-    "train": StageSpec("train", ("data.samples", "draft", "train", "serve.num_steps"), needs=("generate", "extract")),
-    "bench": StageSpec("bench", _TARGET + _PROMPTS + ("serve", "bench"), needs=("generate", "train")),
-}
-# Settings that change how fast, not what: they never split a cache.
-NOT_FINGERPRINTED = {"train.log_every", "train.device", "serve.host", "serve.port", "serve.python"}
-
-
-@dataclass
-class PlannedStage:
-    spec: StageSpec
-    folder: Path
-    folder_key: str  # what the folder holds: the stage's settings and its inputs' folders
-    key: str  # full key: folder key + grows_with values + inputs' full keys
-
-    @property
-    def done_record(self) -> Path:
-        return self.folder / ".done" / f"{self.key[:16]}.json"
-
-
-def _values(cfg, keys: tuple[str, ...]) -> dict:
-    values = {}
-    for key in keys:
-        node = OmegaConf.select(cfg, key, throw_on_missing=True)
-        values[key] = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
-        if isinstance(values[key], dict):
-            values[key] = {k: v for k, v in values[key].items() if f"{key}.{k}" not in NOT_FINGERPRINTED}
-    return values
-
-
-def plan(cfg) -> dict[str, PlannedStage]:
-    """Folders and keys of every stage for this config (cheap: no file is touched)."""
-    root = Path(cfg.paths.root)
-    planned: dict[str, PlannedStage] = {}
-    for name, spec in STAGES.items():
-        upstream = {up: (planned[up].folder.name if STAGES[up].incremental else planned[up].key) for up in spec.needs}
-        upstream_full = {up: planned[up].key for up in spec.needs}
-        folder_key = fingerprint({"stage": name, "reads": _values(cfg, spec.reads), "inputs": upstream})
-        full_key = fingerprint({"folder": folder_key, "grows": _values(cfg, spec.grows_with), "inputs": upstream_full})
-        planned[name] = PlannedStage(spec, root / name / folder_key[:16], folder_key[:16], full_key)
-    return planned
+PRODUCED_BY = "draftlab/produced_by"  # key of the producing commit inside a completion record
 
 
 def run_stages(cfg, reporter: Reporter, names: list[str] | None = None) -> dict[str, float]:
     """Runs the requested stages in order, skipping those already done; returns every stage's metrics."""
     wanted = [n for n in STAGES if n in (names or cfg.stages)]
     planned = plan(cfg)
+    commit = _current_commit()
     results: dict[str, float] = {}
-    for name in wanted:
-        stage = planned[name]
-        inputs = {up: planned[up].folder for up in stage.spec.needs}
-        for up in stage.spec.needs:
-            if up not in wanted and not planned[up].done_record.exists():
-                raise RuntimeError(f"stage {name} needs {up} output {planned[up].folder}, which is not complete: "
-                                   f"run with stages=[{up},{name}] or all stages")
-        metrics = run_stage(_continuation(cfg) if name == "train" else cfg, stage, inputs, reporter)
-        reporter.tag(f"fingerprint.{name}", stage.key)
-        reporter.tag(f"folder.{name}", str(stage.folder))
-        results.update(metrics)
+    tags: dict[str, str] = {}
+    try:  # the stages that finished are tagged even when a later one fails
+        for name in wanted:
+            stage = planned[name]
+            inputs = {up: planned[up].folder for up in stage.spec.needs}
+            for up in stage.spec.needs:
+                if up not in wanted and not planned[up].done_record.exists():
+                    raise RuntimeError(f"stage {name} needs {up} output {planned[up].folder}, which is not "
+                                       f"complete: run with stages=[{up},{name}] or all stages")
+            stage_cfg = _continuation(cfg) if name == "train" else cfg
+            metrics, produced_by = run_stage(stage_cfg, stage, inputs, reporter, commit)
+            tags.update({f"fingerprint.{name}": stage.key, f"folder.{name}": str(stage.folder),
+                         f"{name}/produced_by": produced_by})
+            results.update(metrics)
+    finally:
+        _tag_all(reporter, tags)
     return results
+
+
+def _current_commit() -> str:
+    """The commit a stage run now is produced by; a dirty tree is not its commit, so it says so."""
+    from draftlab.tracking import repo_root
+
+    state = git_state(repo_root())
+    return state["git.commit"] + ("+dirty" if state["git.dirty"] == "true" else "")
+
+
+def _tag_all(reporter: Reporter, tags: dict[str, str]) -> None:
+    """In one call where the reporter can (MLflow: one transaction, not one per tag)."""
+    if not tags:
+        return
+    if hasattr(reporter, "tag_many"):
+        reporter.tag_many(tags)
+    else:
+        for key, value in tags.items():
+            reporter.tag(key, value)
 
 
 def _with(cfg, key: str, value):
@@ -124,33 +88,23 @@ def _continuation(cfg):
     return _with(cfg, "train.init_from", None)
 
 
-def run_stage(cfg, stage: PlannedStage, inputs: dict[str, Path], reporter: Reporter) -> dict[str, float]:
+def run_stage(cfg, stage: PlannedStage, inputs: dict[str, Path], reporter: Reporter,
+              commit: str = "unknown") -> tuple[dict[str, float], str]:
+    """(metrics, commit that produced them): runs the stage through `invoke`, or reuses its completion record."""
     name = stage.spec.name
-    cached = read_json(stage.done_record)
-    if cached is None:
+    record = read_json(stage.done_record)
+    if record is None:
         stage.folder.mkdir(parents=True, exist_ok=True)
         with file_lock(stage.folder.with_suffix(".lock")):  # a parallel job doing the same work waits here
-            cached = read_json(stage.done_record)
-            if cached is None:
+            record = read_json(stage.done_record)
+            if record is None:
                 remove_leftovers(stage.folder, ".*.tmp", recursive=True)  # a killed job's half-written files
                 log.info("stage %s: running in %s", name, stage.folder)
-                started = time.perf_counter()
-                module = importlib.import_module(f"draftlab.stages.{name}")
-                metrics = dict(module.run(cfg, stage.folder, inputs, reporter))
-                metrics[f"{name}/seconds"] = time.perf_counter() - started
-                metrics[f"{name}/cached"] = float(metrics.get(f"{name}/new_samples", 1) == 0)
-                if not stage.spec.incremental:
-                    atomic_write_json(stage.folder / "metrics.json", metrics)
-                atomic_write_json(stage.done_record, metrics)  # last: it marks the stage complete
-                reporter.metrics(metrics, step=final_step(metrics))
-                return metrics
-    log.info("stage %s: cached in %s, skipped", name, stage.folder)
-    metrics = {**cached, f"{name}/cached": 1.0, f"{name}/seconds": 0.0}
+                files = () if stage.spec.incremental else (stage.folder / "metrics.json",)
+                metrics = invoke(name, cfg, stage.folder, inputs, reporter, metrics_files=files)
+                atomic_write_json(stage.done_record, {"metrics": metrics, "produced_by": commit})
+                return metrics, commit
+    log.info("stage %s: cached in %s (produced by commit %s), skipped", name, stage.folder, record["produced_by"])
+    metrics = {**record["metrics"], f"{name}/cached": 1.0, f"{name}/seconds": 0.0}
     reporter.metrics(metrics, step=final_step(metrics))
-    return metrics
-
-
-def final_step(metrics: dict) -> int:
-    """A stage's summary lands at its last optimizer step, so it extends the curves instead of adding a
-    point at step 0 to them."""
-    return int(metrics.get("train/steps", 0))
+    return metrics, record["produced_by"]

@@ -53,7 +53,7 @@ def check_target_path(target) -> None:
 def check_target_shape(cfg) -> None:
     """Layer ids and the draft vocabulary against the target's shape, read from its config alone."""
     from draftlab.data.layers import resolve_layers
-    from draftlab.target import target_shape
+    from draftlab.target_shape import target_shape
 
     try:
         shape = target_shape(cfg.target)
@@ -76,8 +76,8 @@ def _pool_holds(cfg) -> bool:
     """The generate pool already holds data.samples samples: its prompts were checked when it was made."""
     from draftlab.pipeline import plan
 
-    manifest = plan(cfg)["generate"].folder / "manifest.json"
-    try:
+    try:  # planning hashes the prompt file: a missing one is check_prompts' to report
+        manifest = plan(cfg)["generate"].folder / "manifest.json"
         return json.loads(manifest.read_text())["num_samples"] >= cfg.data.samples
     except (OSError, ValueError, KeyError, TypeError):
         return False

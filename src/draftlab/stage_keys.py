@@ -1,0 +1,133 @@
+"""The stage registry and the keys that name each stage's folder: what the stage reads, its code, its data.
+
+A stage's folder key is a fingerprint of the config values it reads, the hash of its code
+(`draftlab.code_version`), its inputs' keys and, for generate, the prompt file's content hash. Kept apart from
+the pipeline so a stage (generate checks that its pool is its own) can compute its key without importing the
+runner, and so nothing here loads torch.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from draftlab.code_version import cached_code_version
+from draftlab.fsutil import atomic_write_json
+from draftlab.provenance import file_sha256, fingerprint
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    name: str
+    reads: tuple[str, ...]  # config keys (or whole sections) that determine the output
+    needs: tuple[str, ...] = ()  # upstream stages, in order
+    grows_with: tuple[str, ...] = ()  # keys an incremental pool serves from the same folder
+
+    @property
+    def incremental(self) -> bool:
+        return bool(self.grows_with)
+
+
+_TARGET = ("target.name", "target.path", "target.gguf_file", "target.dtype", "target.tiny")
+_PROMPTS = ("data.source", "data.path", "data.seed", "data.val_fraction", "data.max_prompt_tokens")
+
+STAGES: dict[str, StageSpec] = {
+    "generate": StageSpec("generate", _TARGET + _PROMPTS + (
+        "data.max_new_tokens", "data.temperature", "data.batch_size", "data.generator"),
+        grows_with=("data.samples",)),
+    "extract": StageSpec("extract", _TARGET + ("extract.layers", "extract.dtype", "extract.mode"),
+                         needs=("generate",), grows_with=("data.samples", "draft.vocab_size")),
+    "train": StageSpec("train", ("data.samples", "extract.mode", "draft", "train", "serve.num_steps"),
+                       needs=("generate", "extract")),
+    # bench reads data.samples to pick the same held-out prompts whatever else the shared pool holds; the
+    # prompts themselves come from generate's samples, whose key is one of bench's inputs.
+    "bench": StageSpec("bench", _TARGET + ("data.samples", "serve", "bench"), needs=("generate", "train")),
+}
+# Settings that change how fast, where, or how files are cut, not what they hold: they never split a cache.
+# tests/test_stage_reads.py checks that every key a stage reads is in its reads or here.
+NOT_FINGERPRINTED = {"train.log_every", "train.device", "serve.host", "serve.port", "serve.python", "target.device",
+                     "data.shard_size", "extract.batch_size", "extract.shard_size"}
+# Read by every stage, never part of a key: where outputs go and how they are tracked.
+NOT_OUTPUT_SETTINGS = ("paths", "tracking", "stages")
+
+
+@dataclass
+class PlannedStage:
+    spec: StageSpec
+    folder: Path
+    folder_key: str  # what the folder holds: the stage's settings, code, data and its inputs' folders
+    key: str  # full key: folder key + grows_with values + inputs' full keys
+
+    @property
+    def done_record(self) -> Path:
+        return self.folder / ".done" / f"{self.key[:16]}.json"
+
+
+def _values(cfg, keys: tuple[str, ...]) -> dict:
+    values = {}
+    for key in keys:
+        node = OmegaConf.select(cfg, key, throw_on_missing=True)
+        values[key] = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+        if isinstance(values[key], dict):
+            values[key] = {k: v for k, v in values[key].items() if f"{key}.{k}" not in NOT_FINGERPRINTED}
+    return values
+
+
+def prompt_file(data) -> Path:
+    """The file the prompts come from: `data.path`, or the embedded ShareGPT file."""
+    if data.path:
+        return Path(data.path)
+    from draftlab.data.prompts import embedded_sharegpt
+
+    return embedded_sharegpt()
+
+
+def content_sha256(path: Path, cache_dir: Path) -> str:
+    """sha256 of a file's bytes, remembered in `cache_dir` by (path, size, mtime) so that an all-cached rerun
+    does not read 125 MB of ShareGPT again. An edit in place changes size or mtime, so it is hashed afresh."""
+    path = Path(path).resolve()
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"data.path: {path} does not exist") from None
+    stamp = f"{path}|{stat.st_size}|{stat.st_mtime_ns}"
+    cache = Path(cache_dir) / "file_sha256.json"
+    try:
+        known = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if stamp not in known:
+        known = {k: v for k, v in known.items() if not k.startswith(f"{path}|")}
+        known[stamp] = file_sha256(path)
+        try:  # a cache: a concurrent writer may win, and a read-only disk only costs a rehash next time
+            atomic_write_json(cache, known)
+        except OSError:
+            pass
+    return known[stamp]
+
+
+def plan(cfg, package_root: Path | None = None) -> dict[str, PlannedStage]:
+    """Folders and keys of every stage for this config (cheap: reads source files, never a stage output)."""
+    root = Path(cfg.paths.root)
+    data_sha = content_sha256(prompt_file(cfg.data), root / ".cache")
+    planned: dict[str, PlannedStage] = {}
+    for name, spec in STAGES.items():
+        upstream = {up: (planned[up].folder.name if STAGES[up].incremental else planned[up].key) for up in spec.needs}
+        upstream_full = {up: planned[up].key for up in spec.needs}
+        reads = {"stage": name, "reads": _values(cfg, spec.reads), "inputs": upstream,
+                 "code": cached_code_version(name, root / ".cache", package_root)}
+        if "data.path" in spec.reads:
+            reads["data.sha256"] = data_sha
+        folder_key = fingerprint(reads)
+        full_key = fingerprint({"folder": folder_key, "grows": _values(cfg, spec.grows_with), "inputs": upstream_full})
+        planned[name] = PlannedStage(spec, root / name / folder_key[:16], folder_key[:16], full_key)
+    return planned
+
+
+def data_sha256(cfg) -> str:
+    """The prompt file's content hash as the keys see it."""
+    return content_sha256(prompt_file(cfg.data), Path(cfg.paths.root) / ".cache")
+
