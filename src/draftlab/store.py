@@ -1,0 +1,108 @@
+"""Opening the MLflow store: checked up front with a short timeout, and a fresh SQLite store created once.
+
+Why this exists (issue 14):
+- MLflow's HTTP client retries a dead server for minutes (255 s for `http://127.0.0.1:9`), and a read-only
+  SQLite store took 108 s to fail; neither error named the setting to fix. Here a dead server is refused in
+  milliseconds, and any store that does not answer within `STORE_TIMEOUT_S` is refused naming `tracking.uri`.
+- Two first jobs on a fresh SQLite file raced in MLflow's table creation (alembic), which left the store
+  broken for good. The first open of a SQLite store therefore happens under a file lock beside the database.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+import threading
+import urllib.parse
+from pathlib import Path
+
+from draftlab.config import ConfigError
+from draftlab.fsutil import file_lock
+
+STORE_TIMEOUT_S = 10.0  # the whole check; the issue asks for a refusal within 15 s
+CONNECT_TIMEOUT_S = 5.0
+
+HINT = "fix tracking.uri (or MLFLOW_TRACKING_URI), or run with tracking.enabled=false and import-runs later"
+
+
+class StoreError(ConfigError):
+    """The tracking store cannot be used; the message names `tracking.uri`."""
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a `sqlite:///` URI (query string dropped), else None."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return Path(uri[len("sqlite:///"):].split("?", 1)[0])  # sqlite:////abs/path or sqlite:///relative
+
+
+def check_reachable(uri: str) -> None:
+    """Cheap checks that need no MLflow: the HTTP server accepts a connection; the SQLite file is writable."""
+    parts = urllib.parse.urlsplit(uri)
+    if parts.scheme in ("http", "https"):
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        try:
+            socket.create_connection((parts.hostname, port), timeout=CONNECT_TIMEOUT_S).close()
+        except OSError as err:
+            raise StoreError(f"tracking.uri: cannot reach the MLflow server at {uri} ({err}); {HINT}") from None
+        return
+    path = sqlite_path(uri)
+    if path is None:
+        return
+    folder = path.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise StoreError(f"tracking.uri: cannot create the folder of the SQLite store {path} ({err}); {HINT}") from None
+    # SQLite writes a journal beside the database, so the folder must be writable as well as the file.
+    for target in (folder, path) if path.exists() else (folder,):
+        if not os.access(target, os.W_OK):
+            raise StoreError(f"tracking.uri: the SQLite store {path} is read-only ({target} is not writable); "
+                             f"{HINT}")
+
+
+def _with_timeout(what: str, uri: str, call, timeout: float):
+    """Runs `call()` in a daemon thread; a store that hangs (retries, locks) is refused after `timeout` s.
+    A daemon thread never holds the process open after the error."""
+    result: dict = {}
+
+    def target():
+        try:
+            result["value"] = call()
+        except BaseException as err:  # noqa: BLE001 - handed back to the caller below
+            result["error"] = err
+
+    worker = threading.Thread(target=target, name="draftlab-store-check", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise StoreError(f"tracking.uri: {what} {uri} gave no answer within {timeout:.0f} s; {HINT}")
+    if "error" in result:
+        err = result["error"]
+        raise StoreError(f"tracking.uri: {what} {uri} failed: {type(err).__name__}: "
+                         f"{str(err).splitlines()[0] if str(err) else ''}; {HINT}") from err
+    return result["value"]
+
+
+@functools.lru_cache(maxsize=None)
+def open_store(uri: str, timeout: float = STORE_TIMEOUT_S):
+    """An MlflowClient for `uri` whose store answered (and, for SQLite, exists with its tables).
+    Raises StoreError naming `tracking.uri` within about `timeout` seconds otherwise."""
+    check_reachable(uri)
+
+    def open_client():
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=uri)
+        client.search_experiments(max_results=1)  # instantiates the store: tables are created here
+        return client
+
+    path = sqlite_path(uri)
+    if path is None:
+        return _with_timeout("the tracking store", uri, open_client, timeout)
+    try:
+        with file_lock(path.with_name(path.name + ".lock")):
+            return _with_timeout("the SQLite store", uri, open_client, timeout)
+    except OSError as err:
+        raise StoreError(f"tracking.uri: cannot lock the SQLite store {path} ({err}); {HINT}") from None
