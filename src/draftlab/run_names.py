@@ -25,8 +25,10 @@ def _parse(overrides: list[str]):
 
 def sweep_keys(task_overrides: list[str], sweeper_params: dict | None) -> list[str]:
     """The keys a multirun varies, in command-line order, then the sweeper's own."""
-    keys = [o.key_or_group for o in _parse(task_overrides) if o.is_sweep_override()]
-    keys += [k for k in (sweeper_params or {}) if k not in keys]
+    parsed = _parse(task_overrides)
+    keys = [o.key_or_group for o in parsed if o.is_sweep_override()]
+    fixed = {o.key_or_group for o in parsed if not o.is_sweep_override()}  # the command line pins these
+    keys += [k for k in (sweeper_params or {}) if k not in keys and k not in fixed]
     return keys
 
 

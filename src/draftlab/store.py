@@ -3,7 +3,8 @@
 Why this exists (issue 14):
 - MLflow's HTTP client retries a dead server for minutes (255 s for `http://127.0.0.1:9`), and a read-only
   SQLite store took 108 s to fail; neither error named the setting to fix. Here a dead server is refused in
-  milliseconds, and any store that does not answer within `STORE_TIMEOUT_S` is refused naming `tracking.uri`.
+  milliseconds, a remote store that does not answer within `STORE_TIMEOUT_S` is refused, and a SQLite file
+  that cannot be written is refused before MLflow touches it; each error names `tracking.uri`.
 - Two first jobs on a fresh SQLite file raced in MLflow's table creation (alembic), which left the store
   broken for good. The first open of a SQLite store therefore happens under a file lock beside the database.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import functools
 import os
 import socket
+import sqlite3
 import threading
 import urllib.parse
 from pathlib import Path
@@ -34,7 +36,28 @@ def sqlite_path(uri: str) -> Path | None:
     """The database file of a `sqlite:///` URI (query string dropped), else None."""
     if not uri.startswith("sqlite:///"):
         return None
-    return Path(uri[len("sqlite:///"):].split("?", 1)[0])  # sqlite:////abs/path or sqlite:///relative
+    database = uri[len("sqlite:///"):].split("?", 1)[0]  # sqlite:////abs/path or sqlite:///relative
+    return Path(database[len("file:"):] if database.startswith("file:") else database)  # SQLite URI filenames
+
+
+def _probe_sqlite_write(uri: str, path: Path) -> None:
+    """Writes the database header's user_version back unchanged and rolls back: a read-only file, folder or
+    mount (or `mode=ro`) fails here, in milliseconds, instead of inside MLflow's first write."""
+    database, _, query = uri[len("sqlite:///"):].partition("?")
+    params = [p for p in query.split("&") if p and p != "uri=true"]
+    as_uri = database.startswith("file:")
+    target = (database + ("?" + "&".join(params) if params else "")) if as_uri else str(path)
+    try:
+        connection = sqlite3.connect(target, uri=as_uri, timeout=CONNECT_TIMEOUT_S)
+        try:
+            version = connection.execute("PRAGMA user_version").fetchone()[0]
+            connection.execute("BEGIN IMMEDIATE")
+            connection.execute(f"PRAGMA user_version = {int(version)}")  # a write, rolled back: nothing changes
+            connection.rollback()
+        finally:
+            connection.close()
+    except sqlite3.Error as err:
+        raise StoreError(f"tracking.uri: the SQLite store {path} cannot be written ({err}); {HINT}") from None
 
 
 def check_reachable(uri: str) -> None:
@@ -60,6 +83,7 @@ def check_reachable(uri: str) -> None:
         if not os.access(target, os.W_OK):
             raise StoreError(f"tracking.uri: the SQLite store {path} is read-only ({target} is not writable); "
                              f"{HINT}")
+    _probe_sqlite_write(uri, path)
 
 
 def _with_timeout(what: str, uri: str, call, timeout: float):
@@ -88,21 +112,22 @@ def _with_timeout(what: str, uri: str, call, timeout: float):
 @functools.lru_cache(maxsize=None)
 def open_store(uri: str, timeout: float = STORE_TIMEOUT_S):
     """An MlflowClient for `uri` whose store answered (and, for SQLite, exists with its tables).
-    Raises StoreError naming `tracking.uri` within about `timeout` seconds otherwise."""
+    Raises StoreError naming `tracking.uri`: at once for a dead server or an unwritable SQLite file, and after
+    `timeout` seconds for a remote store that does not answer."""
     check_reachable(uri)
+    from mlflow.tracking import MlflowClient  # imported before any clock starts: the import alone takes seconds
 
     def open_client():
-        from mlflow.tracking import MlflowClient
-
         client = MlflowClient(tracking_uri=uri)
-        client.search_experiments(max_results=1)  # instantiates the store: tables are created here
+        client.search_experiments(max_results=1)  # instantiates the store: a fresh SQLite file gets its tables
         return client
 
     path = sqlite_path(uri)
     if path is None:
         return _with_timeout("the tracking store", uri, open_client, timeout)
+    # Local and checked writable above, so no timeout: creating a fresh store's tables takes several seconds.
     try:
         with file_lock(path.with_name(path.name + ".lock")):
-            return _with_timeout("the SQLite store", uri, open_client, timeout)
+            return open_client()
     except OSError as err:
         raise StoreError(f"tracking.uri: cannot lock the SQLite store {path} ({err}); {HINT}") from None
