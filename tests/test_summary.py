@@ -30,7 +30,7 @@ def test_job_summary_names_results_costs_warnings_and_where_to_look():
     command = mlflow_ui_command(uri)
     assert f"\n  {command}\n" in text + "\n"  # on a line of its own, whole
     assert command.endswith(f"ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000 --workers 1")
-    assert "http://127.0.0.1:5000/#/experiments/7/runs/r123" in text
+    assert "http://127.0.0.1:5000/#/experiments/7/runs/r123?workflowType=machine_learning" in text
 
 
 def test_sweep_summary_has_a_row_per_job_and_the_verdict():
@@ -42,7 +42,7 @@ def test_sweep_summary_has_a_row_per_job_and_the_verdict():
                                                           "1.25", "19"]
     assert any("samples=400 seed=0" in line for line in lines)
     assert "data-limited: more data will help" in text
-    assert "http://127.0.0.1:5000/#/experiments/3/runs/p1" in text
+    assert "http://127.0.0.1:5000/#/experiments/3/runs/p1?workflowType=machine_learning" in text
 
 
 def test_a_run_ends_with_the_table_and_its_warnings(tiny_cfg, caplog, tmp_path):

@@ -67,11 +67,17 @@ def mlflow_ui_command(uri: str) -> str:
                        "--workers", "1"])
 
 
+# MLflow 3.17's sidebar has a global GenAI / Model-training switch that a fresh browser keeps on GenAI, and it
+# wins over the experiment's kind tag on first load; the URL parameter opens the model-training view directly.
+TRAINING_VIEW = "workflowType=machine_learning"
+
+
 def run_url(experiment_id: str | None, run_id: str | None, uri: str) -> str | None:
+    """The run's page in the UI (model-training view); None without ids."""
     if not run_id or not experiment_id:
         return None
     base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
-    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}"
+    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}?{TRAINING_VIEW}"
 
 
 def _fmt(value) -> str:
