@@ -134,6 +134,7 @@ def _where_to_look(uri: str | None, url: str | None, what: str) -> str:
     lines = ["", "Open MLflow:", f"  {mlflow_ui_command(uri)}"]
     if url:
         lines.append(f"  then {what}: {url}")
+        lines.append(f"  or all runs: {url.split('/runs/')[0]}/runs?{TRAINING_VIEW}")
     return "\n".join(lines)
 
 
