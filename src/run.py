@@ -17,7 +17,7 @@ from draftlab.tracking import parent_run_id_for
 log = logging.getLogger("draftlab")
 # conf/config.yaml's hydra.run.dir / sweep.dir end in the pid, so two jobs started at once never share a folder
 # (run.log interleaved, results.json overwritten). Cached: a sweep's jobs see their launcher's value.
-OmegaConf.register_new_resolver("draftlab.pid", os.getpid, use_cache=True)
+OmegaConf.register_new_resolver("draftlab.pid", os.getpid, use_cache=True, replace=True)
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")

@@ -33,3 +33,25 @@ def test_two_identical_runs_at_once_on_a_fresh_store(tmp_path):
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("draftlab").experiment_id])
     assert sorted(r.info.status for r in runs) == ["FINISHED", "FINISHED"]
+
+
+def test_hydra_folders_are_unique_per_process(tmp_path):
+    """Two jobs started in the same second (the race above, when the machine is fast enough) still get two
+    folders: the names end in microseconds and the process id."""
+    import importlib.util
+    import re
+
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    spec = importlib.util.spec_from_file_location("draftlab_run_cli", REPO / "src" / "run.py")
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))  # registers the draftlab.pid resolver
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[f"paths.root={tmp_path}"], return_hydra_config=True)
+    for folder in (cfg.hydra.run.dir, cfg.hydra.sweep.dir):
+        name = str(folder).rsplit("/", 1)[1]
+        assert re.fullmatch(rf"\d{{4}}-\d\d-\d\d_\d\d-\d\d-\d\d\.\d{{6}}-{os.getpid()}", name), name
+    # the jobs of one sweep: a subfolder each
+    assert OmegaConf.to_container(cfg.hydra.sweep, resolve=False)["subdir"] == "${hydra.job.num}"
