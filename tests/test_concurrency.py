@@ -55,3 +55,32 @@ def test_hydra_folders_are_unique_per_process(tmp_path):
         assert re.fullmatch(rf"\d{{4}}-\d\d-\d\d_\d\d-\d\d-\d\d\.\d{{6}}-{os.getpid()}", name), name
     # the jobs of one sweep: a subfolder each
     assert OmegaConf.to_container(cfg.hydra.sweep, resolve=False)["subdir"] == "${hydra.job.num}"
+
+
+OPEN_AT = """
+import sys, time
+from draftlab.store import open_store
+from mlflow.tracking import MlflowClient  # imported before the start line, so all four open at once
+while time.time() < float(sys.argv[2]):
+    time.sleep(0.001)
+open_store(sys.argv[1])
+print("opened")
+"""
+
+
+def test_first_opens_of_a_fresh_store_at_once_all_succeed(tmp_path):
+    """Plain MLflow clients opening a fresh SQLite file at once race in its table creation (tried here: 3 of 4
+    failed with `table runs already exists` and the like, and the store stayed broken); open_store's lock
+    serialises them."""
+    import time
+
+    uri = f"sqlite:///{tmp_path / 'fresh' / 'mlflow.db'}"
+    start = time.time() + 15  # every process has imported MLflow by then
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    jobs = [subprocess.Popen([sys.executable, "-c", OPEN_AT, uri, str(start)], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    for job in jobs:
+        out, err = job.communicate(timeout=300)
+        assert job.returncode == 0 and out.strip() == "opened", err[-2000:]
+    client = MlflowClient(tracking_uri=uri)
+    assert client.create_experiment("after") and client.get_experiment_by_name("after")  # the store works
