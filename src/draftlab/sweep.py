@@ -29,8 +29,8 @@ class SweepCallback(Callback):
         sweep_dir = Path(config.hydra.sweep.dir)
         self.started = time.time()
         keys = sweep_keys(list(config.hydra.overrides.task), config.hydra.sweeper.get("params"))
-        write_sweep_keys(sweep_dir, keys)  # each job names its MLflow run after its values of these keys
         if not task_cfg.tracking.enabled:
+            write_sweep_keys(sweep_dir, keys)  # each job names its run (results.json) after its values of these
             return
         definition = OmegaConf.to_yaml({"overrides": list(config.hydra.overrides.task),
                                         "sweeper": OmegaConf.to_container(config.hydra.sweeper, resolve=False),
@@ -41,6 +41,7 @@ class SweepCallback(Callback):
         except ConfigError as err:  # e.g. tracking.uri unreachable: one line, before any job starts
             log.error("config error: %s", err)
             sys.exit(2)
+        write_sweep_keys(sweep_dir, keys)
         log.info("sweep parent run %s", run_id)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
