@@ -101,6 +101,7 @@ def test_metric_logging_failures_during_training_cost_nothing(tiny_cfg, monkeypa
     uri = str(cfg.tracking.uri)
     flaky = FlakyClient(open_store(uri), fail_calls=range(4, 9))  # fails from generate's end into training
     monkeypatch.setattr(tracking, "_client", lambda _uri: flaky)
+    monkeypatch.setattr(tracking, "RETRY_EVERY_S", 0.0)  # retry at every log point (a real run waits 30 s)
     results = run_task(cfg)
     assert results["train/steps"] > 0
     assert "could not log to run" in caplog.text and "answers again" in caplog.text
@@ -195,3 +196,21 @@ def test_experiments_open_on_training_runs_in_the_ui(tiny_cfg):
     client = MlflowClient(tracking_uri=str(cfg.tracking.uri))
     experiment = client.get_experiment_by_name(cfg.tracking.experiment)
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_a_failing_store_is_retried_with_backoff_not_at_every_log_point(monkeypatch):
+    import draftlab.tracking as tracking
+
+    class Dead:
+        calls = 0
+
+        def log_batch(self, *args, **kwargs):
+            Dead.calls += 1
+            raise OSError(28, "No space left on device")
+
+    reporter = tracking.MlflowReporter(Dead(), "run")
+    for step in range(50):
+        reporter.metrics({"train/loss": 1.0}, step=step)
+    assert Dead.calls == 1 and len(reporter.pending) == 50  # kept, tried once: a hanging store costs one wait
+    assert not reporter.flush(force=True) and Dead.calls == 2  # the run's end tries again regardless
+

@@ -64,6 +64,10 @@ def check_reachable(uri: str) -> None:
     """Cheap checks that need no MLflow: the HTTP server accepts a connection; the SQLite file is writable."""
     parts = urllib.parse.urlsplit(uri)
     if parts.scheme in ("http", "https"):
+        # MLflow's defaults (7 retries with backoff, 120 s per request) stall a job for minutes per call on a
+        # store that went away mid-run; the job keeps what it cannot log (MlflowReporter), so fail faster.
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
         port = parts.port or (443 if parts.scheme == "https" else 80)
         try:
             socket.create_connection((parts.hostname, port), timeout=CONNECT_TIMEOUT_S).close()

@@ -23,6 +23,7 @@ from draftlab.provenance import git_state, package_versions
 log = logging.getLogger("draftlab.tracking")
 
 PARENT_ID_FILE = "mlflow_parent_run_id"
+RETRY_EVERY_S = 30.0  # how often a run retries a failing store (MlflowReporter)
 
 
 def repo_root(start: Path | None = None) -> Path:
@@ -108,6 +109,7 @@ class MlflowReporter:
         self.tags: dict[str, str] = {}
         self.pending: list = []  # (kind, payload) not yet in the store, oldest first
         self.failing = False
+        self.retry_at = 0.0  # while failing, a store that hangs must not stall every log point: back off
 
     def metrics(self, values: dict[str, float], step: int | None = None) -> None:
         from mlflow.entities import Metric
@@ -127,8 +129,11 @@ class MlflowReporter:
         self.pending.append(("tag", (key, str(value)[:5000])))
         self.flush()
 
-    def flush(self) -> bool:
-        """Sends what is kept; True when nothing is left. Never raises: the store's fault is logged."""
+    def flush(self, force: bool = False) -> bool:
+        """Sends what is kept; True when nothing is left. Never raises: the store's fault is logged. While the
+        store fails, it is tried again at most every RETRY_EVERY_S seconds, unless `force` (the run's end)."""
+        if self.failing and not force and time.monotonic() < self.retry_at:
+            return False
         while self.pending:
             kind, payload = self.pending[0]
             try:
@@ -139,6 +144,7 @@ class MlflowReporter:
                                 "log point", self.run_id, type(err).__name__, str(err).splitlines()[0] if str(err)
                                 else "", kind)
                 self.failing = True
+                self.retry_at = time.monotonic() + RETRY_EVERY_S
                 return False
             self.pending.pop(0)
         if self.failing:
@@ -236,10 +242,10 @@ def tracked_run(cfg, parent_run_id: str | None = None, tags: dict[str, str] | No
         client.log_text(run_id, OmegaConf.to_yaml(cfg, resolve=True), "config/resolved.yaml")
         yield reporter
     except BaseException:
-        reporter.flush()
+        reporter.flush(force=True)
         _terminate(client, run_id, "FAILED")
         raise
-    if not reporter.flush():
+    if not reporter.flush(force=True):
         log.error("tracking: %d batches could not be logged to run %s; the job's results.json holds its final "
                   "metrics (python -m draftlab import-runs)", len(reporter.pending), run_id)
     _terminate(client, run_id, "FINISHED")
