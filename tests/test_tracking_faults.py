@@ -214,3 +214,18 @@ def test_a_failing_store_is_retried_with_backoff_not_at_every_log_point(monkeypa
     assert Dead.calls == 1 and len(reporter.pending) == 50  # kept, tried once: a hanging store costs one wait
     assert not reporter.flush(force=True) and Dead.calls == 2  # the run's end tries again regardless
 
+
+
+@pytest.mark.parametrize("multirun", [False, True])
+def test_cli_refuses_an_unreachable_store_in_one_line(tmp_path, multirun):
+    command = [sys.executable, str(REPO / "src" / "run.py"), *(["-m"] if multirun else []), "target=tiny",
+               "data.samples=8", "tracking.uri=http://127.0.0.1:9", f"paths.root={tmp_path}"]
+    started = time.monotonic()
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert time.monotonic() - started < 15
+    assert result.returncode == 2
+    errors = [line for line in (result.stdout + result.stderr).splitlines() if "tracking.uri" in line]
+    assert len(errors) == 1 and "config error: tracking.uri: cannot reach" in errors[0]
+    assert "Traceback" not in result.stdout + result.stderr
+    assert not (tmp_path / "multirun").exists() and not (tmp_path / "generate").exists()
