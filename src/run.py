@@ -1,24 +1,31 @@
 """draftlab's command line: `python src/run.py data.samples=N`, `-m experiment=data_scaling`, `stages=[generate]`."""
 
 import logging
+import os
 import sys
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from draftlab.config import ConfigError
+from draftlab.run_names import job_run_name
 from draftlab.task import run_task
 from draftlab.tracking import parent_run_id_for
 
 log = logging.getLogger("draftlab")
+# conf/config.yaml's hydra.run.dir / sweep.dir end in the pid, so two jobs started at once never share a folder
+# (run.log interleaved, results.json overwritten). Cached: a sweep's jobs see their launcher's value.
+OmegaConf.register_new_resolver("draftlab.pid", os.getpid, use_cache=True, replace=True)
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
     sweep_dir = hydra_cfg.sweep.dir if hydra_cfg.mode == RunMode.MULTIRUN else None
+    if cfg.tracking.run_name is None:  # name the MLflow run after what this job varies
+        cfg.tracking.run_name = job_run_name(hydra_cfg, sweep_dir)
     try:
         metrics = run_task(cfg, parent_run_id=parent_run_id_for(sweep_dir), output_dir=hydra_cfg.runtime.output_dir)
     except ConfigError as err:

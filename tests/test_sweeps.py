@@ -29,6 +29,10 @@ def test_data_scaling_sweep_on_tiny_target(tmp_path):
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert sorted(int(c.data.params["data.samples"]) for c in children) == [12, 24]
     assert all(c.info.status == "FINISHED" for c in children)
+    # runs are named after what the sweep varies (train.seed is pinned on the command line, so it does not)
+    assert sorted(c.info.run_name for c in children) == ["samples=12", "samples=24"]
+    assert parent.info.run_name == "sweep samples"
+    assert "sweep summary (2 jobs)" in result.stdout + result.stderr and "samples=24" in result.stdout + result.stderr
     # the largest N ran first and generated the pool; the smaller job read a prefix of it
     by_n = {int(c.data.params["data.samples"]): c.data.metrics for c in children}
     assert by_n[24]["generate/new_samples"] > 0 and by_n[12]["generate/new_samples"] == 0

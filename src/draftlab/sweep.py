@@ -7,14 +7,18 @@ as a child. At the end the parent gets the analysis of its children (src/analyze
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from draftlab.config import validate
-from draftlab.tracking import end_parent_run, parent_run_id_for, start_parent_run
+from draftlab.config import ConfigError, validate
+from draftlab.fsutil import read_json
+from draftlab.run_names import short_names, sweep_keys, write_sweep_keys
+from draftlab.summary import sweep_summary
+from draftlab.tracking import _client, end_parent_run, parent_run_id_for, start_parent_run, tracking_uri
 
 log = logging.getLogger("draftlab.sweep")
 
@@ -22,30 +26,62 @@ log = logging.getLogger("draftlab.sweep")
 class SweepCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         task_cfg = validate({k: v for k, v in config.items() if k != "hydra"})
+        sweep_dir = Path(config.hydra.sweep.dir)
+        self.started = time.time()
+        keys = sweep_keys(list(config.hydra.overrides.task), config.hydra.sweeper.get("params"))
         if not task_cfg.tracking.enabled:
+            write_sweep_keys(sweep_dir, keys)  # each job names its run (results.json) after its values of these
             return
         definition = OmegaConf.to_yaml({"overrides": list(config.hydra.overrides.task),
                                         "sweeper": OmegaConf.to_container(config.hydra.sweeper, resolve=False),
                                         "launcher": config.hydra.launcher.get("_target_", "")})
-        run_id = start_parent_run(task_cfg, Path(config.hydra.sweep.dir), definition)
-        self.started = time.time()
+        name = task_cfg.tracking.run_name or f"sweep {' '.join(short_names(keys).values()) or sweep_dir.name}"
+        try:
+            run_id = start_parent_run(task_cfg, sweep_dir, definition, run_name=name)
+        except ConfigError as err:  # e.g. tracking.uri unreachable: one line, before any job starts
+            log.error("config error: %s", err)
+            sys.exit(2)
+        write_sweep_keys(sweep_dir, keys)
         log.info("sweep parent run %s", run_id)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         task_cfg = validate({k: v for k, v in config.items() if k != "hydra"})
-        run_id = parent_run_id_for(Path(config.hydra.sweep.dir))
-        if run_id is None:
-            return
-        failed = False
-        try:
-            _log_sweep_cost(task_cfg, run_id, time.time() - getattr(self, "started", time.time()))
-            from draftlab.analysis.cli import analyze_parent
+        sweep_dir = Path(config.hydra.sweep.dir)
+        run_id = parent_run_id_for(sweep_dir)
+        verdict = None
+        if run_id is not None:
+            failed = False
+            try:
+                _log_sweep_cost(task_cfg, run_id, time.time() - getattr(self, "started", time.time()))
+                from draftlab.analysis.cli import analyze_parent
 
-            analyze_parent(run_id, tracking_uri=task_cfg.tracking.uri, out=Path(config.hydra.sweep.dir) / "analysis")
-        except Exception as err:  # the sweep's jobs are done and logged; a failed analysis must not hide them
-            log.error("sweep analysis failed: %s", err)
-            failed = True
-        end_parent_run(task_cfg, run_id, failed=failed)
+                result = analyze_parent(run_id, tracking_uri=task_cfg.tracking.uri, out=sweep_dir / "analysis")
+                verdict = f"{result.headline} (tag verdict={result.tag})"
+            except Exception as err:  # the sweep's jobs are done and logged; a failed analysis must not hide them
+                log.error("sweep analysis failed: %s", err)
+                failed = True
+            end_parent_run(task_cfg, run_id, failed=failed)
+        uri = tracking_uri(task_cfg.tracking.uri) if task_cfg.tracking.enabled else None
+        log.info("\n%s", sweep_summary(_job_results(sweep_dir), verdict, uri, run_id,
+                                       _experiment_of(task_cfg) if run_id else None))
+
+
+def _job_results(sweep_dir: Path) -> list[tuple[str, dict]]:
+    """(run name, metrics) of each job, from the results.json its Hydra folder holds, in job order."""
+    jobs = []
+    for file in sorted(sweep_dir.glob("*/results.json"), key=lambda f: (len(f.parent.name), f.parent.name)):
+        record = read_json(file) or {}
+        name = record.get("params", {}).get("tracking.run_name") or f"job {file.parent.name}"
+        jobs.append((name if name != "None" else f"job {file.parent.name}", record.get("metrics", {})))
+    return jobs
+
+
+def _experiment_of(cfg) -> str | None:
+    try:
+        experiment = _client(tracking_uri(cfg.tracking.uri)).get_experiment_by_name(cfg.tracking.experiment)
+    except Exception:  # noqa: BLE001 - the link is a convenience
+        return None
+    return experiment.experiment_id if experiment else None
 
 
 def _log_sweep_cost(cfg, parent_id: str, wall_seconds: float) -> None:

@@ -15,7 +15,8 @@ from draftlab.pipeline import run_stages
 from draftlab.preflight import preflight
 from draftlab.provenance import git_state
 from draftlab.reporting import RecordingReporter
-from draftlab.tracking import flatten, repo_root, tracked_run
+from draftlab.summary import collect_warnings, job_summary
+from draftlab.tracking import flatten, repo_root, tracked_run, tracking_uri
 
 log = logging.getLogger("draftlab")
 
@@ -23,18 +24,27 @@ log = logging.getLogger("draftlab")
 def run_task(cfg, parent_run_id: str | None = None, output_dir: Path | None = None) -> dict[str, float]:
     """Runs the configured stages; returns every stage's metrics. With `output_dir` (the Hydra job folder) the
     job also leaves `results.json` there: params, tags and metrics, importable later with
-    `python -m draftlab import-runs` when the job ran where no tracking store was reachable."""
+    `python -m draftlab import-runs` when the job ran where no tracking store was reachable.
+    The job ends with a summary table on the console (draftlab.summary)."""
     conf = validate(cfg)
     preflight(conf)
-    if not conf.tracking.enabled:
-        reporter = RecordingReporter()
-        results = run_stages(conf, reporter)
-    else:
-        with tracked_run(conf, parent_run_id=parent_run_id) as reporter:
+    with collect_warnings() as warnings:
+        if not conf.tracking.enabled:
+            reporter = RecordingReporter()
             results = run_stages(conf, reporter)
+        else:
+            with tracked_run(conf, parent_run_id=parent_run_id) as reporter:
+                results = run_stages(conf, reporter)
+    results_file = None
     if output_dir is not None:
         tags = {**git_state(repo_root()), **getattr(reporter, "tags", {})}
-        atomic_write_json(Path(output_dir) / "results.json",
-                          {"params": flatten(conf), "metrics": {k: v for k, v in results.items()
-                                                                if isinstance(v, (int, float))}, "tags": tags})
+        results_file = Path(output_dir) / "results.json"
+        atomic_write_json(results_file, {"params": flatten(conf), "metrics": {k: v for k, v in results.items()
+                                                                              if isinstance(v, (int, float))},
+                                         "tags": tags})
+    uri = tracking_uri(conf.tracking.uri) if conf.tracking.enabled else None
+    log.info("\n%s", job_summary(results, getattr(reporter, "tags", {}), warnings.messages, uri,
+                                 run_id=getattr(reporter, "run_id", None),
+                                 experiment_id=getattr(reporter, "experiment_id", None), results_file=results_file,
+                                 stages=conf.stages))
     return results

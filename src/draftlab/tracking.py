@@ -8,8 +8,10 @@ sees a `Reporter`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -22,6 +24,7 @@ from draftlab.provenance import git_state, package_versions
 log = logging.getLogger("draftlab.tracking")
 
 PARENT_ID_FILE = "mlflow_parent_run_id"
+RETRY_EVERY_S = 30.0  # how often a run retries a failing store (MlflowReporter)
 
 
 def repo_root(start: Path | None = None) -> Path:
@@ -49,21 +52,56 @@ def tracking_uri(configured: str | None = None) -> str:
 
 
 def _client(uri: str):
-    from mlflow.tracking import MlflowClient
+    """The client for `uri`, its store checked and (for SQLite) created under a lock."""
+    return open_store(uri)
 
-    return MlflowClient(tracking_uri=uri)
+
+@functools.lru_cache(maxsize=None)
+def open_store(uri: str, timeout: float | None = None):
+    """An MlflowClient for `uri` whose store answered (and, for SQLite, exists with its tables).
+    Raises StoreError naming `tracking.uri`: at once for a dead server or an unwritable SQLite file, and after
+    `timeout` seconds for a remote store that does not answer."""
+    from mlflow.tracking import MlflowClient  # imported before any clock starts: the import alone takes seconds
+
+    from draftlab.fsutil import file_lock
+    from draftlab.store import HINT, STORE_TIMEOUT_S, StoreError, call_with_timeout, check_reachable, sqlite_path
+
+    check_reachable(uri)
+
+    def open_client():
+        client = MlflowClient(tracking_uri=uri)
+        client.search_experiments(max_results=1)  # instantiates the store: a fresh SQLite file gets its tables
+        return client
+
+    path = sqlite_path(uri)
+    if path is None:
+        return call_with_timeout("the tracking store", uri, open_client, timeout or STORE_TIMEOUT_S)
+    # Local and checked writable above, so no timeout: creating a fresh store's tables takes several seconds.
+    try:
+        with file_lock(path.with_name(path.name + ".lock")):
+            return open_client()
+    except OSError as err:
+        raise StoreError(f"tracking.uri: cannot lock the SQLite store {path} ({err}); {HINT}") from None
+
+
+# How MLflow 3.x's UI decides what an experiment is: the experiment tag `mlflow.experimentKind`
+# (values of its ExperimentKind enum in mlflow/server/js: genai_development, custom_model_development, ...).
+# Without it, 3.17 infers the kind and opened ours on the GenAI overview (traces, sessions).
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 
 
 def experiment_id(client, name: str, uri: str) -> str:
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:
+        if experiment.tags.get("mlflow.experimentKind") is None:  # made before draftlab set the kind
+            client.set_experiment_tag(experiment.experiment_id, *next(iter(EXPERIMENT_KIND.items())))
         return experiment.experiment_id
     location = None
     if uri.startswith("sqlite:///"):
         # Keep artifacts beside the database, not wherever the first run happened to start.
         location = (Path(uri[len("sqlite:///"):]).parent / "artifacts" / name).as_uri()
     try:
-        return client.create_experiment(name, artifact_location=location)
+        return client.create_experiment(name, artifact_location=location, tags=EXPERIMENT_KIND)
     except Exception:  # another process may have created it first; anything else is re-raised
         experiment = client.get_experiment_by_name(name)
         if experiment is None:
@@ -87,11 +125,18 @@ def flatten(cfg) -> dict[str, str]:
 
 
 class MlflowReporter:
-    """The Reporter that stage code sees: it writes to one run through the client."""
+    """The Reporter that stage code sees: it writes to one run through the client.
 
-    def __init__(self, client, run_id: str):
-        self.client, self.run_id = client, run_id
+    A store that fails mid-run (a full disk, a server restart) must not kill hours of training: what cannot be
+    logged is kept, a warning says so once, and everything kept is retried, in order, at the next log point and
+    when the run ends (`flush`)."""
+
+    def __init__(self, client, run_id: str, experiment_id: str | None = None):
+        self.client, self.run_id, self.experiment_id = client, run_id, experiment_id
         self.tags: dict[str, str] = {}
+        self.pending: list = []  # (kind, payload) not yet in the store, oldest first
+        self.failing = False
+        self.retry_at = 0.0  # while failing, a store that hangs must not stall every log point: back off
 
     def metrics(self, values: dict[str, float], step: int | None = None) -> None:
         from mlflow.entities import Metric
@@ -99,18 +144,52 @@ class MlflowReporter:
         now = int(time.time() * 1000)
         batch = [Metric(k, float(v), now, step or 0) for k, v in values.items() if _is_number(v)]
         for start in range(0, len(batch), 500):
-            self.client.log_batch(self.run_id, metrics=batch[start:start + 500])
+            self.pending.append(("metrics", batch[start:start + 500]))
+        self.flush()
 
     def artifact(self, path: Path, subdir: str | None = None) -> None:
-        path = Path(path)
-        if path.is_dir():
-            self.client.log_artifacts(self.run_id, str(path), artifact_path=subdir)
-        else:
-            self.client.log_artifact(self.run_id, str(path), artifact_path=subdir)
+        self.pending.append(("artifact", (Path(path), subdir)))
+        self.flush()
 
     def tag(self, key: str, value: str) -> None:
         self.tags[key] = str(value)
-        self.client.set_tag(self.run_id, key, str(value)[:5000])
+        self.pending.append(("tag", (key, str(value)[:5000])))
+        self.flush()
+
+    def flush(self, force: bool = False) -> bool:
+        """Sends what is kept; True when nothing is left. Never raises: the store's fault is logged. While the
+        store fails, it is tried again at most every RETRY_EVERY_S seconds, unless `force` (the run's end)."""
+        if self.failing and not force and time.monotonic() < self.retry_at:
+            return False
+        while self.pending:
+            kind, payload = self.pending[0]
+            try:
+                self._send(kind, payload)
+            except Exception as err:  # noqa: BLE001 - any store fault; the work must go on
+                if not self.failing:
+                    log.warning("tracking: could not log to run %s (%s: %s); keeping %s and retrying at the next "
+                                "log point", self.run_id, type(err).__name__, str(err).splitlines()[0] if str(err)
+                                else "", kind)
+                self.failing = True
+                self.retry_at = time.monotonic() + RETRY_EVERY_S
+                return False
+            self.pending.pop(0)
+        if self.failing:
+            log.warning("tracking: the store answers again; everything kept is now logged to run %s", self.run_id)
+        self.failing = False
+        return True
+
+    def _send(self, kind: str, payload) -> None:
+        if kind == "metrics":
+            self.client.log_batch(self.run_id, metrics=payload)
+        elif kind == "tag":
+            self.client.set_tag(self.run_id, *payload)
+        else:
+            path, subdir = payload
+            if path.is_dir():
+                self.client.log_artifacts(self.run_id, str(path), artifact_path=subdir)
+            else:
+                self.client.log_artifact(self.run_id, str(path), artifact_path=subdir)
 
     def tag_many(self, tags: dict[str, str]) -> None:
         """Several tags in one call: one transaction instead of one per tag (12 tags: 0.37 s -> 0.04 s)."""
@@ -132,37 +211,91 @@ def _log_params(client, run_id: str, cfg) -> None:
     log_params(client, run_id, flatten(cfg))
 
 
+def _process_identity(pid: int) -> str | None:
+    """pid plus the process's start time (Linux /proc), so that a reused pid is not mistaken for a live job."""
+    try:
+        return f"{pid}:{Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[19]}"
+    except (OSError, IndexError):
+        return None
+
+
+def job_key(cfg) -> str:
+    """What makes two jobs the same job: their whole resolved config."""
+    from draftlab.provenance import fingerprint
+
+    return fingerprint(flatten(cfg))[:16]
+
+
+def close_orphans(client, experiment: str, key: str) -> list[str]:
+    """A killed job leaves its run RUNNING. Runs of the same job started on this host by a process that no
+    longer lives are closed as KILLED; returns their ids. Runs from other hosts are left alone (nothing here
+    can tell whether they still run)."""
+    host = socket.gethostname()
+    runs = client.search_runs([experiment], f"tags.`draftlab.job` = '{key}' and attributes.status = 'RUNNING'",
+                              max_results=1000)
+    closed = []
+    for run in runs:
+        tags = run.data.tags
+        if tags.get("draftlab.host") != host or not tags.get("draftlab.process"):
+            continue
+        pid = int(tags["draftlab.process"].split(":")[0])
+        if _process_identity(pid) == tags["draftlab.process"]:
+            continue  # still running (another copy of this job, or a sweep's parent process)
+        client.set_tag(run.info.run_id, "draftlab.closed_as", "killed: its process died; a rerun closed it")
+        client.set_terminated(run.info.run_id, status="KILLED")
+        log.warning("tracking: run %s of this job was left RUNNING by a killed process; closed it as KILLED",
+                    run.info.run_id)
+        closed.append(run.info.run_id)
+    return closed
+
+
 @contextlib.contextmanager
 def tracked_run(cfg, parent_run_id: str | None = None, tags: dict[str, str] | None = None) -> Iterator[MlflowReporter]:
-    """Opens the job's run (a child when `parent_run_id` is given); marks it FAILED if the block raises."""
+    """Opens the job's run (a child when `parent_run_id` is given); marks it FAILED if the block raises.
+    Runs of the same job that a killed process left RUNNING are closed as KILLED first."""
     uri = tracking_uri(cfg.tracking.uri)
     client = _client(uri)
+    key = job_key(cfg)
     all_tags = {**git_state(repo_root()), **{f"version.{k}": v for k, v in package_versions().items()},
-                "command": " ".join(sys.argv)[:5000], **(tags or {})}
+                "command": " ".join(sys.argv)[:5000], "draftlab.job": key, "draftlab.host": socket.gethostname(),
+                "draftlab.process": _process_identity(os.getpid()) or str(os.getpid()), **(tags or {})}
     if parent_run_id:
         all_tags["mlflow.parentRunId"] = parent_run_id
-    run = client.create_run(experiment_id(client, cfg.tracking.experiment, uri), run_name=cfg.tracking.run_name,
-                            tags=all_tags)
+    experiment = experiment_id(client, cfg.tracking.experiment, uri)
+    close_orphans(client, experiment, key)
+    run = client.create_run(experiment, run_name=cfg.tracking.run_name, tags=all_tags)
     run_id = run.info.run_id
     log.info("MLflow run %s in %s (experiment %s)", run_id, uri, cfg.tracking.experiment)
-    reporter = MlflowReporter(client, run_id)
+    reporter = MlflowReporter(client, run_id, experiment)
     try:
         _log_params(client, run_id, cfg)
         client.log_text(run_id, OmegaConf.to_yaml(cfg, resolve=True), "config/resolved.yaml")
         yield reporter
     except BaseException:
-        client.set_terminated(run_id, status="FAILED")
+        reporter.flush(force=True)
+        _terminate(client, run_id, "FAILED")
         raise
-    client.set_terminated(run_id, status="FINISHED")
+    if not reporter.flush(force=True):
+        log.error("tracking: %d batches could not be logged to run %s; the job's results.json holds its final "
+                  "metrics (python -m draftlab import-runs)", len(reporter.pending), run_id)
+    _terminate(client, run_id, "FINISHED")
 
 
-def start_parent_run(cfg, sweep_dir: Path, description: str) -> str:
+def _terminate(client, run_id: str, status: str) -> None:
+    """Ends the run; a store that refuses leaves it RUNNING (a rerun closes it), never hides the job's result."""
+    try:
+        client.set_terminated(run_id, status=status)
+    except Exception as err:  # noqa: BLE001
+        log.error("tracking: could not mark run %s %s (%s)", run_id, status, err)
+
+
+def start_parent_run(cfg, sweep_dir: Path, description: str, run_name: str | None = None) -> str:
     """Creates a sweep's parent run and leaves its id in the sweep folder for the jobs, whatever launches them."""
     uri = tracking_uri(cfg.tracking.uri)
     client = _client(uri)
     tags = {**git_state(repo_root()), "draftlab.sweep_dir": str(sweep_dir), "draftlab.role": "sweep"}
     run = client.create_run(experiment_id(client, cfg.tracking.experiment, uri),
-                            run_name=cfg.tracking.run_name or f"sweep-{Path(sweep_dir).name}", tags=tags)
+                            run_name=run_name or cfg.tracking.run_name or f"sweep-{Path(sweep_dir).name}", tags=tags)
     client.log_text(run.info.run_id, description, "sweep/definition.yaml")
     Path(sweep_dir).mkdir(parents=True, exist_ok=True)
     (Path(sweep_dir) / PARENT_ID_FILE).write_text(run.info.run_id)

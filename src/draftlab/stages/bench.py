@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from draftlab import fsutil
+from draftlab.progress import bar_over
 from draftlab.reporting import Reporter
 from draftlab.serve import alarm
 from draftlab.serve.engine import Generation, SpecEngine, TargetRunner, target_decode
@@ -75,7 +76,7 @@ def measure(model, drafter, prompts: list[list[int]], num_steps: int, max_new_to
         spec(prompts[0], min(8, max_new_tokens), len(prompts))
         base(prompts[0], min(8, max_new_tokens), len(prompts))
     run = BenchRun()
-    for i, ids in enumerate(prompts):
+    for i, ids in enumerate(bar_over(prompts, "bench", "prompt")):
         if i % 2 == 0:
             run.spec.append(spec(ids, max_new_tokens, i))
             run.base.append(base(ids, max_new_tokens, i))

@@ -23,6 +23,7 @@ from draftlab.data.features import (FORMAT, HEAD_FILE, HiddenTap, head_top1, mod
 from draftlab.data.layers import CONVENTION, LAST_WARNING, num_target_layers, resolve_layers, sglang_servable, spec_name
 from draftlab.data.vocab import count_tokens, vocab_name, vocab_path, write_vocab
 from draftlab.fsutil import atomic_save_safetensors, atomic_write_json
+from draftlab.progress import bar
 
 log = logging.getLogger("draftlab.extract")
 
@@ -42,10 +43,11 @@ def extract_batch(tap: HiddenTap, batch: list, dtype: torch.dtype, device) -> li
             for i, s in enumerate(batch)]
 
 
-def extract_shard(tap: HiddenTap, shard: list, batch_size: int, dtype: torch.dtype, device) -> dict:
+def extract_shard(tap: HiddenTap, shard: list, batch_size: int, dtype: torch.dtype, device, on_batch=None) -> dict:
     """The shard's packed sample tensors plus `features` / `last_hidden` / `target_top` (still on the device).
 
-    Samples are batched by length (less padding) and put back in index order.
+    Samples are batched by length (less padding) and put back in index order. `on_batch(n)` after each batch
+    (the progress bar).
     """
     order = sorted(range(len(shard)), key=lambda i: len(shard[i].input_ids))
     results: list = [None] * len(shard)
@@ -53,6 +55,8 @@ def extract_shard(tap: HiddenTap, shard: list, batch_size: int, dtype: torch.dty
         chunk = order[start:start + batch_size]
         for i, triple in zip(chunk, extract_batch(tap, [shard[i] for i in chunk], dtype, device)):
             results[i] = triple
+        if on_batch is not None:
+            on_batch(len(chunk))
     tensors = samples_fmt.pack(shard)
     for slot, key in enumerate(("features", "last_hidden", "target_top")):
         tensors[key] = torch.cat([r[slot] for r in results])
@@ -214,18 +218,20 @@ def _extract(cfg, out: Path, samples_dir: Path, manifest: dict, target, layer_id
     writer = ShardWriter(out, manifest)
     shard: list = []
     start = time.perf_counter()
+    progress = bar(n - done, "extract", "sample")
     try:
         for sample in samples_fmt.read_samples(samples_dir, limit=n):
             if sample.index < done:
                 continue
             shard.append(sample)
             if len(shard) == cfg.extract.shard_size or sample.index == n - 1:
-                tensors = extract_shard(tap, shard, cfg.extract.batch_size, dtype, target.device)
+                tensors = extract_shard(tap, shard, cfg.extract.batch_size, dtype, target.device, progress.update)
                 now = time.perf_counter()
                 writer.submit(tensors, now - start)
                 start, shard = now, []
                 reporter.metrics({"extract/progress_samples": float(sample.index + 1)}, step=sample.index + 1)
     finally:
+        progress.close()
         writer.close()
     log.info("extracted samples %d..%d into %s", done, n - 1, out)
 

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
-from tqdm import tqdm
 
 from draftlab.data.prompts import Prompt, load_prompts, split_for
 from draftlab.data.samples import Sample, SampleWriter, count_samples, read_manifest, read_samples
+from draftlab.progress import bar
 from draftlab.provenance import file_sha256
 from draftlab.stage_keys import data_sha256, plan
 from draftlab.target import Target, load_target
@@ -55,7 +55,7 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter) -> dict[str, float]:
 
     goal = -(-need // data.batch_size) * data.batch_size  # whole batches only
     started, new_tokens = time.perf_counter(), 0
-    progress = tqdm(total=goal - have, desc="generate", unit="sample")
+    progress = bar(goal - have, "generate", "sample")  # moves per batch, not per shard
     while writer.num_samples < need:
         first = writer.num_samples
         size = min(data.shard_size - first % data.shard_size, goal - first)
@@ -65,10 +65,9 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter) -> dict[str, float]:
             raise ValueError(f"data.samples: {need} asked, but {prompts.source} has only "
                              f"{writer.num_samples + len(batch)} prompts within data.max_prompt_tokens="
                              f"{data.max_prompt_tokens}")
-        samples = _generate_shard(target, data, first, batch, continuous)
+        samples = _generate_shard(target, data, first, batch, continuous, progress.update)
         writer.write_shard(samples)
         new_tokens += sum(int(s.loss_mask.sum()) for s in samples)
-        progress.update(len(samples))
         progress.set_postfix(tok_s=f"{new_tokens / (time.perf_counter() - started):.0f}")
     progress.close()
     seconds = time.perf_counter() - started
@@ -95,7 +94,7 @@ def _tokenized_prompts(prompts: list[Prompt], target: Target, data) -> Iterator[
 
 
 def _generate_shard(target: Target, data, first: int, items: list[tuple[Prompt, list[int]]],
-                    continuous: bool = False) -> list[Sample]:
+                    continuous: bool = False, on_batch=None) -> list[Sample]:
     samples = []
     # continuous: the whole shard in one call, refilling up to batch_size rows (draftlab/fastgen.py)
     step = len(items) if continuous else data.batch_size
@@ -122,6 +121,8 @@ def _generate_shard(target: Target, data, first: int, items: list[tuple[Prompt, 
                 split=split_for(prompt.conversation_id, data.val_fraction),
                 prompt=prompt.text, response=text, conversation_id=prompt.conversation_id,
             ))
+        if on_batch is not None:
+            on_batch(len(chunk))
     return samples
 
 

@@ -15,7 +15,9 @@ import torch
 from draftlab import draft_provenance, fsutil
 from draftlab.export import export_draft
 from draftlab.model.draft import DraftModelConfig, Eagle3Draft
+from draftlab.progress import StepBar
 from draftlab.reporting import Reporter
+from draftlab.train.history import replay_history
 from draftlab.train.loop import LoopSettings, Trainer, load_trainable
 
 log = logging.getLogger("draftlab")
@@ -125,8 +127,13 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter: Reporter) -> dict[str
     recorder = _Recorder(reporter)
     trainer = Trainer(model, source, lm_head, settings, out / "checkpoints", recorder)
     # A checkpoint is written into `.ckpt-*.tmp` and renamed: a kill or a full disk must not leave one behind.
-    with fsutil.leftovers_removed(out / "checkpoints", ".ckpt-*.tmp"):  # the stage lock is held
-        result = trainer.run(init_from=cfg.train.init_from)
+    trainer.on_step = progress = StepBar(trainer.state)
+    replay_history(out / "checkpoints", recorder)  # a resumed job's run holds the whole curve
+    try:
+        with fsutil.leftovers_removed(out / "checkpoints", ".ckpt-*.tmp"):  # the stage lock is held
+            result = trainer.run(init_from=cfg.train.init_from)
+    finally:
+        progress.close()
 
     load_trainable(trainer.model, result.best_weights)
     draft_dir = export_draft(trainer.model, dcfg, out / "draft", "bfloat16",

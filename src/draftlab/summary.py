@@ -1,0 +1,164 @@
+"""The table a run ends with: what came out, what it cost, what went wrong, where to look next.
+
+`src/run.py` used to end on "stage bench: running in ..." with every result hidden in MLflow (issue 13). Now a
+job ends with its key metrics, each stage's seconds and cache state, every warning the run raised, the draft
+folder and the exact command that opens MLflow on it; a sweep ends with one row per job and the verdict.
+Rendered by rich as plain text, so the same table reads well on a console and in Hydra's run.log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import shlex
+import sys
+from pathlib import Path
+from typing import Iterator
+
+STAGE_NAMES = ("generate", "extract", "train", "bench")
+# (label, metric names tried in order): the exported draft is the best epoch's, so its numbers come first
+KEY_METRICS = (
+    ("val/loss", ("best/val_loss", "val/loss")),
+    ("acc_0 (val)", ("best/val_acc_0", "val/acc_0")),
+    ("predicted tau", ("best/predicted_tau", "val/predicted_tau", "bench/predicted_tau")),
+    ("bench tau", ("bench/tau",)),
+    ("speed-up", ("bench/speedup",)),
+)
+
+
+class WarningCollector(logging.Handler):
+    """Keeps every WARNING (and worse) that draftlab logs while a job runs, for the summary."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message not in self.messages:
+            self.messages.append(message)
+
+
+@contextlib.contextmanager
+def collect_warnings(logger_name: str = "draftlab") -> Iterator[WarningCollector]:
+    collector = WarningCollector()
+    logger = logging.getLogger(logger_name)
+    logger.addHandler(collector)
+    try:
+        yield collector
+    finally:
+        logger.removeHandler(collector)
+
+
+def mlflow_ui_command(uri: str) -> str:
+    """The command that opens MLflow on this store (local only, one worker: enough for one user)."""
+    if uri.startswith(("http://", "https://")):
+        return f"open {uri} in a browser (the store is an MLflow server)"
+    exe = Path(sys.executable).with_name("mlflow")
+    if exe.exists():
+        try:
+            exe = exe.relative_to(Path.cwd())  # .venv/bin/mlflow reads better than /long/path/.venv/bin/mlflow
+        except ValueError:
+            pass
+    else:
+        exe = Path("mlflow")
+    return shlex.join([str(exe), "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", "5000",
+                       "--workers", "1"])
+
+
+# MLflow 3.17's sidebar has a global GenAI / Model-training switch that a fresh browser keeps on GenAI, and it
+# wins over the experiment's kind tag on first load; the URL parameter opens the model-training view directly.
+TRAINING_VIEW = "workflowType=machine_learning"
+
+
+def run_url(experiment_id: str | None, run_id: str | None, uri: str) -> str | None:
+    """The run's page in the UI (model-training view); None without ids."""
+    if not run_id or not experiment_id:
+        return None
+    base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
+    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}?{TRAINING_VIEW}"
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _first(metrics: dict, names: tuple[str, ...]):
+    return next((metrics[n] for n in names if n in metrics), None)
+
+
+def _render(*tables) -> str:
+    from rich.console import Console
+
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=110, color_system=None, force_terminal=False, soft_wrap=False)
+    for table in tables:
+        console.print(table)
+    return buffer.getvalue().rstrip()
+
+
+def job_summary(metrics: dict, tags: dict, warnings: list[str], uri: str | None, run_id: str | None = None,
+                experiment_id: str | None = None, results_file: Path | None = None, stages=STAGE_NAMES) -> str:
+    """The end-of-job table: key metrics, stages, warnings, where the draft and the run are."""
+    from rich.table import Table
+
+    table = Table(title="draftlab: run summary", show_header=False, title_justify="left", expand=False)
+    table.add_column("what", style="bold", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    for label, names in KEY_METRICS:
+        table.add_row(label, _fmt(_first(metrics, names)))
+    for stage in stages:
+        if f"{stage}/seconds" not in metrics:
+            continue
+        cached = metrics.get(f"{stage}/cached") == 1.0
+        table.add_row(f"{stage}", f"{metrics[f'{stage}/seconds']:.1f} s" + (" (cached)" if cached else ""))
+    table.add_row("warnings", "\n".join(f"- {w}" for w in warnings) if warnings else "none")
+    if tags.get("draft_dir") or tags.get("folder.train"):
+        table.add_row("draft folder", tags.get("draft_dir") or str(Path(tags["folder.train"]) / "draft"))
+    if results_file is not None:
+        table.add_row("results", str(results_file))
+    if not uri:
+        table.add_row("MLflow", "tracking.enabled=false: log this job later with python -m draftlab import-runs")
+    return _render(table) + _where_to_look(uri, run_url(experiment_id, run_id, uri) if uri else None, "this run")
+
+
+def _where_to_look(uri: str | None, url: str | None, what: str) -> str:
+    """The MLflow command on a line of its own, outside the box, so that it copies and pastes whole."""
+    if not uri:
+        return ""
+    lines = ["", "Open MLflow:", f"  {mlflow_ui_command(uri)}"]
+    if url:
+        lines.append(f"  then {what}: {url}")
+        lines.append(f"  or all runs: {url.split('/runs/')[0]}/runs?{TRAINING_VIEW}")
+    return "\n".join(lines)
+
+
+SWEEP_COLUMNS = (("val/loss", ("best/val_loss", "val/loss")), ("acc_0", ("best/val_acc_0", "val/acc_0")),
+                 ("pred. tau", ("best/predicted_tau", "val/predicted_tau")), ("bench tau", ("bench/tau",)),
+                 ("speed-up", ("bench/speedup",)))
+
+
+def sweep_summary(jobs: list[tuple[str, dict]], verdict: str | None, uri: str | None,
+                  parent_run_id: str | None = None, experiment_id: str | None = None) -> str:
+    """One row per job (its run name and key metrics, seconds of real work), then the verdict."""
+    from rich.table import Table
+
+    rows = Table(title=f"draftlab: sweep summary ({len(jobs)} jobs)", title_justify="left")
+    rows.add_column("job", overflow="fold")
+    for label, _ in SWEEP_COLUMNS:
+        rows.add_column(label, justify="right")
+    rows.add_column("seconds", justify="right")
+    for name, metrics in jobs:
+        seconds = sum(metrics.get(f"{s}/seconds", 0.0) for s in STAGE_NAMES)
+        rows.add_row(name, *(_fmt(_first(metrics, names)) for _, names in SWEEP_COLUMNS), f"{seconds:.0f}")
+    footer = Table(show_header=False, expand=False)
+    footer.add_column("what", style="bold", no_wrap=True)
+    footer.add_column("value", overflow="fold")
+    footer.add_row("verdict", verdict or "no analysis (see the log above)")
+    return _render(rows, footer) + _where_to_look(uri, run_url(experiment_id, parent_run_id, uri) if uri else None,
+                                                  "the sweep's parent run")

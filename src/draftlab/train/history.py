@@ -1,0 +1,35 @@
+"""A resumed training job logs the curve its killed predecessor had logged, so its MLflow run holds all of it.
+
+The killed job's points went to a run that is now KILLED (draftlab.tracking.close_orphans); the analysis reads
+the finished run's curves, which without this held only the epochs after the resume (val/loss 2 of 4 points).
+The checkpoint's `history` (one entry per finished epoch, as the loop logged it) is the record.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from draftlab.fsutil import read_json
+from draftlab.reporting import Reporter
+
+log = logging.getLogger("draftlab")
+
+
+def checkpoint_history(ckpt_dir: Path) -> list[dict]:
+    """The per-epoch entries the latest checkpoint holds that the loop logged (those with validation metrics)."""
+    latest = read_json(Path(ckpt_dir) / "latest.json")
+    if not latest:
+        return []
+    state = read_json(Path(ckpt_dir) / latest["name"] / "trainer.json") or {}
+    return [entry for entry in state.get("history", []) if any(k.startswith("val/") for k in entry)]
+
+
+def replay_history(ckpt_dir: Path, reporter: Reporter) -> int:
+    """Logs each checkpointed epoch entry at its step, as the loop did; returns how many."""
+    entries = checkpoint_history(ckpt_dir)
+    for entry in entries:
+        reporter.metrics(entry, step=int(entry["step"]))
+    if entries:
+        log.info("train: resuming; logged the %d epoch(s) of validation history from the checkpoint", len(entries))
+    return len(entries)

@@ -1,0 +1,83 @@
+"""Runs that explain themselves (issue 13 part 5): the end-of-run table, and run names that say what varies."""
+
+import logging
+
+import pytest
+
+from draftlab.run_names import job_run_name, run_name, sweep_keys, write_sweep_keys
+from draftlab.summary import job_summary, mlflow_ui_command, sweep_summary
+from draftlab.task import run_task
+
+METRICS = {"best/val_loss": 2.5, "val/loss": 2.7, "best/val_acc_0": 0.41, "best/predicted_tau": 1.9,
+           "bench/tau": 1.7, "bench/speedup": 1.25, "generate/seconds": 0.0, "generate/cached": 1.0,
+           "extract/seconds": 3.25, "extract/cached": 0.0, "train/seconds": 12.0, "train/cached": 0.0,
+           "bench/seconds": 4.0, "bench/cached": 0.0}
+
+
+def test_job_summary_names_results_costs_warnings_and_where_to_look():
+    uri = "sqlite:////data/mlruns/mlflow.db"
+    text = job_summary(METRICS, {"draft_dir": "/o/train/abc/draft"}, ["bench: the draft is weak", "layers: last"],
+                       uri, run_id="r123", experiment_id="7")
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in text.splitlines()
+            if line.count("│") == 3 and line.split("│")[1].strip()}
+    assert rows["val/loss"] == "2.5"  # the exported (best) epoch's numbers
+    assert rows["acc_0 (val)"] == "0.41" and rows["predicted tau"] == "1.9"
+    assert rows["bench tau"] == "1.7" and rows["speed-up"] == "1.25"
+    assert rows["generate"] == "0.0 s (cached)" and rows["extract"] == "3.2 s" and rows["train"] == "12.0 s"
+    assert rows["warnings"] == "- bench: the draft is weak"
+    assert "- layers: last" in text
+    assert rows["draft folder"] == "/o/train/abc/draft"
+    command = mlflow_ui_command(uri)
+    assert f"\n  {command}\n" in text + "\n"  # on a line of its own, whole
+    assert command.endswith(f"ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000 --workers 1")
+    assert "http://127.0.0.1:5000/#/experiments/7/runs/r123?workflowType=machine_learning" in text
+
+
+def test_sweep_summary_has_a_row_per_job_and_the_verdict():
+    jobs = [("samples=800 seed=0", {**METRICS, "bench/tau": 2.1}), ("samples=400 seed=0", METRICS)]
+    text = sweep_summary(jobs, "data-limited: more data will help", "sqlite:////x/mlflow.db", "p1", "3")
+    lines = text.splitlines()
+    row = next(line for line in lines if "samples=800 seed=0" in line)
+    assert [c.strip() for c in row.split("│")[1:-1]] == ["samples=800 seed=0", "2.5", "0.41", "1.9", "2.1",
+                                                          "1.25", "19"]
+    assert any("samples=400 seed=0" in line for line in lines)
+    assert "data-limited: more data will help" in text
+    assert "http://127.0.0.1:5000/#/experiments/3/runs/p1?workflowType=machine_learning" in text
+
+
+def test_a_run_ends_with_the_table_and_its_warnings(tiny_cfg, caplog, tmp_path):
+    cfg = tiny_cfg("stages=[generate,extract]", "extract.layers=last", "tracking.enabled=false")
+    with caplog.at_level(logging.INFO, logger="draftlab"):
+        run_task(cfg, output_dir=tmp_path / "job")
+    summary = caplog.records[-1].getMessage()
+    assert "run summary" in summary
+    assert "generate" in summary and "extract" in summary and "train " not in summary
+    assert "last" in summary.split("warnings")[1]  # the `last` layers warning, raised during extract
+    assert str(tmp_path / "job" / "results.json") in summary
+
+
+@pytest.mark.parametrize("overrides, sweeper, expected", [
+    (["train.lr=3e-4,1e-3", "target=tiny"], None, ["train.lr"]),
+    (["experiment=data_scaling"], {"data.samples": "8,4", "train.seed": "0,1"}, ["data.samples", "train.seed"]),
+    (["experiment=data_scaling", "train.seed=0"], {"data.samples": "8,4", "train.seed": "0,1"}, ["data.samples"]),
+])
+def test_sweep_keys_are_what_the_sweep_varies(overrides, sweeper, expected):
+    assert sweep_keys(overrides, sweeper) == expected
+
+
+def test_run_names_say_what_varies():
+    job = ["experiment=data_scaling", "target=tiny", "train.epochs=16", "data.samples=6400"]
+    assert run_name(job, ["data.samples", "train.epochs"]) == "samples=6400 epochs=16"
+    # a single run: every override but the where-settings; clashing short names keep their group
+    assert run_name(["data.seed=1", "train.seed=2", "paths.root=/x", "tracking.uri=sqlite:///y"]) == \
+        "data.seed=1 train.seed=2"
+    assert run_name(["paths.root=/x"]) is None  # nothing to say: MLflow picks a name
+
+
+def test_a_sweep_job_names_itself_from_the_sweep_folder(tmp_path):
+    from omegaconf import OmegaConf
+
+    write_sweep_keys(tmp_path, ["data.samples", "train.seed"])
+    hydra_cfg = OmegaConf.create({"overrides": {"task": ["target=tiny", "train.seed=1", "data.samples=50"]}})
+    assert job_run_name(hydra_cfg, tmp_path) == "samples=50 seed=1"
+    assert job_run_name(hydra_cfg, None) == "target=tiny seed=1 samples=50"
