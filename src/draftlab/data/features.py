@@ -68,7 +68,8 @@ class HiddenTap:
         finally:
             for handle in handles:
                 handle.remove()
-        return buf, out.last_hidden_state.to(dtype)
+        # with target.device_map the last layer may sit on another GPU than the input
+        return buf, out.last_hidden_state.to(device=input_ids.device, dtype=dtype)
 
 
 def pad_batch(seqs: list[torch.Tensor], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

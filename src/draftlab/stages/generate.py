@@ -38,10 +38,26 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter) -> dict[str, float]:
     prompts = load_prompts(data.source, data.path, data.seed)
     reporter.tag("data.source_file", prompts.source)
     reporter.tag("data.source_sha256", file_sha256(Path(prompts.source)))
-    target = load_target(cfg.target, Path(cfg.paths.root) / "models")
-    if target.dtype != torch.float32:
-        # bf16/fp16 + sdpa + left padding yields garbage rows on CPU (stack-notes 3); eager is correct.
-        target.model.set_attn_implementation("eager")
+    engine = None
+    if data.engine == "server":  # a running SGLang/vLLM answers; only the tokenizer is loaded here
+        from draftlab.serve.remote import ServerEngine
+
+        engine = ServerEngine(cfg, out)
+        target = engine.target
+    else:
+        target = load_target(cfg.target, Path(cfg.paths.root) / "models")
+        if target.dtype != torch.float32:
+            # bf16/fp16 + sdpa + left padding yields garbage rows on CPU (stack-notes 3); eager is correct.
+            target.model.set_attn_implementation("eager")
+    try:
+        return _generate(cfg, out, target, engine, prompts, fingerprint, have, need)
+    finally:
+        if engine is not None:
+            engine.close()
+
+
+def _generate(cfg, out: Path, target, engine, prompts, fingerprint: str, have: int, need: int) -> dict[str, float]:
+    data = cfg.data
     writer = SampleWriter(out, fingerprint, meta={"target": target.fingerprint, "source": prompts.source,
                                                   "records_read": prompts.records_read})
     tokenized = _tokenized_prompts(prompts.prompts, target, data)
@@ -60,7 +76,7 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter) -> dict[str, float]:
             raise ValueError(f"data.samples: {need} asked, but {prompts.source} has only "
                              f"{writer.num_samples + len(batch)} prompts within data.max_prompt_tokens="
                              f"{data.max_prompt_tokens}")
-        samples = _generate_shard(target, data, first, batch)
+        samples = _generate_shard(target, data, first, batch, engine)
         writer.write_shard(samples)
         new_tokens += sum(int(s.loss_mask.sum()) for s in samples)
         progress.update(len(samples))
@@ -89,21 +105,26 @@ def _tokenized_prompts(prompts: list[Prompt], target: Target, data) -> Iterator[
             yield prompt, ids
 
 
-def _generate_shard(target: Target, data, first: int, items: list[tuple[Prompt, list[int]]]) -> list[Sample]:
+def _generate_shard(target: Target, data, first: int, items: list[tuple[Prompt, list[int]]],
+                    engine=None) -> list[Sample]:
+    if engine is not None:  # the server answers the whole shard, data.server.concurrency requests at a time
+        answers = engine.answer([ids for _, ids in items], first, data)
+    else:
+        answers = []
+        for start in range(0, len(items), data.batch_size):
+            chunk = items[start:start + data.batch_size]
+            torch.manual_seed(data.seed * 1_000_003 + first + start)  # sampling depends on the batch, not on history
+            answers += generate_batch(target, [ids for _, ids in chunk], data.max_new_tokens, data.temperature)
     samples = []
-    for start in range(0, len(items), data.batch_size):
-        chunk = items[start:start + data.batch_size]
-        torch.manual_seed(data.seed * 1_000_003 + first + start)  # sampling depends on the batch, not on history
-        answers = generate_batch(target, [ids for _, ids in chunk], data.max_new_tokens, data.temperature)
-        for offset, ((prompt, ids), answer) in enumerate(zip(chunk, answers)):
-            text = target.tokenizer.decode(answer, skip_special_tokens=True)
-            samples.append(Sample(
-                index=first + start + offset,
-                input_ids=torch.tensor(ids + answer, dtype=torch.long),
-                loss_mask=torch.tensor([False] * len(ids) + [True] * len(answer)),
-                split=split_for(prompt.conversation_id, data.val_fraction),
-                prompt=prompt.text, response=text, conversation_id=prompt.conversation_id,
-            ))
+    for offset, ((prompt, ids), answer) in enumerate(zip(items, answers)):
+        text = target.tokenizer.decode(answer, skip_special_tokens=True)
+        samples.append(Sample(
+            index=first + offset,
+            input_ids=torch.tensor(ids + answer, dtype=torch.long),
+            loss_mask=torch.tensor([False] * len(ids) + [True] * len(answer)),
+            split=split_for(prompt.conversation_id, data.val_fraction),
+            prompt=prompt.text, response=text, conversation_id=prompt.conversation_id,
+        ))
     return samples
 
 
