@@ -1,7 +1,9 @@
 """draftlab's command line: `python src/run.py data.samples=N`, `-m experiment=data_scaling`, `stages=[generate]`."""
 
 import logging
+import os
 import sys
+import tempfile
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -28,4 +30,8 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    if int(os.environ.get("RANK", "0")) > 0:
+        # torchrun: rank 0 alone writes the Hydra run folder; the others log to stdout and leave no files
+        sys.argv += ["hydra.output_subdir=null", "hydra/job_logging=stdout",
+                     f"hydra.run.dir={tempfile.gettempdir()}/draftlab-rank{os.environ['RANK']}"]
     main()

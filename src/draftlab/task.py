@@ -35,6 +35,14 @@ def run_task(cfg, parent_run_id: str | None = None, output_dir: Path | None = No
     """Runs the configured stages; returns every stage's metrics. With `output_dir` (the Hydra job folder) the
     job also leaves `results.json` there: params, tags and metrics, importable later with
     `python -m draftlab import-runs` when the job ran where no tracking store was reachable."""
+    from draftlab.train import distributed
+
+    if distributed.world_size() > 1:  # under torchrun: rank 0 runs the job, the others join its training
+        return distributed.run_task(cfg, _run_task, parent_run_id=parent_run_id, output_dir=output_dir)
+    return _run_task(cfg, parent_run_id, output_dir)
+
+
+def _run_task(cfg, parent_run_id: str | None = None, output_dir: Path | None = None) -> dict[str, float]:
     conf = validate(cfg)
     preflight(conf)
     if not conf.tracking.enabled:

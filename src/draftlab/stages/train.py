@@ -16,7 +16,7 @@ from draftlab import fsutil
 from draftlab.export import export_draft
 from draftlab.model.draft import DraftModelConfig, Eagle3Draft
 from draftlab.reporting import Reporter
-from draftlab.train.loop import LoopSettings, Trainer, load_trainable
+from draftlab.train.loop import LoopSettings, load_trainable
 
 log = logging.getLogger("draftlab")
 FORMAT = "draftlab.train/1"
@@ -118,13 +118,18 @@ class _Recorder:
 def run(cfg, out: Path, inputs: dict[str, Path], reporter: Reporter) -> dict[str, float]:
     from draftlab.data.features import open_source  # written in parallel by the extract stage's owner
 
+    from draftlab.train import distributed  # torchrun: rank 0 brings the other ranks into this stage
+
     out = Path(out)
+    distributed.announce_train(cfg, out, inputs)
     source = open_source(cfg, inputs)
     model, dcfg, lm_head = build_model(cfg, source)
     settings = LoopSettings.from_cfg(cfg)
     recorder = _Recorder(reporter)
-    trainer = Trainer(model, source, lm_head, settings, out / "checkpoints", recorder)
+    trainer = distributed.make_trainer(model, source, lm_head, settings, out / "checkpoints", recorder)
     result = trainer.run(init_from=cfg.train.init_from)
+    if not distributed.is_main():
+        return {}  # rank 0 alone exports and writes
 
     load_trainable(trainer.model, result.best_weights)
     draft_dir = export_draft(trainer.model, dcfg, out / "draft", "bfloat16")
