@@ -103,3 +103,27 @@ def test_a_killed_torchrun_job_resumes_under_two_processes(tmp_path):
     assert len(finished) == 1
     assert finished[0].data.metrics["val/loss"] == pytest.approx(single["val/loss"], rel=1e-4)
     assert finished[0].data.metrics["train/steps"] == single["train/steps"]
+
+
+def test_fsdp_loss_curve_equals_one_process_and_resumes(tmp_path):
+    """FSDP2 (fully_shard) on gloo: the same curve, and a job killed after its first checkpoint resumes."""
+    curve, single = one_process_curve(tmp_path)
+    cfg = validate(compose_config(tiny_overrides(tmp_path, *TRAIN)))
+    latest = plan(cfg)["train"].folder / "checkpoints" / "latest.json"
+    proc = torchrun(tmp_path, "train.strategy=fsdp", wait=False)
+    deadline = time.monotonic() + 300
+    while not latest.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
+        time.sleep(0.05)
+    job = psutil.Process(proc.pid)
+    for process in [*job.children(recursive=True), job]:
+        process.send_signal(signal.SIGKILL)
+    proc.wait()
+    again = torchrun(tmp_path, "train.strategy=fsdp")
+    assert "train: resuming at" in again.stdout + again.stderr
+    client, runs = mlflow_runs(tmp_path)
+    run = next(r for r in runs if r.info.status == "FINISHED")
+    history = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "train/loss")}
+    for step in sorted(history):
+        assert history[step] == pytest.approx(curve[step], rel=1e-4, abs=1e-5), step
+    assert run.data.metrics["val/loss"] == pytest.approx(single["val/loss"], rel=1e-4)

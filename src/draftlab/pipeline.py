@@ -47,7 +47,7 @@ STAGES: dict[str, StageSpec] = {
     "bench": StageSpec("bench", _TARGET + _PROMPTS + ("serve", "bench"), needs=("generate", "train")),
 }
 # Settings that change how fast, not what: they never split a cache.
-NOT_FINGERPRINTED = {"train.log_every", "train.device", "serve.host", "serve.port", "serve.python"}
+NOT_FINGERPRINTED = {"train.log_every", "train.device", "train.strategy", "serve.host", "serve.port", "serve.python"}
 
 
 @dataclass

@@ -201,16 +201,61 @@ class DistributedTrainer(Trainer):
         return loss * self.world, stats  # DDP/FSDP average gradients over ranks; the losses are shares of a sum
 
     def _save(self) -> None:
-        if self.strategy == "fsdp":
-            self._save_fsdp()
-        elif self.rank == 0:
+        if self.strategy == "fsdp":  # gathering the shards is collective: every rank takes part, rank 0 writes
+            self._gathered = (self._model_tensors(), self._optimizer_state())
+        if self.rank == 0:
             super()._save()
+        self._gathered = None
         dist.barrier()
 
     def _end_epoch(self, best_dir: Path) -> None:
-        if self.strategy == "fsdp":
-            raise NotImplementedError  # replaced below
         super()._end_epoch(best_dir if self.rank == 0 else self.scratch)
+
+    # FSDP: the checkpoint holds full tensors in the one-process layout, so any N (or one process) resumes it.
+    def _model_tensors(self) -> dict[str, torch.Tensor]:
+        if self.strategy != "fsdp":
+            return super()._model_tensors()
+        if getattr(self, "_gathered", None):
+            return self._gathered[0]
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        full = get_model_state_dict(self.unroll, options=_full_options())
+        frozen = {n for n, p in self.model.named_parameters() if not p.requires_grad}
+        return {k[len("draft."):]: v for k, v in full.items() if k[len("draft."):] not in frozen}
+
+    def _optimizer_state(self) -> dict:
+        if self.strategy != "fsdp":
+            return super()._optimizer_state()
+        if getattr(self, "_gathered", None):
+            return self._gathered[1]
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        full = get_optimizer_state_dict(self.unroll, self.opt, options=_full_options())
+        if not full:  # cpu_offload hands the full state to rank 0 only
+            return {"state": {}, "param_groups": []}
+        order = [name for group in full["param_groups"] for name in group["params"]]
+        index = {name: i for i, name in enumerate(order)}  # the positions torch's own state_dict() uses
+        groups, start = [], 0
+        for group in full["param_groups"]:
+            groups.append({**group, "params": list(range(start, start + len(group["params"])))})
+            start += len(group["params"])
+        return {"state": {index[name]: st for name, st in full["state"].items()}, "param_groups": groups}
+
+    def _load_states(self, model_file: Path, optimizer_state: dict) -> None:
+        if self.strategy != "fsdp":
+            return super()._load_states(model_file, optimizer_state)
+        from safetensors.torch import load_file
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                             set_optimizer_state_dict)
+
+        options = StateDictOptions(full_state_dict=True, strict=False)
+        weights = {f"draft.{k}": v for k, v in load_file(str(model_file)).items()}
+        set_model_state_dict(self.unroll, weights, options=options)
+        name_of = {id(p): n for n, p in self.unroll.named_parameters()}
+        names = [name_of[id(p)] for group in self.opt.param_groups for p in group["params"]]  # index -> name
+        groups = [{**g, "params": [names[i] for i in g["params"]]} for g in optimizer_state["param_groups"]]
+        state = {names[i]: st for i, st in optimizer_state["state"].items()}
+        set_optimizer_state_dict(self.unroll, self.opt, {"state": state, "param_groups": groups}, options=options)
 
     def _prune_best(self, best_dir: Path) -> None:
         if self.rank == 0:
@@ -218,10 +263,29 @@ class DistributedTrainer(Trainer):
 
     def run(self, init_from=None):
         try:
-            return super().run(init_from)
+            result = super().run(init_from)
+            if self.strategy == "fsdp":
+                self._unshard()
+            return result
         finally:
             if self.scratch is not None:
                 shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def _unshard(self) -> None:
+        """FSDP: rank 0 gets a plain (unsharded) draft with the full weights, for the stage to export."""
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        full = get_model_state_dict(self.unroll, options=_full_options())  # collective
+        if self.rank == 0:
+            plain = type(self.model)(self.model.cfg)
+            plain.load_state_dict({k[len("draft."):]: v for k, v in full.items()})
+            self.model = plain.to(self.device)
+
+
+def _full_options():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 def make_trainer(model, source, lm_head, settings, ckpt_dir: Path, reporter) -> Trainer:
