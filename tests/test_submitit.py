@@ -43,3 +43,21 @@ def test_submitit_local_sweep_lands_under_one_parent_and_shares_the_pool(tmp_pat
     shards = sorted(p.name for p in pool.glob("shard-*"))
     assert shards == sorted(p.name for p in reference.glob("shard-*"))
     assert all((pool / name).read_bytes() == (reference / name).read_bytes() for name in shards)
+
+
+def test_a_submitit_job_with_two_tasks_trains_with_ddp_and_tracks_once(tmp_path):
+    """tasks_per_node=2: submitit starts two processes for one job (as SLURM does for 2 GPUs); they train as
+    DDP ranks and only rank 0 opens an MLflow run."""
+    overrides = [o for o in tiny_overrides(tmp_path) if not o.startswith("data.samples")]
+    result = subprocess.run(
+        [sys.executable, str(REPO / "src" / "run.py"), "-m", "hydra/launcher=submitit_local",
+         "hydra.launcher.tasks_per_node=2", "hydra.launcher.timeout_min=10", *overrides, "data.samples=32",
+         "stages=[generate,extract,train]", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+        capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    logs = "".join(p.read_text() for p in (tmp_path / "sweep" / ".submitit").glob("*/*_log.*"))
+    assert "ddp over 2 processes (rank 0)" in logs and "ddp over 2 processes (rank 1)" in logs
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("draftlab").experiment_id])
+    children = [r for r in runs if r.data.tags.get("draftlab.role") != "sweep"]
+    assert len(children) == 1 and children[0].info.status == "FINISHED"

@@ -38,7 +38,19 @@ WAIT = datetime.timedelta(hours=48)
 
 
 def world_size() -> int:
+    _adopt_submitit_tasks()
     return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _adopt_submitit_tasks() -> None:
+    """hydra/launcher=submitit_slurm (or submitit_local) with tasks_per_node > 1 starts one process per GPU
+    without torchrun; submitit's own helper exports the torch.distributed variables from SLURM's."""
+    if "WORLD_SIZE" not in os.environ and "SUBMITIT_EXECUTOR" in os.environ:
+        from submitit import JobEnvironment
+        from submitit.helpers import TorchDistributedEnvironment
+
+        if JobEnvironment().num_tasks > 1:
+            TorchDistributedEnvironment().export()
 
 
 def rank() -> int:
