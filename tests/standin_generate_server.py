@@ -1,9 +1,10 @@
 """A TEST DOUBLE for a generation server: the tiny target behind SGLang's `/generate` or vLLM's `/v1/completions`
 request and response shapes (see draftlab/serve/remote.py for where they come from). It is neither SGLang nor vLLM.
 
-    python tests/standin_generate_server.py --api sglang|vllm [--fail-every N] [--delay-ms MS]
+    python tests/standin_generate_server.py --api sglang|vllm [--fail-every N] [--delay-ms MS] [--port P]
 
-Binds 127.0.0.1 on a free port and prints `PORT <n>` when ready. Greedy answers come from draftlab's own
+Binds 127.0.0.1 (on a free port unless --port) and prints `PORT <n>` when ready; SGLang's launch flags are
+accepted and ignored, so the launch builder can start it in place of `python -m sglang.launch_server`. Greedy answers come from draftlab's own
 `generate_batch` on one prompt at a time, so they must equal the local (batched) path token for token.
 --fail-every N answers every Nth request with 503 (a transient error the client must retry).
 """
@@ -30,7 +31,9 @@ def main() -> None:
     p.add_argument("--api", choices=["sglang", "vllm"], required=True)
     p.add_argument("--fail-every", type=int, default=0)
     p.add_argument("--delay-ms", type=float, default=0.0)
-    args = p.parse_args()
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0)  # 0 = a free one, printed as PORT <n>
+    args, _ = p.parse_known_args()  # launched as `python -m sglang.launch_server ...`: other flags ignored
     torch.set_num_threads(1)
     target = tiny_target()
     lock = threading.Lock()  # one forward at a time; the HTTP layer stays concurrent
@@ -57,7 +60,9 @@ def main() -> None:
             self.wfile.write(data)
 
         def do_GET(self):
-            if args.api == "sglang" and self.path == "/model_info":
+            if self.path == "/health":
+                self.reply(200, {})
+            elif args.api == "sglang" and self.path == "/model_info":
                 self.reply(200, {"model_path": "tiny", "is_generation": True})
             elif args.api == "vllm" and self.path == "/v1/models":
                 self.reply(200, {"object": "list", "data": [{"id": "tiny", "object": "model"}]})
@@ -90,7 +95,7 @@ def main() -> None:
             else:
                 self.reply(404, {"detail": "Not Found"})
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = ThreadingHTTPServer((args.host, args.port), Handler)
     print(f"PORT {server.server_address[1]}", flush=True)
     server.serve_forever()
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from threading import Thread
 
 import pytest
+from unittest.mock import ANY
 
 from conftest import REPO
 from draftlab.config import validate
@@ -144,3 +145,30 @@ def test_server_engine_keys_are_checked(tiny_cfg):
         validate(tiny_cfg("data.engine=server", "data.server.url=localhost:30000"))
     with pytest.raises(ConfigError, match="data.server.url: required with target=tiny"):
         validate(tiny_cfg("data.engine=server"))
+
+
+def test_without_a_url_draftlab_starts_the_server_itself_and_stops_it(tiny_cfg, tmp_path, local_pool, monkeypatch):
+    """data.server.url unset: the SGLang launch builder and start-up monitor start the server (here the
+    stand-in, through serve.python) for the target, and it is stopped when the stage ends."""
+    import stat
+
+    from omegaconf import OmegaConf
+
+    import draftlab.target
+
+    launcher = tmp_path / "python-with-sglang"
+    launcher.write_text(f"#!{sys.executable}\nimport runpy, sys\nsys.argv = [{str(STANDIN)!r}, '--api', 'sglang',"
+                        " *sys.argv[1:]]\nrunpy.run_path(sys.argv[0], run_name='__main__')\n")
+    launcher.chmod(launcher.stat().st_mode | stat.S_IEXEC)
+    cfg = validate(tiny_cfg("data.samples=32", "data.engine=server", "data.server.url='http://unused:1'",
+                            f"serve.python={launcher}", "serve.startup_timeout_s=60"))
+    cfg = OmegaConf.create(OmegaConf.to_container(cfg))
+    cfg.data.server.url = None  # the tiny target has no folder an engine could load: pretend it has one
+    monkeypatch.setattr(draftlab.target, "serving_path", lambda target_cfg, cache_dir: "tiny")
+    folder = tmp_path / "served"
+    generate.run(cfg, folder, {}, RecordingReporter())
+    assert folder_bytes(folder) == {**folder_bytes(local_pool)} | {"sglang-generate.log": ANY}
+    log = (folder / "sglang-generate.log").read_text()
+    port = int(log.split("PORT ")[1].split()[0])
+    with pytest.raises(ServerError, match="no server answers"):  # stopped with the stage
+        RemoteGenerator(f"http://127.0.0.1:{port}", eos=[2])
