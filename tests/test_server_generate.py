@@ -172,3 +172,44 @@ def test_without_a_url_draftlab_starts_the_server_itself_and_stops_it(tiny_cfg, 
     port = int(log.split("PORT ")[1].split()[0])
     with pytest.raises(ServerError, match="no server answers"):  # stopped with the stage
         RemoteGenerator(f"http://127.0.0.1:{port}", eos=[2])
+
+
+PROBE = """
+import json, sys
+from sglang.srt.managers.io_struct import GenerateReqInput
+from sglang.srt.sampling.sampling_params import SamplingParams
+out = []
+for body in json.loads(sys.argv[1]):
+    try:
+        GenerateReqInput(**body).normalize_batch_and_arguments()
+        params = SamplingParams(**body["sampling_params"])
+        params.verify(320)
+        params.normalize(None)
+        out.append({"stop_token_ids": sorted(params.stop_token_ids), "max_new_tokens": params.max_new_tokens})
+    except Exception as err:
+        out.append({"error": type(err).__name__})
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.sglang
+def test_the_sglang_request_is_what_sglangs_own_classes_accept():
+    """Our /generate body goes through the real sglang 0.5.23 GenerateReqInput and SamplingParams."""
+    import json
+
+    from draftlab.serve.remote import sglang_body
+    from draftlab.sglang.contract import sglang_python
+
+    python = sglang_python()
+    if python is None:
+        pytest.skip("no sglang venv: run scripts/setup-sglang.sh")
+    bodies = [sglang_body([1, 2, 3], 8, 0.0, [2], 5), sglang_body([1, 2, 3], 8, 0.7, [2, 3], 5)]
+    misspelt = sglang_body([1, 2, 3], 8, 0.0, [2], 5)
+    misspelt["sampling_params"]["max_tokens"] = 8  # vLLM's name: SGLang must refuse it (the probe can fail)
+    result = subprocess.run([str(python), "-c", PROBE, json.dumps([*bodies, misspelt])], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    greedy, sampled, wrong = json.loads(result.stdout.strip().splitlines()[-1])
+    assert greedy == {"stop_token_ids": [2], "max_new_tokens": 8}
+    assert sampled == {"stop_token_ids": [2, 3], "max_new_tokens": 8}
+    assert "error" in wrong

@@ -7,6 +7,7 @@ as a child. At the end the parent gets the analysis of its children (src/analyze
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -21,6 +22,8 @@ log = logging.getLogger("draftlab.sweep")
 
 class SweepCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        if _follower():
+            return
         task_cfg = validate({k: v for k, v in config.items() if k != "hydra"})
         if not task_cfg.tracking.enabled:
             return
@@ -32,6 +35,8 @@ class SweepCallback(Callback):
         log.info("sweep parent run %s", run_id)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        if _follower():
+            return
         task_cfg = validate({k: v for k, v in config.items() if k != "hydra"})
         run_id = parent_run_id_for(Path(config.hydra.sweep.dir))
         if run_id is None:
@@ -46,6 +51,11 @@ class SweepCallback(Callback):
             log.error("sweep analysis failed: %s", err)
             failed = True
         end_parent_run(task_cfg, run_id, failed=failed)
+
+
+def _follower() -> bool:
+    """A torchrun rank other than 0 runs the sweep's jobs too, but only rank 0 tracks (train/distributed.py)."""
+    return int(os.environ.get("RANK", "0")) > 0
 
 
 def _log_sweep_cost(cfg, parent_id: str, wall_seconds: float) -> None:
