@@ -21,13 +21,12 @@ import datetime
 import json
 import logging
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from draftlab import fsutil
 from draftlab.train.loop import Trainer, build_optimizer
 from draftlab.train.ttt import target_distribution, ttt_unroll
 
@@ -199,7 +198,6 @@ class DistributedTrainer(Trainer):
 
             self.unroll = DistributedDataParallel(_Unroll(self.model),
                                                   device_ids=[torch.cuda.current_device()] if cuda else None)
-        self.scratch = None if self.rank == 0 else Path(tempfile.mkdtemp(prefix="draftlab-rank%d-" % self.rank))
 
     def _forward(self, batch: dict):
         m = self.model
@@ -220,8 +218,10 @@ class DistributedTrainer(Trainer):
         self._gathered = None
         dist.barrier()
 
-    def _end_epoch(self, best_dir: Path) -> None:
-        super()._end_epoch(best_dir if self.rank == 0 else self.scratch)
+    def _write_weights(self, path: Path) -> None:
+        tensors = self._model_tensors()  # FSDP: a collective, so every rank gathers
+        if self.rank == 0:
+            fsutil.atomic_save_safetensors(path, tensors)
 
     # FSDP: the checkpoint holds full tensors in the one-process layout, so any N (or one process) resumes it.
     def _model_tensors(self) -> dict[str, torch.Tensor]:
@@ -269,19 +269,15 @@ class DistributedTrainer(Trainer):
         state = {names[i]: st for i, st in optimizer_state["state"].items()}
         set_optimizer_state_dict(self.unroll, self.opt, {"state": state, "param_groups": groups}, options=options)
 
-    def _prune_best(self, best_dir: Path) -> None:
+    def _prune_best(self, *args) -> None:
         if self.rank == 0:
-            super()._prune_best(best_dir)
+            super()._prune_best(*args)
 
     def run(self, init_from=None):
-        try:
-            result = super().run(init_from)
-            if self.strategy == "fsdp":
-                self._unshard()
-            return result
-        finally:
-            if self.scratch is not None:
-                shutil.rmtree(self.scratch, ignore_errors=True)
+        result = super().run(init_from)
+        if self.strategy == "fsdp":
+            self._unshard()
+        return result
 
     def _unshard(self) -> None:
         """FSDP: rank 0 gets a plain (unsharded) draft with the full weights, for the stage to export."""

@@ -171,12 +171,15 @@ class Trainer:
         return summarize(total, self.s.loss_decay, self.s.num_steps)
 
     # ------------------------------------------------------------------ checkpoints
-    # The three state accessors are where sharded training (train/distributed.py, FSDP) gathers and scatters.
+    # The state accessors are where data-parallel training (train/distributed.py, FSDP) gathers and scatters.
     def _model_tensors(self) -> dict[str, torch.Tensor]:
         return trainable_state(self.model)
 
     def _optimizer_state(self) -> dict:
         return self.opt.state_dict()
+
+    def _write_weights(self, path: Path) -> None:
+        fsutil.atomic_save_safetensors(path, self._model_tensors())
 
     def _load_states(self, model_file: Path, optimizer_state: dict) -> None:
         load_trainable(self.model, model_file)
@@ -260,7 +263,7 @@ class Trainer:
         best = self.state["best"]
         if best is None or score < best["score"]:
             file = best_dir / f"best-epoch{epoch}.safetensors"
-            fsutil.atomic_save_safetensors(file, self._model_tensors())
+            self._write_weights(file)
             self.state["best"] = {"epoch": epoch, "score": score, "file": file.name, "metrics": entry}
         self.state["epoch"], self.state["batch"] = epoch + 1, 0
 
