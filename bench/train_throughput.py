@@ -3,6 +3,10 @@
     python bench/train_throughput.py --device cuda                    # both presets, H200 peak 790 TFLOP/s
     python bench/train_throughput.py --device cpu --seq 128 --steps 2 --ttt-steps 2 --preset smollm2
     python bench/train_throughput.py --preset smollm2 --batch-tokens 32768 --targets full   # the old soft targets
+    torchrun --standalone --nproc-per-node 2 bench/train_throughput.py --preset llama8b [--strategy fsdp]
+
+Under torchrun every GPU runs the same per-GPU batch (--batch-tokens is per GPU) through DDP (or FSDP2), the
+way train.strategy does it (train/distributed.py), and rank 0 prints tokens/s over all GPUs and MFU per GPU.
 
 One step = what train/loop.py does per batch: target distribution from last_hidden (no grad), the TTT unroll,
 backward, grad clipping, fused AdamW. Prints one JSON line per preset.
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -57,8 +62,32 @@ def flops_per_token(cfg: DraftModelConfig, seq: int, ttt_steps: int) -> tuple[fl
                    "attention_gflop_per_token": attention / 1e9}
 
 
+def world() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def wrap(model, args, device):
+    """Under torchrun: the unroll inside DDP or FSDP2, as train.strategy does; returns (step module, world)."""
+    if world() == 1:
+        return None
+    from draftlab.train.distributed import _Unroll
+
+    unroll = _Unroll(model)
+    if args.strategy == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model.layers:
+            fully_shard(layer)
+        return fully_shard(unroll)
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(unroll, device_ids=[device.index] if device.type == "cuda" else None)
+
+
 def bench(name: str, args) -> dict:
     device = torch.device(args.device)
+    if device.type == "cuda" and world() > 1:
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
     amp = device.type == "cuda"
     cfg = DraftModelConfig(**PRESETS[name], aux_layer_ids=[1, 2, 3], num_hidden_layers=args.layers,
                            max_position_embeddings=max(2048, args.seq))
@@ -74,7 +103,8 @@ def bench(name: str, args) -> dict:
             layer.input_layernorm = torch.compile(layer.input_layernorm)
             layer.post_attention_layernorm = torch.compile(layer.post_attention_layernorm)
         model.norm = torch.compile(model.norm)
-    opt = build_optimizer(model, 1e-4, 0.0, device)
+    unroll = wrap(model, args, device)
+    opt = build_optimizer(model, 1e-4, 0.0, device)  # after fully_shard: the optimizer holds the shards
     params = [p for p in model.parameters() if p.requires_grad]
     feat_dtype = torch.bfloat16 if amp else torch.float32
     lm_head = (torch.randn(v, cfg.target_hidden_size, device=device) * 0.02).to(feat_dtype)
@@ -95,7 +125,10 @@ def bench(name: str, args) -> dict:
     def step() -> float:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
             targets = target_distribution(batch["last_hidden"], lm_head, model.d2t, model.t2d, top=top)
-            loss, _ = ttt_unroll(model, batch, targets, args.ttt_steps, 0.8)
+            if unroll is None:
+                loss, _ = ttt_unroll(model, batch, targets, args.ttt_steps, 0.8)
+            else:
+                loss, _ = unroll(batch, targets, args.ttt_steps, 0.8, None)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 0.5)
@@ -116,12 +149,13 @@ def bench(name: str, args) -> dict:
         loss = step()
     sync()
     seconds = (time.perf_counter() - start) / args.steps
-    tokens = B * args.seq
+    tokens = B * args.seq * world()  # every rank trains its own B x seq per step
     per_token, parts = flops_per_token(cfg, args.seq, args.ttt_steps)
     peak = args.peak if args.peak else (790.0 if amp else None)
-    achieved = per_token * tokens / seconds / 1e12
+    achieved = per_token * tokens / seconds / 1e12 / world()  # per GPU
     return {
-        "preset": name, "device": args.device, "seq": args.seq, "batch": B, "ttt_steps": args.ttt_steps,
+        "preset": name, "device": args.device, "gpus": world(), "strategy": args.strategy if world() > 1 else None,
+        "seq": args.seq, "batch": B, "ttt_steps": args.ttt_steps,
         "layers": args.layers, "compile": args.compile, "targets": args.targets, "step_s": round(seconds, 4),
         "tokens_per_s": round(tokens / seconds, 1), "gflop_per_token": round(per_token / 1e9, 3),
         "tflops": round(achieved, 3), "peak_tflops": peak, "mfu": round(achieved / peak, 4) if peak else None,
@@ -146,13 +180,22 @@ def main() -> None:
     ap.add_argument("--targets", choices=["full", "draft-rows"], default="draft-rows",
                     help="soft targets from the full-vocab head (the old path) or its draft rows (target_top given)")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads")
+    ap.add_argument("--strategy", choices=["ddp", "fsdp"], default="ddp", help="under torchrun")
     args = ap.parse_args()
+    if world() > 1:
+        import torch.distributed as dist
+
+        if args.device == "cuda":
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
     for name in PRESETS if args.preset == "both" else [args.preset]:
-        print(json.dumps(bench(name, args)), flush=True)
+        result = bench(name, args)
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 import logging
 import os
 import sys
+import tempfile
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -45,4 +46,8 @@ def _traceback_to_log_files(err: Exception) -> None:
 
 
 if __name__ == "__main__":
+    if int(os.environ.get("RANK", "0")) > 0:
+        # torchrun: rank 0 alone writes the Hydra run folder; the others log to stdout and leave no files
+        sys.argv += ["hydra.output_subdir=null", "hydra/job_logging=stdout",
+                     f"hydra.run.dir={tempfile.gettempdir()}/draftlab-rank{os.environ['RANK']}"]
     main()

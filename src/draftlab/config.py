@@ -49,7 +49,20 @@ class TargetConfig:
     gguf_file: Optional[str] = MISSING  # a GGUF inside target.path, if any
     dtype: str = MISSING  # auto = bfloat16 on CUDA, float32 on CPU
     device: str = MISSING  # auto = cuda when available, else cpu
+    device_map: Optional[str] = MISSING  # e.g. auto: split the target over the visible GPUs (accelerate); wins over device
     tiny: Optional[TinyArch] = None  # the in-code model's shape, set by target=tiny (conf/target/tiny.yaml)
+
+
+@dataclass
+class ServerConfig:
+    """A running SGLang or vLLM server that answers the prompts when data.engine=server (draftlab/serve/remote.py)."""
+
+    url: Optional[str] = MISSING  # http://host:port; None = draftlab starts SGLang for the target (serve.* settings)
+    api: str = MISSING  # auto (ask the server) | sglang (native /generate) | vllm (/v1/completions)
+    concurrency: int = MISSING  # requests in flight
+    retries: int = MISSING  # per request, on transient errors (connection refused/reset, 429, 5xx), with backoff
+    timeout_s: float = MISSING  # per request
+    model: Optional[str] = MISSING  # vLLM's served model name (None = the server's only model)
 
 
 @dataclass
@@ -65,6 +78,8 @@ class DataConfig:
     batch_size: int = MISSING
     shard_size: int = MISSING  # samples per shard: the unit of resume
     generator: str = MISSING  # plain | static (static KV cache, CUDA graphs) | continuous (paged cache, refill)
+    engine: str = MISSING  # hf (transformers, in this process) | server (data.server.*)
+    server: ServerConfig = field(default_factory=ServerConfig)
 
 
 @dataclass
@@ -109,6 +124,7 @@ class TrainConfig:
     device: str = "auto"
     dtype: str = "auto"  # auto = bfloat16 autocast on CUDA, float32 on CPU
     init_from: Optional[str] = None  # a checkpoint to continue from (epochs sweep)
+    strategy: str = "auto"  # under torchrun: auto (= ddp when WORLD_SIZE > 1) | ddp | fsdp (FSDP2 fully_shard)
 
 
 @dataclass
@@ -213,6 +229,8 @@ def _check_values(c: DictConfig) -> None:
     if c.target.name == "hf" and not c.target.path:
         raise ConfigError("target.path: required when target.name=hf (a Hugging Face model folder or name)")
     _choice("target.dtype", c.target.dtype, DTYPES)
+    if c.target.device_map and c.target.name == "tiny":
+        raise ConfigError("target.device_map: the tiny target is built in code on one device; use target=smollm2|hf")
     _choice("data.source", c.data.source, ("sharegpt", "jsonl", "parquet"))
     if c.data.source != "sharegpt" and not c.data.path:
         raise ConfigError(f"data.path: required when data.source={c.data.source}")
@@ -225,6 +243,15 @@ def _check_values(c: DictConfig) -> None:
         raise ConfigError(f"data.val_fraction: must be in [0, 1), got {c.data.val_fraction}")
     _positive("data.temperature", c.data.temperature, allow_zero=True)
     _choice("data.generator", c.data.generator, ("plain", "static", "continuous"))
+    _choice("data.engine", c.data.engine, ("hf", "server"))
+    _choice("data.server.api", c.data.server.api, ("auto", "sglang", "vllm"))
+    _positive("data.server.concurrency", c.data.server.concurrency)
+    _positive("data.server.retries", c.data.server.retries, allow_zero=True)
+    _positive("data.server.timeout_s", c.data.server.timeout_s)
+    if c.data.server.url and not str(c.data.server.url).startswith(("http://", "https://")):
+        raise ConfigError(f"data.server.url: expected http://host:port, got {c.data.server.url!r}")
+    if c.data.engine == "server" and not c.data.server.url and c.target.name == "tiny":
+        raise ConfigError("data.server.url: required with target=tiny (no engine can load the in-code model)")
     check_layers_spec(c.extract.layers)
     _choice("extract.dtype", c.extract.dtype, ("bfloat16", "float16", "float32"))
     _choice("extract.mode", c.extract.mode, ("offline", "online"))
@@ -250,6 +277,7 @@ def _check_values(c: DictConfig) -> None:
         raise ConfigError(f"train.loss_decay: must be in (0, 1], got {c.train.loss_decay}")
     _positive("train.grad_clip", c.train.grad_clip, allow_zero=True)
     _choice("train.dtype", c.train.dtype, DTYPES)
+    _choice("train.strategy", c.train.strategy, ("auto", "ddp", "fsdp"))
     if c.train.init_from not in (None, "shorter") and not Path(c.train.init_from).exists():
         raise ConfigError(f"train.init_from: {c.train.init_from} does not exist (a checkpoint or train folder, "
                           "or 'shorter')")

@@ -48,7 +48,8 @@ STAGES: dict[str, StageSpec] = {
 }
 # Settings that change how fast, where, or how files are cut, not what they hold: they never split a cache.
 # tests/test_stage_reads.py checks that every key a stage reads is in its reads or here.
-NOT_FINGERPRINTED = {"train.log_every", "train.device", "serve.host", "serve.port", "serve.python", "target.device",
+NOT_FINGERPRINTED = {"train.log_every", "train.device", "train.strategy", "serve.host", "serve.port", "serve.python",
+                     "target.device", "target.device_map",
                      "data.shard_size", "extract.batch_size", "extract.shard_size"}
 # Read by every stage, never part of a key: where outputs go and how they are tracked.
 NOT_OUTPUT_SETTINGS = ("paths", "tracking", "stages")

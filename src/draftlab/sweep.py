@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import os
 import time
 from pathlib import Path
 
@@ -25,6 +26,8 @@ log = logging.getLogger("draftlab.sweep")
 
 class SweepCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        if _follower():
+            return
         task_cfg = validate({k: v for k, v in config.items() if k != "hydra"})
         sweep_dir = Path(config.hydra.sweep.dir)
         self.started = time.time()
@@ -45,6 +48,8 @@ class SweepCallback(Callback):
         log.info("sweep parent run %s", run_id)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        if _follower():
+            return
         task_cfg = validate({k: v for k, v in config.items() if k != "hydra"})
         sweep_dir = Path(config.hydra.sweep.dir)
         run_id = parent_run_id_for(sweep_dir)
@@ -82,6 +87,11 @@ def _experiment_of(cfg) -> str | None:
     except Exception:  # noqa: BLE001 - the link is a convenience
         return None
     return experiment.experiment_id if experiment else None
+
+
+def _follower() -> bool:
+    """A torchrun rank other than 0 runs the sweep's jobs too, but only rank 0 tracks (train/distributed.py)."""
+    return int(os.environ.get("RANK", "0")) > 0
 
 
 def _log_sweep_cost(cfg, parent_id: str, wall_seconds: float) -> None:

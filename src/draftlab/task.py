@@ -7,6 +7,7 @@ composed config.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 from draftlab.config import validate
@@ -26,6 +27,15 @@ def run_task(cfg, parent_run_id: str | None = None, output_dir: Path | None = No
     job also leaves `results.json` there: params, tags and metrics, importable later with
     `python -m draftlab import-runs` when the job ran where no tracking store was reachable.
     The job ends with a summary table on the console (draftlab.summary)."""
+    if "WORLD_SIZE" in os.environ or "SUBMITIT_EXECUTOR" in os.environ:  # torch only when it may be distributed
+        from draftlab.train import distributed
+
+        if distributed.world_size() > 1:  # under torchrun: rank 0 runs the job, the others join its training
+            return distributed.run_task(cfg, _run_task, parent_run_id=parent_run_id, output_dir=output_dir)
+    return _run_task(cfg, parent_run_id, output_dir)
+
+
+def _run_task(cfg, parent_run_id: str | None = None, output_dir: Path | None = None) -> dict[str, float]:
     conf = validate(cfg)
     preflight(conf)
     with collect_warnings() as warnings:

@@ -74,7 +74,8 @@ class HiddenTap:
         finally:
             for handle in handles:
                 handle.remove()
-        return buf, out.last_hidden_state.to(dtype)
+        # with target.device_map the last layer may sit on another GPU than the input
+        return buf, out.last_hidden_state.to(device=input_ids.device, dtype=dtype)
 
 
 @torch.inference_mode()

@@ -40,13 +40,29 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter) -> dict[str, float]:
     if source_sha != data_sha256(cfg):  # the pool's key names the file as it was when the job started
         raise RuntimeError(f"data.path: {prompts.source} changed while this job ran; rerun it")
     reporter.tag("data.source_sha256", source_sha)
-    target = load_target(cfg.target, Path(cfg.paths.root) / "models")
+    engine = None
+    if data.engine == "server":  # a running SGLang/vLLM answers; only the tokenizer is loaded here
+        from draftlab.serve.remote import ServerEngine
+
+        engine = ServerEngine(cfg, out)
+        target = engine.target
+    else:
+        target = load_target(cfg.target, Path(cfg.paths.root) / "models")
+        if target.dtype != torch.float32 and data.generator != "continuous":
+            # bf16/fp16 + sdpa + left padding yields garbage rows on CPU (stack-notes 3); eager is correct.
+            target.model.set_attn_implementation("eager")
+    try:
+        return _generate(cfg, out, target, engine, prompts, fingerprint, have, need)
+    finally:
+        if engine is not None:
+            engine.close()
+
+
+def _generate(cfg, out: Path, target, engine, prompts, fingerprint: str, have: int, need: int) -> dict[str, float]:
+    data = cfg.data
     continuous = data.generator == "continuous" and data.temperature == 0  # fastgen.py says why greedy only
     if data.generator == "continuous" and not continuous:
         log.warning("generate: data.generator=continuous is greedy only; sampling uses the plain path")
-    if target.dtype != torch.float32 and not continuous:
-        # bf16/fp16 + sdpa + left padding yields garbage rows on CPU (stack-notes 3); eager is correct.
-        target.model.set_attn_implementation("eager")
     writer = SampleWriter(out, fingerprint, meta={"target": target.fingerprint, "source": prompts.source,
                                                   "records_read": prompts.records_read})
     tokenized = _tokenized_prompts(prompts.prompts, target, data)
@@ -65,7 +81,7 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter) -> dict[str, float]:
             raise ValueError(f"data.samples: {need} asked, but {prompts.source} has only "
                              f"{writer.num_samples + len(batch)} prompts within data.max_prompt_tokens="
                              f"{data.max_prompt_tokens}")
-        samples = _generate_shard(target, data, first, batch, continuous, progress.update)
+        samples = _generate_shard(target, data, first, batch, continuous, progress.update, engine)
         writer.write_shard(samples)
         new_tokens += sum(int(s.loss_mask.sum()) for s in samples)
         progress.set_postfix(tok_s=f"{new_tokens / (time.perf_counter() - started):.0f}")
@@ -94,7 +110,12 @@ def _tokenized_prompts(prompts: list[Prompt], target: Target, data) -> Iterator[
 
 
 def _generate_shard(target: Target, data, first: int, items: list[tuple[Prompt, list[int]]],
-                    continuous: bool = False, on_batch=None) -> list[Sample]:
+                    continuous: bool = False, on_batch=None, engine=None) -> list[Sample]:
+    if engine is not None:  # the server answers the whole shard, data.server.concurrency requests at a time
+        answers = engine.answer([ids for _, ids in items], first, data)
+        if on_batch is not None:
+            on_batch(len(items))
+        return _samples(target, data, first, items, answers)
     samples = []
     # continuous: the whole shard in one call, refilling up to batch_size rows (draftlab/fastgen.py)
     step = len(items) if continuous else data.batch_size
@@ -112,17 +133,24 @@ def _generate_shard(target: Target, data, first: int, items: list[tuple[Prompt, 
                                       data.max_prompt_tokens)
         else:
             answers = generate_batch(target, [ids for _, ids in chunk], data.max_new_tokens, data.temperature)
-        for offset, ((prompt, ids), answer) in enumerate(zip(chunk, answers)):
-            text = target.tokenizer.decode(answer, skip_special_tokens=True)
-            samples.append(Sample(
-                index=first + start + offset,
-                input_ids=torch.tensor(ids + answer, dtype=torch.long),
-                loss_mask=torch.tensor([False] * len(ids) + [True] * len(answer)),
-                split=split_for(prompt.conversation_id, data.val_fraction),
-                prompt=prompt.text, response=text, conversation_id=prompt.conversation_id,
-            ))
+        samples += _samples(target, data, first + start, chunk, answers)
         if on_batch is not None:
             on_batch(len(chunk))
+    return samples
+
+
+def _samples(target: Target, data, first: int, items: list[tuple[Prompt, list[int]]],
+             answers: list[list[int]]) -> list[Sample]:
+    samples = []
+    for offset, ((prompt, ids), answer) in enumerate(zip(items, answers)):
+        text = target.tokenizer.decode(answer, skip_special_tokens=True)
+        samples.append(Sample(
+            index=first + offset,
+            input_ids=torch.tensor(ids + answer, dtype=torch.long),
+            loss_mask=torch.tensor([False] * len(ids) + [True] * len(answer)),
+            split=split_for(prompt.conversation_id, data.val_fraction),
+            prompt=prompt.text, response=text, conversation_id=prompt.conversation_id,
+        ))
     return samples
 
 

@@ -18,7 +18,7 @@ from draftlab.model.draft import DraftModelConfig, Eagle3Draft
 from draftlab.progress import StepBar
 from draftlab.reporting import Reporter
 from draftlab.train.history import replay_history
-from draftlab.train.loop import LoopSettings, Trainer, load_trainable
+from draftlab.train.loop import LoopSettings, load_trainable
 
 log = logging.getLogger("draftlab")
 FORMAT = "draftlab.train/1"
@@ -120,20 +120,29 @@ class _Recorder:
 def run(cfg, out: Path, inputs: dict[str, Path], reporter: Reporter) -> dict[str, float]:
     from draftlab.data.features import open_source  # written in parallel by the extract stage's owner
 
+    from draftlab.train import distributed  # torchrun: rank 0 brings the other ranks into this stage
+
     out = Path(out)
+    distributed.announce_train(cfg, out, inputs)
     source = open_source(cfg, inputs)
     model, dcfg, lm_head = build_model(cfg, source)
     settings = LoopSettings.from_cfg(cfg)
     recorder = _Recorder(reporter)
-    trainer = Trainer(model, source, lm_head, settings, out / "checkpoints", recorder)
-    # A checkpoint is written into `.ckpt-*.tmp` and renamed: a kill or a full disk must not leave one behind.
-    trainer.on_step = progress = StepBar(trainer.state)
-    replay_history(out / "checkpoints", recorder)  # a resumed job's run holds the whole curve
+    trainer = distributed.make_trainer(model, source, lm_head, settings, out / "checkpoints", recorder)
+    main = distributed.is_main()
+    progress = StepBar(trainer.state) if main else None
+    trainer.on_step = progress
+    if main:
+        replay_history(out / "checkpoints", recorder)  # a resumed job's run holds the whole curve
     try:
+        # A checkpoint is written into `.ckpt-*.tmp` and renamed: a kill or a full disk must not leave one behind.
         with fsutil.leftovers_removed(out / "checkpoints", ".ckpt-*.tmp"):  # the stage lock is held
             result = trainer.run(init_from=cfg.train.init_from)
     finally:
-        progress.close()
+        if progress is not None:
+            progress.close()
+    if not main:
+        return {}  # rank 0 alone exports and writes
 
     load_trainable(trainer.model, result.best_weights)
     draft_dir = export_draft(trainer.model, dcfg, out / "draft", "bfloat16",

@@ -177,14 +177,28 @@ class Trainer:
         return summarize(total, self.s.loss_decay, self.s.num_steps)
 
     # ------------------------------------------------------------------ checkpoints
+    # The state accessors are where data-parallel training (train/distributed.py, FSDP) gathers and scatters.
+    def _model_tensors(self) -> dict[str, torch.Tensor]:
+        return trainable_state(self.model)
+
+    def _optimizer_state(self) -> dict:
+        return self.opt.state_dict()
+
+    def _write_weights(self, path: Path) -> None:
+        fsutil.atomic_save_safetensors(path, self._model_tensors())
+
+    def _load_states(self, model_file: Path, optimizer_state: dict) -> None:
+        load_trainable(self.model, model_file)
+        self.opt.load_state_dict(optimizer_state)
+
     def _save(self) -> None:
         name = f"ckpt-{self.state['step']:09d}-e{self.state['epoch']:04d}-b{self.state['batch']:09d}"  # sorts by age
         final = self.ckpt_dir / name
         tmp = self.ckpt_dir / f".{name}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        fsutil.atomic_save_safetensors(tmp / "model.safetensors", trainable_state(self.model))
-        opt = self.opt.state_dict()
+        fsutil.atomic_save_safetensors(tmp / "model.safetensors", self._model_tensors())
+        opt = self._optimizer_state()
         tensors = {f"{i}.{k}": v.detach().cpu() for i, st in opt["state"].items() for k, v in st.items()}
         fsutil.atomic_save_safetensors(tmp / "optimizer.safetensors", tensors)
         rng = {"torch": torch.get_rng_state()}
@@ -207,13 +221,12 @@ class Trainer:
         state = fsutil.read_json(folder / "trainer.json")
         if not state or state.get("format") != CKPT_FORMAT:
             raise ValueError(f"{folder}: not a {CKPT_FORMAT} checkpoint")
-        load_trainable(self.model, folder / "model.safetensors")
         tensors = load_file(str(folder / "optimizer.safetensors"))
         opt_state: dict[int, dict] = {}
         for key, value in tensors.items():
             index, name = key.split(".", 1)
             opt_state.setdefault(int(index), {})[name] = value
-        self.opt.load_state_dict({"state": opt_state, "param_groups": state.pop("param_groups")})
+        self._load_states(folder / "model.safetensors", {"state": opt_state, "param_groups": state.pop("param_groups")})
         rng = load_file(str(folder / "rng.safetensors"))
         torch.set_rng_state(rng["torch"])
         cuda = [rng[k] for k in sorted(k for k in rng if k.startswith("cuda."))]
@@ -261,7 +274,7 @@ class Trainer:
         best = self.state["best"]
         if best is None or score < best["score"]:
             file = self.ckpt_dir / f"best-epoch{epoch}-step{step:09d}.safetensors"
-            fsutil.atomic_save_safetensors(file, trainable_state(self.model))
+            self._write_weights(file)
             self.state["best"] = {"epoch": epoch, "score": score, "file": file.name, "metrics": entry}
         if self.s.early_stop_patience and math.isfinite(score):
             self._watch_plateau(score)

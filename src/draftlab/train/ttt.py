@@ -73,8 +73,10 @@ def draft_rows_distribution(last_hidden: Tensor, lm_head: Tensor, d2t: Tensor, t
 
 
 def ttt_unroll(model: Eagle3Draft, batch: dict[str, Tensor], targets: Targets, steps: int, decay: float,
-               return_logits: bool = False):
-    """Runs `steps` draft steps; returns (loss, stats [len(STATS), steps] float64[, per-step logits])."""
+               return_logits: bool = False, loss_norm: Tensor | None = None):
+    """Runs `steps` draft steps; returns (loss, stats [len(STATS), steps] float64[, per-step logits]).
+    `loss_norm` [steps]: the loss positions per step to divide by (default: this batch's own); data-parallel
+    training passes the count over all ranks' shares, so that the ranks' losses add up to the whole batch's."""
     ids, feats = batch["input_ids"], batch["features"]
     B, T = ids.shape
     dev = ids.device
@@ -105,7 +107,8 @@ def ttt_unroll(model: Eagle3Draft, batch: dict[str, Tensor], targets: Targets, s
         ce = torch.logsumexp(lg, -1) - (p * lg).sum(-1)
         n_loss = w.sum()
         ce_sum = torch.where(w, ce, 0.0).sum()  # where, not multiply: a NaN on a padded row stays out
-        loss = loss + decay**j * ce_sum / n_loss.clamp(min=1)
+        denominator = n_loss if loss_norm is None else loss_norm[j]
+        loss = loss + decay**j * ce_sum / denominator.clamp(min=1)
         with torch.no_grad():
             correct = model.draft_to_target(lg.argmax(-1)) == targets.top[:, 1 + j : 1 + j + n]
             valid = valid[:, :n] & m
