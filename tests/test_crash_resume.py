@@ -27,6 +27,8 @@ SEED = int(os.environ.get("DRAFTLAB_CRASH_SEED", "0"))
 # Timings differ between runs by nature, and how much work a run found already done is its history, not its
 # output (a rerun after a kill finds some); everything else must be equal.
 TIMING = ("seconds", "per_s", "speedup", "wall", "time", "new_samples", "cached")
+# Not outputs: which commit produced a stage (a commit made while the test runs must not fail it).
+PROVENANCE = ("produced_by",)
 SKIP = (".lock", ".png")  # locks; plots embed nothing but what the JSON next to them holds
 
 
@@ -79,7 +81,7 @@ def normalised(path: Path, root: Path):
 
 def _drop_timing(obj):
     if isinstance(obj, dict):
-        return {k: _drop_timing(v) for k, v in obj.items() if not (k.endswith("_s") or any(t in k for t in TIMING))}
+        return {k: _drop_timing(v) for k, v in obj.items() if not (k.endswith("_s") or any(t in k for t in TIMING + PROVENANCE))}
     if isinstance(obj, list):
         return [_drop_timing(v) for v in obj]
     return obj

@@ -1,6 +1,7 @@
 """data.engine=server: generation through a stand-in SGLang/vLLM server wrapping the tiny target equals local
 generation byte for byte, survives transient errors and a kill -9, and a dead or wrong server fails fast."""
 
+import json
 import os
 import signal
 import subprocess
@@ -47,7 +48,12 @@ def standin():
 
 
 def folder_bytes(folder: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+    """Every file's bytes; the manifest without its fingerprint, which names data.engine (a real server's
+    kernels are not the local ones, so its pool is kept apart even when greedy answers agree)."""
+    files = {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+    manifest = json.loads(files.pop("manifest.json"))
+    manifest.pop("fingerprint")
+    return {**files, "manifest.json": json.dumps(manifest, sort_keys=True).encode()}
 
 
 @pytest.fixture

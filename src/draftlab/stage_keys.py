@@ -36,7 +36,7 @@ _PROMPTS = ("data.source", "data.path", "data.seed", "data.val_fraction", "data.
 
 STAGES: dict[str, StageSpec] = {
     "generate": StageSpec("generate", _TARGET + _PROMPTS + (
-        "data.max_new_tokens", "data.temperature", "data.batch_size", "data.generator"),
+        "data.max_new_tokens", "data.temperature", "data.batch_size", "data.generator", "data.engine"),
         grows_with=("data.samples",)),
     "extract": StageSpec("extract", _TARGET + ("extract.layers", "extract.dtype", "extract.mode"),
                          needs=("generate",), grows_with=("data.samples", "draft.vocab_size")),
@@ -50,7 +50,9 @@ STAGES: dict[str, StageSpec] = {
 # tests/test_stage_reads.py checks that every key a stage reads is in its reads or here.
 NOT_FINGERPRINTED = {"train.log_every", "train.device", "train.strategy", "serve.host", "serve.port", "serve.python",
                      "target.device", "target.device_map",
-                     "data.shard_size", "extract.batch_size", "extract.shard_size"}
+                     "data.shard_size", "extract.batch_size", "extract.shard_size",
+                     # where data.engine=server finds the target, not which model it is (target.* names that)
+                     "data.server"}
 # Read by every stage, never part of a key: where outputs go and how they are tracked.
 NOT_OUTPUT_SETTINGS = ("paths", "tracking", "stages")
 
