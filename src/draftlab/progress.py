@@ -28,6 +28,9 @@ class StepBar:
     def __call__(self, step: int) -> None:
         if self.bar is None:
             self.bar = bar(self.state.get("total_steps"), self.desc, "step", initial=step - 1)
+        stop = self.state.get("stop_at")  # early stopping moves the end forward (train/loop.py)
+        if stop and stop != self.bar.total:
+            self.bar.total = stop
         self.bar.update(step - self.bar.n)
         last = self.state.get("last_train") or {}
         if "train/loss" in last:

@@ -19,7 +19,8 @@ from draftlab.config import ConfigError, validate
 from draftlab.fsutil import read_json
 from draftlab.run_names import short_names, sweep_keys, write_sweep_keys
 from draftlab.summary import sweep_summary
-from draftlab.tracking import _client, end_parent_run, parent_run_id_for, start_parent_run, tracking_uri
+from draftlab.tracking import (end_parent_run, find_experiment_id, open_client, parent_run_id_for, start_parent_run,
+                               tracking_uri)
 
 log = logging.getLogger("draftlab.sweep")
 
@@ -83,10 +84,9 @@ def _job_results(sweep_dir: Path) -> list[tuple[str, dict]]:
 
 def _experiment_of(cfg) -> str | None:
     try:
-        experiment = _client(tracking_uri(cfg.tracking.uri)).get_experiment_by_name(cfg.tracking.experiment)
+        return find_experiment_id(open_client(cfg.tracking.uri), cfg.tracking.experiment)
     except Exception:  # noqa: BLE001 - the link is a convenience
         return None
-    return experiment.experiment_id if experiment else None
 
 
 def _follower() -> bool:

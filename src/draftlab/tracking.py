@@ -184,6 +184,8 @@ class MlflowReporter:
             self.client.log_batch(self.run_id, metrics=payload)
         elif kind == "tag":
             self.client.set_tag(self.run_id, *payload)
+        elif kind == "tags":
+            self.client.log_batch(self.run_id, tags=payload)
         else:
             path, subdir = payload
             if path.is_dir():
@@ -192,11 +194,13 @@ class MlflowReporter:
                 self.client.log_artifact(self.run_id, str(path), artifact_path=subdir)
 
     def tag_many(self, tags: dict[str, str]) -> None:
-        """Several tags in one call: one transaction instead of one per tag (12 tags: 0.37 s -> 0.04 s)."""
+        """Several tags in one call: one transaction instead of one per tag (12 tags: 0.37 s -> 0.04 s); kept and
+        retried like everything else when the store fails."""
         from mlflow.entities import RunTag
 
         self.tags.update({k: str(v) for k, v in tags.items()})
-        self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)[:5000]) for k, v in tags.items()])
+        self.pending.append(("tags", [RunTag(k, str(v)[:5000]) for k, v in tags.items()]))
+        self.flush()
 
 
 def _is_number(value) -> bool:
@@ -408,11 +412,18 @@ def reopened_run(cfg, run_id: str) -> Iterator[MlflowReporter]:
     """Logs into an existing run (the next DVC stage of the same `dvc repro`), then closes it again."""
     client = _client(tracking_uri(cfg.tracking.uri))
     client.update_run(run_id, status="RUNNING")
+    # this process now owns the run: close_orphans must not take the first stage's (ended) pid for a dead job
+    identity = _process_identity(os.getpid())
+    if identity:
+        client.set_tag(run_id, "draftlab.process", identity)
+    reporter = MlflowReporter(client, run_id)
     try:
-        yield MlflowReporter(client, run_id)
+        yield reporter
     except BaseException:
+        reporter.flush(force=True)
         client.set_terminated(run_id, status="FAILED")
         raise
+    reporter.flush(force=True)
     client.set_terminated(run_id, status="FINISHED")
 
 

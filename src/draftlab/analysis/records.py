@@ -42,6 +42,9 @@ IGNORE_KEYS = frozenset({
     "data.batch_size", "data.shard_size", "extract.batch_size", "extract.shard_size", "train.log_every",
     "train.checkpoint_every", "train.device", "target.device", "serve.device", "serve.host", "serve.port",
     "serve.python", "serve.startup_timeout_s", "serve.extra_args", "train.init_from",
+    # how and where it ran, not what: strategy, device map, generation server, hardware preset's name
+    "train.strategy", "target.device_map", "hardware.name", "data.server.url", "data.server.api",
+    "data.server.concurrency", "data.server.retries", "data.server.timeout_s",
 })
 # Metric names: lower-is-better unless listed as higher-is-better.
 # best/val_loss first: the exported draft is the best validation pass (early stopping may end after it)

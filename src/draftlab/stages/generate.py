@@ -37,7 +37,7 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter) -> dict[str, float]:
     prompts = load_prompts(data.source, data.path, data.seed)
     reporter.tag("data.source_file", prompts.source)
     source_sha = file_sha256(Path(prompts.source))
-    if source_sha != data_sha256(cfg):  # the pool's key names the file as it was when the job started
+    if source_sha != data_sha256(cfg):  # the pool's key named the file as it was when this stage was planned
         raise RuntimeError(f"data.path: {prompts.source} changed while this job ran; rerun it")
     reporter.tag("data.source_sha256", source_sha)
     engine = None

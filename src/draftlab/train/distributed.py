@@ -203,7 +203,7 @@ class DistributedTrainer(Trainer):
         m = self.model
         amp = torch.autocast(self.device.type, dtype=self.amp) if self.amp else contextlib.nullcontext()
         with amp:
-            targets = target_distribution(batch["last_hidden"], self.lm_head, m.d2t, m.t2d)
+            targets = target_distribution(batch["last_hidden"], self.lm_head, m.d2t, m.t2d, top=batch.get("target_top"))
             norm = loss_positions(batch, targets, self.s.ttt_steps)
             dist.all_reduce(norm)
             loss, stats = self.unroll(batch, targets, self.s.ttt_steps, self.s.loss_decay, norm)
