@@ -60,7 +60,9 @@ def test_hardware_presets_compose():
     gpu = validate(compose_config(["hardware=gpu", "data.samples=50000"]))
     assert gpu.hardware.name == "gpu" and gpu.data.generator == "static" and gpu.data.samples == 50000
     assert gpu.target.dtype == "bfloat16" and gpu.data.shard_size % gpu.data.batch_size == 0
-    assert gpu.train.batch_tokens > cpu.train.batch_tokens and gpu.train.lr > cpu.train.lr
+    assert gpu.train.batch_tokens > cpu.train.batch_tokens
+    # the GPU recipe trains to convergence (issue 10): early stopping, with max_steps only as a cap
+    assert gpu.train.schedule == "wsd" and gpu.train.early_stop_patience and gpu.train.max_steps
     smoke = validate(compose_config(["hardware=gpu", "experiment=smoke"]))  # a named experiment still wins
     assert smoke.target.name == "tiny"
     assert Path(__file__).parents[1].joinpath("conf", "hardware", "gpu.yaml").exists()
