@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import json
 from functools import lru_cache
 from pathlib import Path
 
@@ -107,19 +106,8 @@ def cached_code_version(name: str, cache_dir: Path, root: Path | None = None) ->
     root = Path(root or PACKAGE_ROOT)
     files = sorted(root.rglob("*.py"))
     stamp = hashlib.sha256("\n".join(f"{f}|{f.stat().st_size}|{f.stat().st_mtime_ns}" for f in files).encode())
-    key = f"{name}|{stamp.hexdigest()}"
-    cache = Path(cache_dir) / "code_versions.json"
-    try:
-        known = json.loads(cache.read_text())
-    except (OSError, ValueError):
-        known = {}
-    if key not in known:
-        from draftlab.fsutil import atomic_write_json
+    from draftlab.fsutil import remembered
 
-        known = {k: v for k, v in known.items() if not k.startswith(f"{name}|")}  # only the newest per stage
-        known[key] = code_version(name, root)
-        try:  # a cache: a concurrent writer may win, and a read-only disk only costs a rehash next time
-            atomic_write_json(cache, known)
-        except OSError:
-            pass
-    return known[key]
+    # only the newest version per stage is kept
+    return remembered(Path(cache_dir) / "code_versions.json", f"{name}|{stamp.hexdigest()}", f"{name}|",
+                      lambda: code_version(name, root))

@@ -123,3 +123,20 @@ def file_lock(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def remembered(cache: Path, key: str, family: str, compute: Callable[[], Any]) -> Any:
+    """`compute()`, remembered in the JSON file `cache` under `key`; older keys of the same `family` prefix are
+    dropped. Only a cache: a concurrent writer may win, and a read-only disk only costs a recomputation."""
+    try:
+        known = json.loads(Path(cache).read_text())
+    except (OSError, ValueError):
+        known = {}
+    if key not in known:
+        known = {k: v for k, v in known.items() if not k.startswith(family)}
+        known[key] = compute()
+        try:
+            atomic_write_json(Path(cache), known)
+        except OSError:
+            pass
+    return known[key]

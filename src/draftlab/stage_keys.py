@@ -8,14 +8,13 @@ runner, and so nothing here loads torch.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from draftlab.code_version import cached_code_version
-from draftlab.fsutil import atomic_write_json
+from draftlab.fsutil import remembered
 from draftlab.provenance import file_sha256, fingerprint
 
 
@@ -97,19 +96,7 @@ def content_sha256(path: Path, cache_dir: Path) -> str:
     except FileNotFoundError:
         raise FileNotFoundError(f"data.path: {path} does not exist") from None
     stamp = f"{path}|{stat.st_size}|{stat.st_mtime_ns}"
-    cache = Path(cache_dir) / "file_sha256.json"
-    try:
-        known = json.loads(cache.read_text())
-    except (OSError, ValueError):
-        known = {}
-    if stamp not in known:
-        known = {k: v for k, v in known.items() if not k.startswith(f"{path}|")}
-        known[stamp] = file_sha256(path)
-        try:  # a cache: a concurrent writer may win, and a read-only disk only costs a rehash next time
-            atomic_write_json(cache, known)
-        except OSError:
-            pass
-    return known[stamp]
+    return remembered(Path(cache_dir) / "file_sha256.json", stamp, f"{path}|", lambda: file_sha256(path))
 
 
 def plan(cfg, package_root: Path | None = None) -> dict[str, PlannedStage]:
