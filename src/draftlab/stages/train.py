@@ -18,7 +18,8 @@ from draftlab.model.draft import DraftModelConfig, Eagle3Draft
 from draftlab.progress import StepBar
 from draftlab.reporting import Reporter
 from draftlab.train.history import replay_history
-from draftlab.train.loop import LoopSettings, load_trainable
+from draftlab.train.checkpoint import load_trainable
+from draftlab.train.loop import LoopSettings
 
 log = logging.getLogger("draftlab")
 FORMAT = "draftlab.train/1"

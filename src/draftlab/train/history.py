@@ -12,16 +12,17 @@ from pathlib import Path
 
 from draftlab.fsutil import read_json
 from draftlab.reporting import Reporter
+from draftlab.train.checkpoint import latest_checkpoint
 
 log = logging.getLogger("draftlab")
 
 
 def checkpoint_history(ckpt_dir: Path) -> list[dict]:
     """The per-epoch entries the latest checkpoint holds that the loop logged (those with validation metrics)."""
-    latest = read_json(Path(ckpt_dir) / "latest.json")
-    if not latest:
+    latest = latest_checkpoint(ckpt_dir)
+    if latest is None:
         return []
-    state = read_json(Path(ckpt_dir) / latest["name"] / "trainer.json") or {}
+    state = read_json(latest / "trainer.json") or {}
     return [entry for entry in state.get("history", []) if any(k.startswith("val/") for k in entry)]
 
 

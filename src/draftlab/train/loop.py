@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
 import random
 import shutil
 import time
@@ -33,19 +32,18 @@ from typing import Any, Callable
 
 import torch
 from omegaconf import OmegaConf
-from safetensors.torch import load_file
 
 from draftlab import fsutil
 from draftlab.config import TrainConfig
 from draftlab.model.draft import Eagle3Draft
 from draftlab.reporting import NullReporter, Reporter
 from draftlab.target import resolve_device
+from draftlab.train.checkpoint import (load_trainable, latest_checkpoint, read_checkpoint, resolve_checkpoint,
+                                       trainable_state, write_checkpoint)
 from draftlab.train.schedule import budget_steps, lr_factor, watch_plateau
 from draftlab.train.ttt import STATS, summarize, target_distribution, ttt_unroll
 
 log = logging.getLogger("draftlab")
-CKPT_FORMAT = "draftlab.train-checkpoint/1"
-KEEP_CHECKPOINTS = 2
 
 
 @dataclass
@@ -88,19 +86,6 @@ def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, devi
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type == "cuda")
 
 
-def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Everything in the state dict except frozen parameters (the target embedding is re-copied on load)."""
-    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
-    return {k: v.detach().cpu() for k, v in model.state_dict().items() if k not in frozen}
-
-
-def load_trainable(model: torch.nn.Module, path: Path) -> None:
-    missing, unexpected = model.load_state_dict(load_file(str(path)), strict=False)
-    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
-    if unexpected or set(missing) - frozen:
-        raise ValueError(f"{path}: missing {sorted(set(missing) - frozen)}, unexpected {sorted(unexpected)}")
-
-
 def _batches_per_epoch(source, s: LoopSettings) -> int:
     counter = getattr(source, "num_batches", None)
     if counter is not None:
@@ -111,18 +96,6 @@ def _batches_per_epoch(source, s: LoopSettings) -> int:
         raise ValueError("train: the training split gives no batches (no samples, or every sample is longer "
                          "than train.max_seq_len)")
     return count
-
-
-def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint folder, a checkpoints/ folder or a train-stage folder -> the checkpoint folder."""
-    path = Path(path)
-    for candidate in (path, path / "checkpoints"):
-        if (candidate / "trainer.json").exists():
-            return candidate
-        latest = fsutil.read_json(candidate / "latest.json")
-        if latest:
-            return candidate / latest["name"]
-    raise FileNotFoundError(f"train.init_from: no checkpoint at {path}")
 
 
 class Trainer:
@@ -193,49 +166,13 @@ class Trainer:
 
     def _save(self) -> None:
         name = f"ckpt-{self.state['step']:09d}-e{self.state['epoch']:04d}-b{self.state['batch']:09d}"  # sorts by age
-        final = self.ckpt_dir / name
-        tmp = self.ckpt_dir / f".{name}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        fsutil.atomic_save_safetensors(tmp / "model.safetensors", self._model_tensors())
-        opt = self._optimizer_state()
-        tensors = {f"{i}.{k}": v.detach().cpu() for i, st in opt["state"].items() for k, v in st.items()}
-        fsutil.atomic_save_safetensors(tmp / "optimizer.safetensors", tensors)
-        rng = {"torch": torch.get_rng_state()}
-        if torch.cuda.is_available():
-            rng.update({f"cuda.{i}": t for i, t in enumerate(torch.cuda.get_rng_state_all())})
-        fsutil.atomic_save_safetensors(tmp / "rng.safetensors", rng)
-        state = dict(self.state, format=CKPT_FORMAT, param_groups=opt["param_groups"],
-                     python_rng=list(random.getstate()), settings=vars(self.s))
-        fsutil.atomic_write_json(tmp / "trainer.json", state)
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        fsutil.atomic_write_json(self.ckpt_dir / "latest.json", {"name": name, "step": self.state["step"]})
-        older = sorted(p for p in self.ckpt_dir.glob("ckpt-*") if p.name != name)
-        for old in older[: max(0, len(older) - (KEEP_CHECKPOINTS - 1))]:
-            shutil.rmtree(old, ignore_errors=True)
+        write_checkpoint(self.ckpt_dir, name, self._model_tensors(), self._optimizer_state(),
+                         dict(self.state, settings=vars(self.s)))
 
     def load(self, folder: Path, full: bool = True) -> None:
         """Restores weights, optimizer, RNG and position from a checkpoint folder."""
-        folder = Path(folder)
-        state = fsutil.read_json(folder / "trainer.json")
-        if not state or state.get("format") != CKPT_FORMAT:
-            raise ValueError(f"{folder}: not a {CKPT_FORMAT} checkpoint")
-        tensors = load_file(str(folder / "optimizer.safetensors"))
-        opt_state: dict[int, dict] = {}
-        for key, value in tensors.items():
-            index, name = key.split(".", 1)
-            opt_state.setdefault(int(index), {})[name] = value
-        self._load_states(folder / "model.safetensors", {"state": opt_state, "param_groups": state.pop("param_groups")})
-        rng = load_file(str(folder / "rng.safetensors"))
-        torch.set_rng_state(rng["torch"])
-        cuda = [rng[k] for k in sorted(k for k in rng if k.startswith("cuda."))]
-        if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all(cuda)
-        py = state.pop("python_rng")
-        random.setstate((py[0], tuple(py[1]), py[2]))
-        for key in ("format", "settings"):
-            state.pop(key, None)
+        state, optimizer = read_checkpoint(folder)
+        self._load_states(Path(folder) / "model.safetensors", optimizer)
         self.state.update(state)
         if self.state["last_eval_step"] is None and self.state["history"]:  # an older checkpoint's last pass
             self.state["last_eval_step"] = int(self.state["history"][-1]["step"])
@@ -294,9 +231,9 @@ class Trainer:
     # ------------------------------------------------------------------ the loop
     def run(self, init_from: str | Path | None = None) -> TrainResult:
         s = self.s
-        latest = fsutil.read_json(self.ckpt_dir / "latest.json")
+        latest = latest_checkpoint(self.ckpt_dir)
         if latest:
-            self.load(self.ckpt_dir / latest["name"])
+            self.load(latest)
             log.info("train: resuming at epoch %d batch %d (step %d)", self.state["epoch"], self.state["batch"],
                      self.state["step"])
         elif init_from:

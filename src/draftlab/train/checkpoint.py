@@ -1,0 +1,102 @@
+"""The resumable checkpoint's files: one folder per checkpoint under `checkpoints/`, `latest.json` naming the newest.
+
+A checkpoint folder holds `model.safetensors` (trainable weights), `optimizer.safetensors` (AdamW state, keyed
+`<param index>.<name>`), `rng.safetensors` (torch and CUDA generator states) and `trainer.json` (the loop's
+state, the optimizer's param groups, Python's RNG state). It is written into `.<name>.tmp` and renamed, and
+`latest.json` moves only after the rename, so a kill at any point leaves the previous checkpoint usable.
+Nothing is ever unpickled. What the state means is the loop's business (train/loop.py).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from draftlab import fsutil
+
+CKPT_FORMAT = "draftlab.train-checkpoint/1"
+KEEP_CHECKPOINTS = 2
+
+
+def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Everything in the state dict except frozen parameters (the target embedding is re-copied on load)."""
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    return {k: v.detach().cpu() for k, v in model.state_dict().items() if k not in frozen}
+
+
+def load_trainable(model: torch.nn.Module, path: Path) -> None:
+    missing, unexpected = model.load_state_dict(load_file(str(path)), strict=False)
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    if unexpected or set(missing) - frozen:
+        raise ValueError(f"{path}: missing {sorted(set(missing) - frozen)}, unexpected {sorted(unexpected)}")
+
+
+def latest_checkpoint(ckpt_dir: Path) -> Path | None:
+    """The newest complete checkpoint folder in `ckpt_dir`, or None."""
+    latest = fsutil.read_json(Path(ckpt_dir) / "latest.json")
+    return Path(ckpt_dir) / latest["name"] if latest else None
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint folder, a checkpoints/ folder or a train-stage folder -> the checkpoint folder."""
+    path = Path(path)
+    for candidate in (path, path / "checkpoints"):
+        if (candidate / "trainer.json").exists():
+            return candidate
+        latest = latest_checkpoint(candidate)
+        if latest:
+            return latest
+    raise FileNotFoundError(f"train.init_from: no checkpoint at {path}")
+
+
+def write_checkpoint(ckpt_dir: Path, name: str, model: dict[str, torch.Tensor], optimizer: dict, state: dict) -> None:
+    """Writes checkpoint `name` (weights, `optimizer.state_dict()`, RNG states and `state`), points `latest.json`
+    at it, and keeps the newest KEEP_CHECKPOINTS."""
+    final = ckpt_dir / name
+    tmp = ckpt_dir / f".{name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    fsutil.atomic_save_safetensors(tmp / "model.safetensors", model)
+    tensors = {f"{i}.{k}": v.detach().cpu() for i, st in optimizer["state"].items() for k, v in st.items()}
+    fsutil.atomic_save_safetensors(tmp / "optimizer.safetensors", tensors)
+    rng = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rng.update({f"cuda.{i}": t for i, t in enumerate(torch.cuda.get_rng_state_all())})
+    fsutil.atomic_save_safetensors(tmp / "rng.safetensors", rng)
+    fsutil.atomic_write_json(tmp / "trainer.json", dict(state, format=CKPT_FORMAT,
+                                                        param_groups=optimizer["param_groups"],
+                                                        python_rng=list(random.getstate())))
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    fsutil.atomic_write_json(ckpt_dir / "latest.json", {"name": name, "step": state["step"]})
+    older = sorted(p for p in ckpt_dir.glob("ckpt-*") if p.name != name)
+    for old in older[: max(0, len(older) - (KEEP_CHECKPOINTS - 1))]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def read_checkpoint(folder: Path) -> tuple[dict, dict]:
+    """(the loop's state, the optimizer state dict) of a checkpoint; restores the RNG states it saved."""
+    folder = Path(folder)
+    state = fsutil.read_json(folder / "trainer.json")
+    if not state or state.get("format") != CKPT_FORMAT:
+        raise ValueError(f"{folder}: not a {CKPT_FORMAT} checkpoint")
+    opt_state: dict[int, dict] = {}
+    for key, value in load_file(str(folder / "optimizer.safetensors")).items():
+        index, name = key.split(".", 1)
+        opt_state.setdefault(int(index), {})[name] = value
+    optimizer = {"state": opt_state, "param_groups": state.pop("param_groups")}
+    rng = load_file(str(folder / "rng.safetensors"))
+    torch.set_rng_state(rng["torch"])
+    cuda = [rng[k] for k in sorted(k for k in rng if k.startswith("cuda."))]
+    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)
+    py = state.pop("python_rng")
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    for key in ("format", "settings"):
+        state.pop(key, None)
+    return state, optimizer
