@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from draftlab.config import ConfigError
 from draftlab.run_names import job_run_name
 from draftlab.task import run_task
-from draftlab.tracking import parent_run_id_for
+from draftlab.run_context import parent_run_id_for
 
 log = logging.getLogger("draftlab")
 # conf/config.yaml's hydra.run.dir / sweep.dir end in the pid, so two jobs started at once never share a folder

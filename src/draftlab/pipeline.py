@@ -51,7 +51,7 @@ def run_stages(cfg, reporter: Reporter, names: list[str] | None = None) -> dict[
 
 def _current_commit() -> str:
     """The commit a stage run now is produced by; a dirty tree is not its commit, so it says so."""
-    from draftlab.tracking import repo_root
+    from draftlab.run_context import repo_root
 
     state = git_state(repo_root())
     return state["git.commit"] + ("+dirty" if state["git.dirty"] == "true" else "")

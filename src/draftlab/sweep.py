@@ -1,6 +1,6 @@
 """A Hydra callback that gives each multirun one MLflow parent run, whatever launcher runs the jobs.
 
-The parent's id is left in the sweep folder (`tracking.PARENT_ID_FILE`); each job reads it and tags its own run
+The parent's id is left in the sweep folder (`run_context.PARENT_ID_FILE`); each job reads it and tags its own run
 as a child. At the end the parent gets the analysis of its children (src/analyze.py).
 """
 
@@ -19,8 +19,8 @@ from draftlab.config import ConfigError, validate
 from draftlab.fsutil import read_json
 from draftlab.run_names import short_names, sweep_keys, write_sweep_keys
 from draftlab.summary import sweep_summary
-from draftlab.tracking import (end_parent_run, find_experiment_id, open_client, parent_run_id_for, start_parent_run,
-                               tracking_uri)
+from draftlab.run_context import parent_run_id_for, tracking_uri
+from draftlab.tracking import end_parent_run, find_experiment_id, open_client, start_parent_run
 
 log = logging.getLogger("draftlab.sweep")
 

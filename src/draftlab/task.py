@@ -17,7 +17,8 @@ from draftlab.preflight import preflight
 from draftlab.provenance import git_state
 from draftlab.reporting import RecordingReporter
 from draftlab.summary import collect_warnings, job_summary
-from draftlab.tracking import flatten, repo_root, tracked_run, tracking_uri
+from draftlab.run_context import flatten, repo_root, tracking_uri
+from draftlab.tracking import tracked_run
 
 log = logging.getLogger("draftlab")
 

@@ -20,35 +20,11 @@ from typing import Iterator
 from omegaconf import OmegaConf
 
 from draftlab.provenance import git_state, package_versions
+from draftlab.run_context import PARENT_ID_FILE, flatten, job_key, process_identity, repo_root, tracking_uri
 
 log = logging.getLogger("draftlab.tracking")
 
-PARENT_ID_FILE = "mlflow_parent_run_id"
 RETRY_EVERY_S = 30.0  # how often a run retries a failing store (MlflowReporter)
-
-
-def repo_root(start: Path | None = None) -> Path:
-    """The project folder (the one holding conf/). Inside a queued `dvc exp run` the work happens in a copy
-    under .dvc/tmp/exps/; runs must still land in the real repository's store, so the copy is seen through."""
-    here = Path(start or Path.cwd()).resolve()
-    parts = here.parts
-    if ".dvc" in parts:
-        return Path(*parts[: parts.index(".dvc")])
-    for folder in (here, *here.parents):
-        if (folder / "conf" / "config.yaml").exists():
-            return folder
-    return here
-
-
-def tracking_uri(configured: str | None = None) -> str:
-    """`tracking.uri`, else MLFLOW_TRACKING_URI, else sqlite:///<repo>/mlruns/mlflow.db (absolute)."""
-    if configured:
-        return configured
-    if os.environ.get("MLFLOW_TRACKING_URI"):
-        return os.environ["MLFLOW_TRACKING_URI"]
-    store = repo_root() / "mlruns"
-    store.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{store / 'mlflow.db'}"
 
 
 def _client(uri: str):
@@ -107,21 +83,6 @@ def experiment_id(client, name: str, uri: str) -> str:
         if experiment is None:
             raise
         return experiment.experiment_id
-
-
-def flatten(cfg) -> dict[str, str]:
-    container = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else cfg
-    flat: dict[str, str] = {}
-
-    def walk(node, prefix):
-        if isinstance(node, dict):
-            for key, value in node.items():
-                walk(value, f"{prefix}{key}.")
-        else:
-            flat[prefix[:-1]] = str(node)[:6000]
-
-    walk(container, "")
-    return flat
 
 
 class MlflowReporter:
@@ -211,25 +172,6 @@ def _is_number(value) -> bool:
     return not isinstance(value, (bool, str))
 
 
-def _log_params(client, run_id: str, cfg) -> None:
-    log_params(client, run_id, flatten(cfg))
-
-
-def _process_identity(pid: int) -> str | None:
-    """pid plus the process's start time (Linux /proc), so that a reused pid is not mistaken for a live job."""
-    try:
-        return f"{pid}:{Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[19]}"
-    except (OSError, IndexError):
-        return None
-
-
-def job_key(cfg) -> str:
-    """What makes two jobs the same job: their whole resolved config."""
-    from draftlab.provenance import fingerprint
-
-    return fingerprint(flatten(cfg))[:16]
-
-
 def close_orphans(client, experiment: str, key: str) -> list[str]:
     """A killed job leaves its run RUNNING. Runs of the same job started on this host by a process that no
     longer lives are closed as KILLED; returns their ids. Runs from other hosts are left alone (nothing here
@@ -243,7 +185,7 @@ def close_orphans(client, experiment: str, key: str) -> list[str]:
         if tags.get("draftlab.host") != host or not tags.get("draftlab.process"):
             continue
         pid = int(tags["draftlab.process"].split(":")[0])
-        if _process_identity(pid) == tags["draftlab.process"]:
+        if process_identity(pid) == tags["draftlab.process"]:
             continue  # still running (another copy of this job, or a sweep's parent process)
         client.set_tag(run.info.run_id, "draftlab.closed_as", "killed: its process died; a rerun closed it")
         client.set_terminated(run.info.run_id, status="KILLED")
@@ -262,7 +204,7 @@ def tracked_run(cfg, parent_run_id: str | None = None, tags: dict[str, str] | No
     key = job_key(cfg)
     all_tags = {**git_state(repo_root()), **{f"version.{k}": v for k, v in package_versions().items()},
                 "command": " ".join(sys.argv)[:5000], "draftlab.job": key, "draftlab.host": socket.gethostname(),
-                "draftlab.process": _process_identity(os.getpid()) or str(os.getpid()), **(tags or {})}
+                "draftlab.process": process_identity(os.getpid()) or str(os.getpid()), **(tags or {})}
     if parent_run_id:
         all_tags["mlflow.parentRunId"] = parent_run_id
     experiment = experiment_id(client, cfg.tracking.experiment, uri)
@@ -271,10 +213,17 @@ def tracked_run(cfg, parent_run_id: str | None = None, tags: dict[str, str] | No
     run_id = run.info.run_id
     log.info("MLflow run %s in %s (experiment %s)", run_id, uri, cfg.tracking.experiment)
     reporter = MlflowReporter(client, run_id, experiment)
-    try:
-        _log_params(client, run_id, cfg)
+    with _ended(client, run_id, reporter):
+        log_params(client, run_id, flatten(cfg))
         client.log_text(run_id, OmegaConf.to_yaml(cfg, resolve=True), "config/resolved.yaml")
         yield reporter
+
+
+@contextlib.contextmanager
+def _ended(client, run_id: str, reporter: MlflowReporter) -> Iterator[None]:
+    """At the block's end: send what the reporter kept, then mark the run FINISHED, or FAILED if it raised."""
+    try:
+        yield
     except BaseException:
         reporter.flush(force=True)
         _terminate(client, run_id, "FAILED")
@@ -307,14 +256,7 @@ def start_parent_run(cfg, sweep_dir: Path, description: str, run_name: str | Non
 
 
 def end_parent_run(cfg, run_id: str, failed: bool = False) -> None:
-    _client(tracking_uri(cfg.tracking.uri)).set_terminated(run_id, status="FAILED" if failed else "FINISHED")
-
-
-def parent_run_id_for(sweep_dir: Path | None) -> str | None:
-    if sweep_dir is None:
-        return None
-    path = Path(sweep_dir) / PARENT_ID_FILE
-    return path.read_text().strip() if path.exists() else None
+    end_run(open_client(cfg.tracking.uri), run_id, failed)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -413,24 +355,17 @@ def reopened_run(cfg, run_id: str) -> Iterator[MlflowReporter]:
     client = _client(tracking_uri(cfg.tracking.uri))
     client.update_run(run_id, status="RUNNING")
     # this process now owns the run: close_orphans must not take the first stage's (ended) pid for a dead job
-    identity = _process_identity(os.getpid())
+    identity = process_identity(os.getpid())
     if identity:
         client.set_tag(run_id, "draftlab.process", identity)
     reporter = MlflowReporter(client, run_id)
-    try:
+    with _ended(client, run_id, reporter):
         yield reporter
-    except BaseException:
-        reporter.flush(force=True)
-        client.set_terminated(run_id, status="FAILED")
-        raise
-    reporter.flush(force=True)
-    client.set_terminated(run_id, status="FINISHED")
 
 
 def import_job(client, experiment: str, run_name: str, params: dict, metrics: dict, tags: dict[str, str]) -> str:
     """One finished run made from a job's results.json (`python -m draftlab import-runs`); returns its id."""
-    run_id = client.create_run(experiment_id(client, experiment, client.tracking_uri), run_name=run_name,
-                               tags=tags).info.run_id
+    run_id = create_run(client, experiment, run_name, tags)
     log_params(client, run_id, params)
     log_metrics(client, run_id, metrics)
     client.set_terminated(run_id, status="FINISHED")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from draftlab.analysis.core import AnalysisResult, analyze
 from draftlab.analysis.mlflow_source import load_records, log_to_parent
-from draftlab.tracking import repo_root
+from draftlab.run_context import repo_root
 
 
 def default_out(parent_run_id: str) -> Path:
