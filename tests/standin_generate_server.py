@@ -11,14 +11,15 @@ accepted and ignored, so the launch builder can start it in place of `python -m 
 
 import argparse
 import itertools
-import json
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1] / "src")]
+
+from standin_http import JsonHandler  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -47,18 +48,7 @@ def main() -> None:
         time.sleep(args.delay_ms / 1000)
         return answer
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, fmt, *a):
-            pass
-
-        def reply(self, code, body):
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
+    class Handler(JsonHandler):
         def do_GET(self):
             if self.path == "/health":
                 self.reply(200, {})
@@ -70,7 +60,7 @@ def main() -> None:
                 self.reply(404, {"detail": "Not Found"})
 
         def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+            body = self.json_body()
             if args.fail_every and next(counter) % args.fail_every == 0:
                 self.reply(503, {"error": "stand-in: overloaded"})
                 return

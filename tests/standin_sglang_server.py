@@ -12,13 +12,17 @@ Accepts SGLang's flags (ignores the ones it does not need) plus stand-in flags:
 """
 
 import argparse
-import json
 import math
 import os
 import signal
 import sys
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script, also through runpy
+
+from standin_http import JsonHandler  # noqa: E402
 
 
 def say(message: str) -> None:
@@ -82,18 +86,7 @@ class State:
 
 
 def make_handler(args):
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, fmt, *a):  # keep the log to SGLang-like lines
-            pass
-
-        def reply(self, code: int, body=None):
-            data = b"" if body is None else json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
+    class Handler(JsonHandler):
         def do_GET(self):
             if self.path in ("/health", "/health_generate", "/ready"):
                 self.reply(200 if State.ready else 503)
@@ -112,7 +105,7 @@ def make_handler(args):
                 self.reply(404, {"error": "not found"})
 
         def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+            body = self.json_body()
             if self.path == "/flush_cache":  # like SGLang: also resets the acceptance counters
                 State.verify_ct = State.tokens = 0
                 self.reply(200, {})

@@ -1,0 +1,23 @@
+"""The JSON plumbing the stand-in servers share (tests/standin_*_server.py): a quiet handler that reads and
+writes JSON bodies. Each stand-in runs as a script from this folder, so it imports this module by name."""
+
+from __future__ import annotations
+
+import json
+from http.server import BaseHTTPRequestHandler
+
+
+class JsonHandler(BaseHTTPRequestHandler):
+    def log_message(self, fmt, *a):  # the stand-ins print their own SGLang-like lines, not one per request
+        pass
+
+    def reply(self, code: int, body=None) -> None:
+        data = b"" if body is None else json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def json_body(self) -> dict:
+        return json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
