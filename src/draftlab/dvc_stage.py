@@ -15,7 +15,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from draftlab.config import validate
+from draftlab.config import STAGE_NAMES, validate
 from draftlab.provenance import file_sha256
 from draftlab.stages import invoke
 
@@ -60,7 +60,7 @@ def run_dvc_stage(name: str, params: Path, out: Path, inputs: dict[str, Path]) -
         # DVC keeps one train folder, so there is no shorter run beside it: train from scratch.
         log.warning("train.init_from=shorter has no meaning under DVC; training from scratch")
         cfg = OmegaConf.merge(cfg, {"train": {"init_from": None}})
-    from draftlab.task import preflight
+    from draftlab.preflight import preflight
 
     preflight(cfg)
     METRICS_DIR.mkdir(exist_ok=True)
@@ -106,7 +106,7 @@ def _write_curve(manifest: Path, path: Path) -> None:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m draftlab stage", description=__doc__)
-    parser.add_argument("name", choices=["generate", "extract", "train", "bench"])
+    parser.add_argument("name", choices=STAGE_NAMES)
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--in", dest="inputs", action="append", default=[], metavar="STAGE=DIR")

@@ -74,7 +74,7 @@ def check_val_fraction(cfg) -> None:
 
 def _pool_holds(cfg) -> bool:
     """The generate pool already holds data.samples samples: its prompts were checked when it was made."""
-    from draftlab.pipeline import plan
+    from draftlab.stage_keys import plan
 
     try:  # planning hashes the prompt file: a missing one is check_prompts' to report
         manifest = plan(cfg)["generate"].folder / "manifest.json"

@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
-STAGE_NAMES = ("generate", "extract", "train", "bench")
+from draftlab.config import STAGE_NAMES
+
 # (label, metric names tried in order): the exported draft is the best epoch's, so its numbers come first
 KEY_METRICS = (
     ("val/loss", ("best/val_loss", "val/loss")),

@@ -11,9 +11,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from draftlab.config import STAGE_NAMES
 from draftlab.fsutil import atomic_write_json
-
-NAMES = ("generate", "extract", "train", "bench")
 
 
 def stage_function(name: str) -> Callable:
@@ -26,7 +25,7 @@ def stage_function(name: str) -> Callable:
     elif name == "bench":
         from draftlab.stages import bench as module
     else:
-        raise ValueError(f"unknown stage {name!r} (known: {', '.join(NAMES)})")
+        raise ValueError(f"unknown stage {name!r} (known: {', '.join(STAGE_NAMES)})")
     return module.run
 
 
