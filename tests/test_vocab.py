@@ -21,6 +21,20 @@ def test_counts_only_training_assistant_tokens():
     assert counts.tolist() == [0, 0, 0, 3, 0, 0, 1, 0]
 
 
+def test_counts_in_chunks_equal_one_pass():
+    gen = torch.Generator().manual_seed(0)
+    samples = [sample(i, torch.randint(0, 50, (20,), generator=gen).tolist(), [i % 3 != 0] * 20,
+                      split="val" if i % 5 == 0 else "train") for i in range(40)]
+    expected = torch.zeros(50, dtype=torch.int64)
+    for s in samples:
+        if s.split == "train":
+            for t in s.input_ids[s.loss_mask]:
+                expected[t] += 1
+    assert expected.sum() > 0
+    for chunk in (1, 7, 10_000):  # a flush after every sample, mid-way, and only at the end
+        assert torch.equal(count_tokens(samples, 50, chunk_tokens=chunk), expected)
+
+
 def test_most_frequent_sorted_ascending_with_offsets():
     counts = torch.tensor([0, 5, 0, 9, 1, 7, 0, 2])
     d2t, t2d, selected = build_vocab(counts, 3)

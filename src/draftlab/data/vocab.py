@@ -18,16 +18,28 @@ from draftlab.config import ConfigError
 from draftlab.fsutil import atomic_save_safetensors
 
 
-def count_tokens(samples: Iterable, target_vocab_size: int) -> torch.Tensor:
-    """int64 [target vocab] counts of assistant tokens over the TRAINING samples among `samples`."""
+def count_tokens(samples: Iterable, target_vocab_size: int, chunk_tokens: int = 1 << 22) -> torch.Tensor:
+    """int64 [target vocab] counts of assistant tokens over the TRAINING samples among `samples`.
+
+    One bincount per ~4M tokens, not one per sample: adding a vocabulary-wide tensor per sample is a parallel op
+    over 49k entries, and with several jobs' threads on one host each one waits on the others (measured: 12x
+    slower at 16 threads on 2 busy cores; minutes for 25,600 samples on the H200 host, BENCHMARKS.md)."""
     counts = torch.zeros(target_vocab_size, dtype=torch.int64)
+    pending: list[torch.Tensor] = []
+    size = 0
     for sample in samples:
         if sample.split != "train":
             continue
         ids = sample.input_ids[sample.loss_mask.bool()].long()
         if len(ids) and int(ids.max()) >= target_vocab_size:
             raise ValueError(f"sample {sample.index}: token id {int(ids.max())} >= target vocab {target_vocab_size}")
-        counts += torch.bincount(ids, minlength=target_vocab_size)
+        pending.append(ids)
+        size += len(ids)
+        if size >= chunk_tokens:
+            counts += torch.bincount(torch.cat(pending), minlength=target_vocab_size)
+            pending, size = [], 0
+    if pending:
+        counts += torch.bincount(torch.cat(pending), minlength=target_vocab_size)
     return counts
 
 
