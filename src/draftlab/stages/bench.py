@@ -25,7 +25,8 @@ from draftlab import fsutil
 from draftlab.progress import bar_over
 from draftlab.reporting import Reporter
 from draftlab.serve import alarm
-from draftlab.serve.engine import Generation, SpecEngine, TargetRunner, target_decode
+from draftlab.serve.engine import Generation, SpecEngine, target_decode
+from draftlab.serve.modes import DYNAMIC, EngineMode, engine_mode, graph_report, load_drafter, target_runner
 
 log = logging.getLogger("draftlab")
 FORMAT = "draftlab.bench/1"
@@ -35,6 +36,7 @@ FORMAT = "draftlab.bench/1"
 class BenchRun:
     spec: list[Generation] = field(default_factory=list)
     base: list[Generation] = field(default_factory=list)
+    graphs: dict = field(default_factory=dict)  # fixed-shape step -> graph | eager | why its capture failed
 
 
 def held_out_prompts(samples_folder: Path, count: int, limit: int | None = None) -> list[list[int]]:
@@ -56,10 +58,14 @@ def held_out_prompts(samples_folder: Path, count: int, limit: int | None = None)
 
 
 def measure(model, drafter, prompts: list[list[int]], num_steps: int, max_new_tokens: int,
-            temperature: float, eos_token_ids, seed: int = 0, warmup: bool = True) -> BenchRun:
-    """Speculative and plain decoding of every prompt, alternating which goes first."""
-    engine = SpecEngine(model, drafter, num_steps, eos_token_ids)
-    runner = TargetRunner(model)
+            temperature: float, eos_token_ids, seed: int = 0, warmup: bool = True,
+            mode: EngineMode = DYNAMIC) -> BenchRun:
+    """Speculative and plain decoding of every prompt, alternating which goes first; both decoders use `mode`'s
+    KV cache (and CUDA graphs), sized once for the longest prompt so every step keeps one shape."""
+    longest = max(len(p) for p in prompts) + max_new_tokens + num_steps + 1
+    layers = tuple(getattr(drafter, "feature_layers", ()))
+    engine = SpecEngine(model, drafter, num_steps, eos_token_ids, runner=target_runner(model, mode, layers, longest))
+    runner = target_runner(model, mode, (), longest)
     device = runner.device
     gen = torch.Generator(device=device)
 
@@ -83,6 +89,7 @@ def measure(model, drafter, prompts: list[list[int]], num_steps: int, max_new_to
         else:
             run.base.append(base(ids, max_new_tokens, i))
             run.spec.append(spec(ids, max_new_tokens, i))
+    run.graphs = graph_report(engine.target, engine.drafter, runner)
     return run
 
 
@@ -147,18 +154,20 @@ def serve_dtype(spec: str, target_dtype: torch.dtype) -> torch.dtype:
 
 
 def _run_local(cfg, prompts, draft_dir: Path, out: Path) -> tuple[dict, list[str], BenchRun]:
-    from draftlab.serve.eagle3_drafter import Eagle3Drafter
     from draftlab.target import load_target
 
     target = load_target(cfg.target, Path(cfg.paths.root) / "models")
     if cfg.serve.topk != 1:
         log.warning("bench: the local engine drafts a chain (topk 1); serve.topk=%d is ignored", cfg.serve.topk)
-    drafter, loaded = Eagle3Drafter.from_folder(draft_dir, target.model, cfg.serve.sglang_rules,
-                                                serve_dtype(cfg.serve.dtype, target.dtype))
+    mode = engine_mode(cfg.bench.static_cache, cfg.bench.cuda_graphs, target.device)
+    drafter, loaded = load_drafter(draft_dir, target.model, mode, cfg.serve.sglang_rules,
+                                   serve_dtype(cfg.serve.dtype, target.dtype))
     problems = loaded.problems()
     torch.manual_seed(cfg.bench.seed)
     run = measure(target.model, drafter, prompts, cfg.serve.num_steps, cfg.bench.max_new_tokens,
-                  cfg.bench.temperature, target.eos_token_ids, cfg.bench.seed)
+                  cfg.bench.temperature, target.eos_token_ids, cfg.bench.seed, mode=mode)
+    if mode.cuda_graphs:
+        log.info("bench: engine steps (%s): %s", mode.name, run.graphs)
     lines = [json.dumps({"prompt": i, "tau": s.tau, "accepted": s.accepted, "tokens": s.tokens,
                          "baseline_tokens": b.tokens, "spec_s": s.seconds, "base_s": b.seconds})
              for i, (s, b) in enumerate(zip(run.spec, run.base))]
