@@ -22,6 +22,8 @@ import torch
 from test_engine import (K, MAX_NEW, V_SMALL, BigramDrafter, ScriptDrafter, _chi2_pvalue, _exact_joint,
                          eagle3_folder, references, sharp_folder, small_model, target)  # noqa: F401
 
+from torch.utils._python_dispatch import TorchDispatchMode
+
 from draftlab.serve import draft_cache, static_target
 from draftlab.serve import engine as eng
 from draftlab.serve.cuda_graphs import StepGraph, graphs_enabled
@@ -239,3 +241,52 @@ def test_failed_capture_falls_back_to_eager(caplog):
     assert not step.captured and not step.enabled and step.failure
     assert first[0].tolist() == [float(len(calls) - 1)] * 2 and second[0].tolist() == [float(len(calls))] * 2
     assert sum("CUDA graph for test step not used" in r.message for r in caplog.records) == 1
+
+
+# ops that copy a device value to the host (.item(), int(), float(), bool(): `item`, or `_local_scalar_dense`
+# outside inference mode; `is_nonzero`, `equal`) or size their result by the data (`nonzero`, ...). tolist() reads
+# memory without an op, so it is not seen; none of the step code calls it.
+HOST_READS = {"item", "_local_scalar_dense", "is_nonzero", "equal", "nonzero", "masked_select", "unique",
+              "_unique2", "unique_consecutive", "unique_dim", "repeat_interleave"}
+
+
+class HostReads(TorchDispatchMode):
+    """Records the host-reading ops run under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._schema.name.split("::")[-1]
+        if name in HOST_READS:
+            self.seen.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def _fixed_shape_steps(target, references, folder):
+    drafter, _ = load_drafter(folder, target.model, STATIC)
+    runner = StaticTargetRunner(target.model, drafter.feature_layers)
+    SpecEngine(target.model, drafter, K, [], runner=runner).generate(references[0][0], 6)  # buffers as in use
+    block, steps = torch.zeros(K + 1, dtype=torch.long), torch.arange(K + 1)
+    return {"target verify": lambda: runner._run(block, static_target._slots(runner._base, steps), True, False),
+            "target decode": lambda: runner._run(block[:1], static_target._slots(runner._base, steps[:1]), False,
+                                                 False),
+            "draft extend": drafter._extend_step(K + 1)[0].fn,
+            "draft chain": lambda: drafter._chain(K, 0.0, None)[:1]}
+
+
+def test_fixed_shape_steps_never_read_device_values_on_the_host(target, references, eagle3_folder, monkeypatch):
+    """A CUDA graph freezes every host decision made at capture, and a host read inside a capture fails it. So
+    each fixed-shape step (what bench.cuda_graphs captures) must run without one; checked on the CPU by recording
+    the ops that read device values on the host. The recorder is checked too: an .item() in the slots is seen."""
+    steps = _fixed_shape_steps(target, references, eagle3_folder)
+    with torch.inference_mode():
+        for name, fn in steps.items():
+            with HostReads() as reads:
+                fn()
+            assert reads.seen == [], f"{name} reads device values on the host: {reads.seen}"
+        monkeypatch.setattr(static_target, "_slots", lambda base, steps: base + steps + int(steps.sum().item()) * 0)
+        with HostReads() as reads:
+            steps["target verify"]()
+        assert reads.seen and set(reads.seen) <= {"item", "_local_scalar_dense"}
