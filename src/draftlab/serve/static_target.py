@@ -86,6 +86,8 @@ class StaticTargetRunner:
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._keep_kw = "logits_to_keep" if "logits_to_keep" in params else None
+        # transformers < 5.24 derives cache_position from the cache's length on the host unless given one
+        self._position_kw = "cache_position" in params
         self.graphs = graphs
         self.cache = None
         self.length = 0
@@ -115,6 +117,8 @@ class StaticTargetRunner:
         kwargs = {self._cache_kw: self.cache}
         if keep_last and self._keep_kw:
             kwargs[self._keep_kw] = 1
+        if self._position_kw:
+            kwargs["cache_position"] = slots
         out = self.model(input_ids=ids[None], position_ids=slots[None], use_cache=True,
                          attention_mask=visible_mask(slots, self.cache.max_len, self._additive),
                          output_hidden_states=want_features, **kwargs)
