@@ -28,6 +28,7 @@ class StaticKVCache:
         self.keys: list[Tensor | None] = [None] * num_layers
         self.values: list[Tensor | None] = [None] * num_layers
         self.slots: Tensor | None = None  # [T] long, set before each forward
+        self.span: int | None = None  # attend over slots 0..span-1 (None: all; eager steps use fewer, same result)
         self._mask: tuple[Tensor, Tensor] | None = None  # (slots it was built for, mask): once per forward
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -38,8 +39,10 @@ class StaticKVCache:
         keys, values = self.keys[layer], self.values[layer]
         keys.index_copy_(2, self.slots, k)
         values.index_copy_(2, self.slots, v)
+        span = self.span or self.max_len
+        keys, values = keys[:, :, :span], values[:, :, :span]
         if self._mask is None or self._mask[0] is not self.slots:
-            self._mask = (self.slots, visible(self.slots, self.max_len))
+            self._mask = (self.slots, visible(self.slots, span))
         n_rep = q.shape[1] // keys.shape[1]
         return F.scaled_dot_product_attention(q, _repeat_kv(keys, n_rep), _repeat_kv(values, n_rep),
                                               attn_mask=self._mask[1])

@@ -67,13 +67,18 @@ class StaticEagle3Drafter:
 
     # --- the model calls (shared by the eager and the graphed paths) ---------------------------------------
 
-    def _forward(self, ids: torch.Tensor, hidden: torch.Tensor, slots: torch.Tensor):
-        self.cache.slots = slots
+    def _span(self, used: int) -> int | None:
+        """Slots an eager step attends over: the used ones (cheaper, same result); a graph needs them all."""
+        return None if self.graphs else used
+
+    def _forward(self, ids: torch.Tensor, hidden: torch.Tensor, slots: torch.Tensor, span: int | None):
+        self.cache.slots, self.cache.span = slots, span
         return self.model(ids[None], hidden, slots[None], self.cache)
 
-    def _extend_rows(self, ids: torch.Tensor, features: torch.Tensor, slots: torch.Tensor, last: torch.Tensor):
+    def _extend_rows(self, ids: torch.Tensor, features: torch.Tensor, slots: torch.Tensor, last: torch.Tensor,
+                     span: int | None):
         """Extends over rows ids/features at `slots`; the state becomes the draft's output at row `last` ([1])."""
-        logits, hidden = self._forward(ids, features[None], slots)
+        logits, hidden = self._forward(ids, features[None], slots, span)
         self.logits.copy_(logits[0].index_select(0, last)[0])
         self.hidden.copy_(hidden.index_select(1, last))
         return self.logits, self.hidden
@@ -94,7 +99,7 @@ class StaticEagle3Drafter:
             tokens.append(token)
             if j == k - 1:
                 break
-            out, hidden = self._forward(token, hidden, (self._base + j).view(1))
+            out, hidden = self._forward(token, hidden, (self._base + j).view(1), self._span(self.length + j + 1))
             logits = out[0, -1]
         return torch.cat(tokens), (torch.stack(qs) if qs else None)
 
@@ -107,7 +112,7 @@ class StaticEagle3Drafter:
         # position t pairs feature f_t with token t+1: the prompt shifted by one, then the first token
         ids = torch.cat([prompt_ids.to(self.device)[1:], first])
         slots = torch.arange(n, device=self.device)
-        self._extend_rows(ids, features.to(self.device), slots, slots[-1:])
+        self._extend_rows(ids, features.to(self.device), slots, slots[-1:], n)
         self.length = n
 
     @torch.inference_mode()
@@ -134,7 +139,8 @@ class StaticEagle3Drafter:
             rows = torch.arange(block, device=self.device)
 
             def fn():
-                return self._extend_rows(ids, feats, self._base + rows, (count - 1).view(1))
+                return self._extend_rows(ids, feats, self._base + rows, (count - 1).view(1),
+                                         self._span(self.length + block))
 
             self._extend[block] = (StepGraph(fn, f"draft extend of {block} rows", self.graphs), ids, feats, count)
         return self._extend[block]

@@ -48,6 +48,7 @@ def _slot_cache_class():
             super().__init__(config=config, max_cache_len=max_cache_len)
             self.max_len = max_cache_len
             self.slots: torch.Tensor | None = None
+            self.span = max_cache_len  # attention reads slots 0..span-1 (less than all only in eager steps)
             self.kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
             self.host_length = 0
 
@@ -59,7 +60,7 @@ def _slot_cache_class():
             keys, values = self.kv[layer_idx]
             keys.index_copy_(2, self.slots, key_states)
             values.index_copy_(2, self.slots, value_states)
-            return keys, values
+            return keys[:, :, : self.span], values[:, :, : self.span]
 
         def get_seq_length(self, layer_idx: int = 0) -> int:
             return self.host_length
@@ -112,15 +113,21 @@ class StaticTargetRunner:
     def max_len(self) -> int:
         return self.cache.max_len
 
-    def _run(self, ids: torch.Tensor, slots: torch.Tensor, want_features: bool, keep_last: bool):
-        self.cache.slots = slots
+    def _span(self, count: int) -> int | None:
+        """Slots an eager step attends over: the used ones (cheaper, same result); a graph needs them all."""
+        return None if self.graphs else self.length + count
+
+    def _run(self, ids: torch.Tensor, slots: torch.Tensor, want_features: bool, keep_last: bool,
+             span: int | None = None):
+        span = span or self.cache.max_len
+        self.cache.slots, self.cache.span = slots, span
         kwargs = {self._cache_kw: self.cache}
         if keep_last and self._keep_kw:
             kwargs[self._keep_kw] = 1
         if self._position_kw:
             kwargs["cache_position"] = slots
         out = self.model(input_ids=ids[None], position_ids=slots[None], use_cache=True,
-                         attention_mask=visible_mask(slots, self.cache.max_len, self._additive),
+                         attention_mask=visible_mask(slots, span, self._additive),
                          output_hidden_states=want_features, **kwargs)
         logits = out.logits[0].float()
         if not (want_features and self.feature_layers):
@@ -133,7 +140,8 @@ class StaticTargetRunner:
         if key not in self._steps:
             ids = torch.zeros(count, dtype=torch.long, device=self.device)
             steps = torch.arange(count, device=self.device)
-            fn = lambda: self._run(ids, _slots(self._base, steps), want_features, False)  # noqa: E731
+            fn = lambda: self._run(ids, _slots(self._base, steps), want_features, False,  # noqa: E731
+                                   self._span(count))
             self._steps[key] = (StepGraph(fn, f"target step of {count} token(s)", self.graphs), ids)
         return self._steps[key]
 
@@ -147,7 +155,7 @@ class StaticTargetRunner:
                                "(reserve() the request's length first)")
         if last_only:  # a prefill: any length, eager, one row of logits
             out = self._run(ids, torch.arange(self.length, self.length + count, device=self.device),
-                            want_features, True)
+                            want_features, True, self.length + count)
         else:
             step, buffer = self._step(count, want_features)
             buffer.copy_(ids)
