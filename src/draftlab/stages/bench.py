@@ -2,7 +2,8 @@
 
 Inputs: `generate` (samples; the val split is never trained on) and `train` (`draft/` and `metrics.json`).
 With `serve.backend=local` the draft is loaded as SGLang would load it (serve/loader.py) and served by the
-local engine; with `sglang` the work goes to `draftlab.sglang.bench.run_sglang_bench`. Either way the
+local engine, on static KV caches with CUDA graphs or not as `bench.static_cache` / `bench.cuda_graphs` say
+(serve/modes.py); with `sglang` the work goes to `draftlab.sglang.bench.run_sglang_bench`. Either way the
 predicted-vs-deployed alarm (serve/alarm.py) runs last and may raise `DraftAlarm`.
 
 Metrics: `bench/tau` (completion tokens / verify steps, SGLang's count), `bench/accept_rate_{j}`
@@ -64,6 +65,8 @@ def measure(model, drafter, prompts: list[list[int]], num_steps: int, max_new_to
     KV cache (and CUDA graphs), sized once for the longest prompt so every step keeps one shape."""
     longest = max(len(p) for p in prompts) + max_new_tokens + num_steps + 1
     layers = tuple(getattr(drafter, "feature_layers", ()))
+    if hasattr(drafter, "reserve"):  # sized before the warm-up, so no step is captured again mid-measurement
+        drafter.reserve(longest)
     engine = SpecEngine(model, drafter, num_steps, eos_token_ids, runner=target_runner(model, mode, layers, longest))
     runner = target_runner(model, mode, (), longest)
     device = runner.device
