@@ -13,16 +13,19 @@
 # drafts run the graphs mode only, their speed-up against today's plain decoder taken from the first draft's run.
 # If no draft is found, an untrained probe draft (bench/probe_draft.py) still measures step and cycle costs.
 # Writes $OUT/engine_results.json (every row + the machine) and $OUT/engine_log.txt; rows also print as JSON.
-# Env: DRAFTS, PROMPTS_JSONL, PROMPTS (8), MAX_NEW (128), BUDGET (seconds for all drafts, 300), ROOT (/tmp/dl).
+# Env: DRAFTS, PROMPTS_JSONL, PROMPTS (8), MAX_NEW (128), BUDGET (seconds for all drafts, 300), ROOT (/tmp/dl);
+# TARGET/DEVICE/DTYPE (smollm2/cuda/bfloat16) only for a dry run of this script on a CPU (DEVICE=cpu drops graphs):
+#   DEVICE=cpu DTYPE=float32 TARGET=tiny DRAFTS=<tiny draft> PROMPTS=2 MAX_NEW=16 OUT=/tmp/o bash bench/h200_engine.sh
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 DRAFTLAB_PROGRESS=0
 OUT=${OUT:-/tmp/out}; ROOT=${ROOT:-/tmp/dl}
 PROMPTS=${PROMPTS:-8}; MAX_NEW=${MAX_NEW:-128}; BUDGET=${BUDGET:-300}
+TARGET=${TARGET:-smollm2}; DEVICE=${DEVICE:-cuda}; DTYPE=${DTYPE:-bfloat16}
 mkdir -p "$OUT" "$ROOT/models" "$ROOT/engine"
 LOG=$OUT/engine_log.txt
 start=$(date +%s)
 {
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || echo "no nvidia-smi"
   if [ ! -d /tmp/site/transformers ] && [ -d .whl ]; then  # not prepared yet: install what was carried
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     [ -d .speed/site/antlr4 ] && cp -r .speed/site/antlr4 /tmp/site/
@@ -44,20 +47,21 @@ done
 drafts=${DRAFTS:-$(ls -d .engine/draft* $ROOT/train/*/draft 2>/dev/null | head -3)}
 if [ -z "$drafts" ]; then
   echo "no trained draft found: measuring costs with an untrained probe draft (tau ~1)" | tee -a "$LOG"
-  python3 bench/probe_draft.py --target smollm2 --out $ROOT/engine/probe --cache-dir $ROOT/models >> "$LOG" 2>&1
+  python3 bench/probe_draft.py --target $TARGET --out $ROOT/engine/probe --cache-dir $ROOT/models >> "$LOG" 2>&1
   drafts=$ROOT/engine/probe
 fi
 
-common=(--target smollm2 --device cuda --dtype bfloat16 --cache-dir $ROOT/models --prompts-jsonl "$prompts"
+common=(--target $TARGET --device $DEVICE --dtype $DTYPE --cache-dir $ROOT/models --prompts-jsonl "$prompts"
         --prompts $PROMPTS --max-new-tokens $MAX_NEW --num-steps 4)
 i=0; plain=""
 for draft in $drafts; do
   left=$(( BUDGET - ($(date +%s) - start) ))
   [ $left -gt 30 ] || { echo "time budget spent: $draft skipped" | tee -a "$LOG"; continue; }
+  graphs=graphs; [ "$DEVICE" = cuda ] || graphs=static  # a CPU dry run: the same steps, eager
   if [ $i -eq 0 ]; then
-    modes=(--modes dynamic static graphs --graph-num-steps 1 2 3 5 6)
+    modes=(--modes dynamic static $graphs --graph-num-steps 1 2 3 5 6)
   else
-    modes=(--modes graphs --graph-num-steps 2 6 ${plain:+--dynamic-plain $plain})
+    modes=(--modes $graphs --num-steps 2 4 6 ${plain:+--dynamic-plain $plain})
   fi
   timeout --signal=TERM --kill-after=10 $left python3 bench/spec_decode.py "${common[@]}" --draft "$draft" \
     "${modes[@]}" --time-budget $(( left - 25 )) --out $ROOT/engine/rows-$i.json 2>> "$LOG" | grep '^{'
@@ -69,10 +73,13 @@ for draft in $drafts; do
 done
 
 python3 - "$OUT/engine_results.json" $ROOT/engine/rows-*.json <<'EOF'
-import json, subprocess, sys
-rows = [row for path in sys.argv[2:] for row in json.load(open(path))]
-gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                     capture_output=True, text=True).stdout.strip()
+import json, os, subprocess, sys
+rows = [row for path in sys.argv[2:] if os.path.exists(path) for row in json.load(open(path))]
+try:
+    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout.strip()
+except OSError:
+    gpu = None
 keys = ("draft", "mode", "num_steps", "tau", "speedup", "speedup_vs_dynamic_plain", "tokens_per_s",
         "baseline_tokens_per_s", "step_ms", "cycle_ms", "greedy_match_frac")
 json.dump({"gpu": gpu, "command": "bash bench/h200_engine.sh", "rows": rows}, open(sys.argv[1], "w"), indent=1)
