@@ -282,6 +282,9 @@ def test_graph_settings():
     assert engine_mode(False, "auto", torch.device("cuda")) == DYNAMIC  # auto graphs need the static cache
     with pytest.raises(ValueError, match="bench.cuda_graphs: true needs fixed shapes"):
         engine_mode(False, "true", torch.device("cuda"))
+    split = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2).to("meta"))  # two devices
+    assert engine_mode(True, "auto", cpu, split) == DYNAMIC
+    assert engine_mode(True, "auto", cpu, torch.nn.Linear(2, 2)) == STATIC
 
 
 def test_failed_capture_falls_back_to_eager(caplog):

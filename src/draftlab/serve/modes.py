@@ -7,11 +7,14 @@ This module turns the mode into the drafter and the target runners that serve/en
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 
 from draftlab.serve.cuda_graphs import graphs_enabled
+
+log = logging.getLogger("draftlab.serve")
 
 
 @dataclass(frozen=True)
@@ -30,9 +33,15 @@ GRAPHS = EngineMode(True, True)
 NAMED = {"dynamic": DYNAMIC, "static": STATIC, "graphs": GRAPHS}
 
 
-def engine_mode(static_cache: bool, cuda_graphs, device: torch.device) -> EngineMode:
-    """The mode for the bench keys; auto graphs follow the device and need the static cache."""
+def engine_mode(static_cache: bool, cuda_graphs, device: torch.device, model=None) -> EngineMode:
+    """The mode for the bench keys; auto graphs follow the device and need the static cache. A target split over
+    several devices (target.device_map) keeps the dynamic cache: the static one lives on one device."""
     graphs = graphs_enabled(cuda_graphs, device)
+    if model is not None and static_cache and len({p.device for p in model.parameters()}) > 1:
+        if str(cuda_graphs).lower() == "true":
+            raise ValueError("bench.cuda_graphs: true needs the target on one device (target.device_map splits it)")
+        log.warning("bench: the target spans several devices, so the engine keeps the dynamic KV cache")
+        return DYNAMIC
     if graphs and not static_cache:
         if str(cuda_graphs).lower() == "true":
             raise ValueError("bench.cuda_graphs: true needs fixed shapes, i.e. bench.static_cache=true")

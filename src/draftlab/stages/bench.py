@@ -162,7 +162,7 @@ def _run_local(cfg, prompts, draft_dir: Path, out: Path) -> tuple[dict, list[str
     target = load_target(cfg.target, Path(cfg.paths.root) / "models")
     if cfg.serve.topk != 1:
         log.warning("bench: the local engine drafts a chain (topk 1); serve.topk=%d is ignored", cfg.serve.topk)
-    mode = engine_mode(cfg.bench.static_cache, cfg.bench.cuda_graphs, target.device)
+    mode = engine_mode(cfg.bench.static_cache, cfg.bench.cuda_graphs, target.device, target.model)
     drafter, loaded = load_drafter(draft_dir, target.model, mode, cfg.serve.sglang_rules,
                                    serve_dtype(cfg.serve.dtype, target.dtype))
     problems = loaded.problems()
