@@ -35,12 +35,20 @@ NAMED = {"dynamic": DYNAMIC, "static": STATIC, "graphs": GRAPHS}
 
 def engine_mode(static_cache: bool, cuda_graphs, device: torch.device, model=None) -> EngineMode:
     """The mode for the bench keys; auto graphs follow the device and need the static cache. A target split over
-    several devices (target.device_map) keeps the dynamic cache: the static one lives on one device."""
+    several devices (target.device_map) or with sliding-window layers keeps the dynamic cache: the static one
+    lives on one device and masks full causal attention only."""
+    from draftlab.serve.static_target import _full_attention_only
+
     graphs = graphs_enabled(cuda_graphs, device)
+    why = None
     if model is not None and static_cache and len({p.device for p in model.parameters()}) > 1:
+        why = "the target spans several devices (target.device_map)"
+    elif model is not None and static_cache and not _full_attention_only(model.config):
+        why = "the target has sliding-window layers"
+    if why:
         if str(cuda_graphs).lower() == "true":
-            raise ValueError("bench.cuda_graphs: true needs the target on one device (target.device_map splits it)")
-        log.warning("bench: the target spans several devices, so the engine keeps the dynamic KV cache")
+            raise ValueError(f"bench.cuda_graphs: true needs the static KV cache, and {why}")
+        log.warning("bench: %s, so the engine keeps the dynamic KV cache", why)
         return DYNAMIC
     if graphs and not static_cache:
         if str(cuda_graphs).lower() == "true":

@@ -38,6 +38,14 @@ def visible_mask(slots: torch.Tensor, max_len: int, additive_dtype: torch.dtype 
     return torch.where(allowed, zero, torch.finfo(additive_dtype).min)[None, None]
 
 
+def _full_attention_only(config) -> bool:
+    """Our mask is plain causal over all slots: right for full-attention layers only."""
+    types = getattr(config, "layer_types", None)
+    if types:
+        return all(t == "full_attention" for t in types)
+    return not getattr(config, "sliding_window", None) or getattr(config, "use_sliding_window", True) is False
+
+
 def _slot_cache_class():
     from transformers import StaticCache
 
@@ -79,6 +87,9 @@ class StaticTargetRunner:
         num_layers = model.config.num_hidden_layers
         if any(not 0 <= k < num_layers for k in self.feature_layers):
             raise ValueError(f"feature layers {self.feature_layers} outside the target's 0..{num_layers - 1}")
+        if not _full_attention_only(model.config):
+            raise ValueError("the static KV cache masks full causal attention only; this target has sliding-window "
+                             "layers (serve it with bench.static_cache=false)")
         attn = getattr(model.config, "_attn_implementation", None) or "sdpa"
         if attn not in ("sdpa", "eager"):
             raise ValueError(f"the static KV cache passes its own mask: it needs sdpa or eager attention, the "
