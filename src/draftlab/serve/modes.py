@@ -43,7 +43,7 @@ def engine_mode(static_cache: bool, cuda_graphs, device: torch.device, model=Non
     why = None
     if model is not None and static_cache and len({p.device for p in model.parameters()}) > 1:
         why = "the target spans several devices (target.device_map)"
-    elif model is not None and static_cache and not _full_attention_only(model.config):
+    elif static_cache and getattr(model, "config", None) is not None and not _full_attention_only(model.config):
         why = "the target has sliding-window layers"
     if why:
         if str(cuda_graphs).lower() == "true":
