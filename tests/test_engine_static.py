@@ -285,6 +285,13 @@ def test_graph_settings():
     split = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2).to("meta"))  # two devices
     assert engine_mode(True, "auto", cpu, split) == DYNAMIC
     assert engine_mode(True, "auto", cpu, torch.nn.Linear(2, 2)) == STATIC
+    from transformers import MistralConfig
+
+    sliding = torch.nn.Linear(2, 2)
+    sliding.config = MistralConfig(sliding_window=16)  # our mask would ignore the window: keep the dynamic cache
+    assert engine_mode(True, "auto", cpu, sliding) == DYNAMIC
+    with pytest.raises(ValueError, match="bench.cuda_graphs: true needs the static KV cache"):
+        engine_mode(True, "true", torch.device("cuda"), sliding)
 
 
 def test_failed_capture_falls_back_to_eager(caplog):
