@@ -81,9 +81,12 @@ def measure(model, drafter, prompts: list[list[int]], num_steps: int, max_new_to
     def base(ids, n, i):
         return target_decode(model, ids, n, eos_token_ids, temperature, seeded(i), runner=runner)
 
-    if warmup:  # first-call allocations and kernel selection stay out of the timings
-        spec(prompts[0], min(8, max_new_tokens), len(prompts))
-        base(prompts[0], min(8, max_new_tokens), len(prompts))
+    if warmup:  # first-call allocations, kernel selection and graph captures stay out of the timings
+        n = min(2 * (num_steps + 1) + 2, max_new_tokens)  # two cycles at least, even if every draft is accepted
+        eos, engine.eos = engine.eos, set()  # no early stop, so every step shape runs once
+        spec(prompts[0], n, len(prompts))
+        engine.eos = eos
+        target_decode(model, prompts[0], n, [], temperature, seeded(len(prompts)), runner=runner)
     run = BenchRun()
     for i, ids in enumerate(bar_over(prompts, "bench", "prompt")):
         if i % 2 == 0:
