@@ -12,7 +12,9 @@
 # The first draft runs every mode (num_steps 4, then 1 2 3 5 6 with graphs: more tau points, cheap there); later
 # drafts run the graphs mode at num_steps 2 4 6, their speed-up against today's plain decoder taken from the first
 # draft's run. With no draft at all, an untrained probe draft (bench/probe_draft.py) still measures step and
-# cycle costs. Writes $OUT/engine_results.json (every row + the machine) and $OUT/engine_log.txt.
+# cycle costs. Last, if time is left, the first draft runs once more in fp32 with graphs: greedy_match_frac must be
+# 1.0 there (the engine's losslessness on the GPU). Writes $OUT/engine_results.json (every row + the machine) and
+# $OUT/engine_log.txt.
 # Env: DRAFTS, PROMPTS_JSONL, PROMPTS (8), MAX_NEW (128), BUDGET (seconds for all drafts, 300), ROOT (/tmp/dl);
 # TARGET/DEVICE/DTYPE (smollm2/cuda/bfloat16) only for a dry run of this script on a CPU (DEVICE=cpu drops graphs):
 #   DEVICE=cpu DTYPE=float32 TARGET=tiny DRAFTS=<tiny draft> PROMPTS_JSONL=<file> PROMPTS=2 MAX_NEW=16 \
@@ -81,6 +83,15 @@ for draft in $drafts; do
   i=$((i + 1))
 done
 
+# losslessness on the GPU, graphs included: in fp32 the speculative output must equal plain greedy decoding
+left=$(( BUDGET + 40 - ($(date +%s) - start) ))
+first=$(echo $drafts | cut -d' ' -f1)
+if [ $left -gt 30 ] && [ "$DEVICE" = cuda ]; then
+  timeout --signal=TERM --kill-after=10 $left python3 bench/spec_decode.py "${common[@]}" --draft "$first" \
+    --dtype float32 --modes graphs --prompts 4 --max-new-tokens 64 --out $ROOT/engine/rows-fp32.json 2>> "$LOG" \
+    | grep '^{' | sed 's/^{/{"check": "fp32 greedy match", /'
+fi
+
 python3 - "$OUT/engine_results.json" $ROOT/engine/rows-*.json <<'EOF'
 import json, os, subprocess, sys
 rows = [row for path in sys.argv[2:] if os.path.exists(path) for row in json.load(open(path))]
@@ -89,7 +100,7 @@ try:
                          capture_output=True, text=True).stdout.strip()
 except OSError:
     gpu = None
-keys = ("draft", "mode", "num_steps", "tau", "speedup", "speedup_vs_dynamic_plain", "tokens_per_s",
+keys = ("draft", "dtype", "mode", "num_steps", "tau", "speedup", "speedup_vs_dynamic_plain", "tokens_per_s",
         "baseline_tokens_per_s", "step_ms", "cycle_ms", "greedy_match_frac")
 json.dump({"gpu": gpu, "command": "bash bench/h200_engine.sh", "rows": rows}, open(sys.argv[1], "w"), indent=1)
 print(" | ".join(keys))
