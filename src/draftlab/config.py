@@ -157,6 +157,8 @@ class BenchConfig:
     tau_ratio_warn: float = MISSING  # warn when bench/tau / val/predicted_tau is below this
     tau_fail: float = MISSING  # fail when bench/tau is at or below this: the draft contributes nothing
     seed: int = MISSING
+    static_cache: bool = MISSING  # local engine: preallocated KV caches, fixed-shape steps (false = dynamic)
+    cuda_graphs: str = MISSING  # auto | true | false: those steps as CUDA graphs (auto = on for a CUDA target)
 
 
 @dataclass
@@ -290,6 +292,9 @@ def _check_values(c: DictConfig) -> None:
     _positive("bench.prompts", c.bench.prompts)
     _positive("bench.max_new_tokens", c.bench.max_new_tokens)
     _positive("bench.temperature", c.bench.temperature, allow_zero=True)
+    _choice("bench.cuda_graphs", str(c.bench.cuda_graphs).lower(), ("auto", "true", "false"))
+    if str(c.bench.cuda_graphs).lower() == "true" and not c.bench.static_cache:
+        raise ConfigError("bench.cuda_graphs: true needs fixed shapes, i.e. bench.static_cache=true")
     if not c.stages:
         raise ConfigError("stages: at least one stage is needed")
     for name in c.stages:

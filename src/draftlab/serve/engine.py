@@ -12,6 +12,8 @@ from p) keeps the output distribution equal to the target's. The engine knows no
 drafter only has to follow the `Drafter` protocol, so losslessness is tested with trivial drafters.
 
 The CUDA path syncs with the host once per cycle (to learn m); the drafted tokens stay on the device.
+The target's KV cache is dynamic here (TargetRunner, grows by concatenation) or static (serve/static_target.py,
+preallocated, fixed-shape steps that can run as CUDA graphs); `serve/modes.py` builds either.
 """
 
 from __future__ import annotations
@@ -100,6 +102,9 @@ class TargetRunner:
 
         self.cache = DynamicCache(config=self.model.config)
 
+    def reserve(self, tokens: int) -> None:
+        """A dynamic cache grows as it goes (serve/static_target.py preallocates instead)."""
+
     @property
     def length(self) -> int:
         return self.cache.get_seq_length()
@@ -166,10 +171,15 @@ def verify_sampling(drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, gene
 class SpecEngine:
     """Chain speculative decoding of one request at a time: target + drafter, both with KV caches."""
 
-    def __init__(self, model, drafter: Drafter, num_steps: int, eos_token_ids: Sequence[int]):
+    def __init__(self, model, drafter: Drafter, num_steps: int, eos_token_ids: Sequence[int], runner=None):
+        """runner: the target's runner (default: TargetRunner, a dynamic cache; serve/static_target.py's
+        StaticTargetRunner for a static one); it must capture the drafter's feature layers."""
         if num_steps < 1:
             raise ValueError(f"num_steps must be >= 1, got {num_steps}")
-        self.target = TargetRunner(model, getattr(drafter, "feature_layers", ()))
+        self.target = runner or TargetRunner(model, getattr(drafter, "feature_layers", ()))
+        if self.target.feature_layers != tuple(getattr(drafter, "feature_layers", ())):
+            raise ValueError(f"the target runner captures layers {self.target.feature_layers}, the drafter wants "
+                             f"{tuple(getattr(drafter, 'feature_layers', ()))}")
         self.drafter = drafter
         self.num_steps = num_steps
         self.eos = set(int(e) for e in eos_token_ids)
@@ -184,6 +194,11 @@ class SpecEngine:
         started = time.perf_counter()
         ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=target.device).flatten()
         gen = Generation(prompt_len=int(ids.numel()), tokens=[], verify_steps=0)
+        # the longest this request can get: prompt, answer, and one verify block past its last token
+        longest = gen.prompt_len + max_new_tokens + k + 1
+        target.reserve(longest)
+        if hasattr(self.drafter, "reserve"):
+            self.drafter.reserve(longest)
         target.reset()
         logits, features = target.forward(ids, want, last_only=True)
         first = int(_sample(logits[-1], temperature, generator))
@@ -247,6 +262,7 @@ def target_decode(model, prompt_ids: Sequence[int] | torch.Tensor, max_new_token
     started = time.perf_counter()
     ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=runner.device).flatten()
     gen = Generation(prompt_len=int(ids.numel()), tokens=[], verify_steps=0)
+    runner.reserve(gen.prompt_len + max_new_tokens)
     runner.reset()
     logits, _ = runner.forward(ids, False, last_only=True)
     while True:

@@ -2,7 +2,8 @@
 
 Inputs: `generate` (samples; the val split is never trained on) and `train` (`draft/` and `metrics.json`).
 With `serve.backend=local` the draft is loaded as SGLang would load it (serve/loader.py) and served by the
-local engine; with `sglang` the work goes to `draftlab.sglang.bench.run_sglang_bench`. Either way the
+local engine, on static KV caches with CUDA graphs or not as `bench.static_cache` / `bench.cuda_graphs` say
+(serve/modes.py); with `sglang` the work goes to `draftlab.sglang.bench.run_sglang_bench`. Either way the
 predicted-vs-deployed alarm (serve/alarm.py) runs last and may raise `DraftAlarm`.
 
 Metrics: `bench/tau` (completion tokens / verify steps, SGLang's count), `bench/accept_rate_{j}`
@@ -25,7 +26,8 @@ from draftlab import fsutil
 from draftlab.progress import bar_over
 from draftlab.reporting import Reporter
 from draftlab.serve import alarm
-from draftlab.serve.engine import Generation, SpecEngine, TargetRunner, target_decode
+from draftlab.serve.engine import Generation, SpecEngine, target_decode
+from draftlab.serve.modes import DYNAMIC, EngineMode, engine_mode, graph_report, load_drafter, target_runner
 
 log = logging.getLogger("draftlab")
 FORMAT = "draftlab.bench/1"
@@ -35,6 +37,7 @@ FORMAT = "draftlab.bench/1"
 class BenchRun:
     spec: list[Generation] = field(default_factory=list)
     base: list[Generation] = field(default_factory=list)
+    graphs: dict = field(default_factory=dict)  # fixed-shape step -> graph | eager | why its capture failed
 
 
 def held_out_prompts(samples_folder: Path, count: int, limit: int | None = None) -> list[list[int]]:
@@ -56,10 +59,16 @@ def held_out_prompts(samples_folder: Path, count: int, limit: int | None = None)
 
 
 def measure(model, drafter, prompts: list[list[int]], num_steps: int, max_new_tokens: int,
-            temperature: float, eos_token_ids, seed: int = 0, warmup: bool = True) -> BenchRun:
-    """Speculative and plain decoding of every prompt, alternating which goes first."""
-    engine = SpecEngine(model, drafter, num_steps, eos_token_ids)
-    runner = TargetRunner(model)
+            temperature: float, eos_token_ids, seed: int = 0, warmup: bool = True,
+            mode: EngineMode = DYNAMIC) -> BenchRun:
+    """Speculative and plain decoding of every prompt, alternating which goes first; both decoders use `mode`'s
+    KV cache (and CUDA graphs), sized once for the longest prompt so every step keeps one shape."""
+    longest = max(len(p) for p in prompts) + max_new_tokens + num_steps + 1
+    layers = tuple(getattr(drafter, "feature_layers", ()))
+    if hasattr(drafter, "reserve"):  # sized before the warm-up, so no step is captured again mid-measurement
+        drafter.reserve(longest)
+    engine = SpecEngine(model, drafter, num_steps, eos_token_ids, runner=target_runner(model, mode, layers, longest))
+    runner = target_runner(model, mode, (), longest)
     device = runner.device
     gen = torch.Generator(device=device)
 
@@ -72,9 +81,12 @@ def measure(model, drafter, prompts: list[list[int]], num_steps: int, max_new_to
     def base(ids, n, i):
         return target_decode(model, ids, n, eos_token_ids, temperature, seeded(i), runner=runner)
 
-    if warmup:  # first-call allocations and kernel selection stay out of the timings
-        spec(prompts[0], min(8, max_new_tokens), len(prompts))
-        base(prompts[0], min(8, max_new_tokens), len(prompts))
+    if warmup:  # first-call allocations, kernel selection and graph captures stay out of the timings
+        n = min(2 * (num_steps + 1) + 2, max_new_tokens)  # two cycles at least, even if every draft is accepted
+        eos, engine.eos = engine.eos, set()  # no early stop, so every step shape runs once
+        spec(prompts[0], n, len(prompts))
+        engine.eos = eos
+        target_decode(model, prompts[0], n, [], temperature, seeded(len(prompts)), runner=runner)
     run = BenchRun()
     for i, ids in enumerate(bar_over(prompts, "bench", "prompt")):
         if i % 2 == 0:
@@ -83,6 +95,7 @@ def measure(model, drafter, prompts: list[list[int]], num_steps: int, max_new_to
         else:
             run.base.append(base(ids, max_new_tokens, i))
             run.spec.append(spec(ids, max_new_tokens, i))
+    run.graphs = graph_report(engine.target, engine.drafter, runner)
     return run
 
 
@@ -147,18 +160,20 @@ def serve_dtype(spec: str, target_dtype: torch.dtype) -> torch.dtype:
 
 
 def _run_local(cfg, prompts, draft_dir: Path, out: Path) -> tuple[dict, list[str], BenchRun]:
-    from draftlab.serve.eagle3_drafter import Eagle3Drafter
     from draftlab.target import load_target
 
     target = load_target(cfg.target, Path(cfg.paths.root) / "models")
     if cfg.serve.topk != 1:
         log.warning("bench: the local engine drafts a chain (topk 1); serve.topk=%d is ignored", cfg.serve.topk)
-    drafter, loaded = Eagle3Drafter.from_folder(draft_dir, target.model, cfg.serve.sglang_rules,
-                                                serve_dtype(cfg.serve.dtype, target.dtype))
+    mode = engine_mode(cfg.bench.static_cache, cfg.bench.cuda_graphs, target.device, target.model)
+    drafter, loaded = load_drafter(draft_dir, target.model, mode, cfg.serve.sglang_rules,
+                                   serve_dtype(cfg.serve.dtype, target.dtype))
     problems = loaded.problems()
     torch.manual_seed(cfg.bench.seed)
     run = measure(target.model, drafter, prompts, cfg.serve.num_steps, cfg.bench.max_new_tokens,
-                  cfg.bench.temperature, target.eos_token_ids, cfg.bench.seed)
+                  cfg.bench.temperature, target.eos_token_ids, cfg.bench.seed, mode=mode)
+    if mode.cuda_graphs:
+        log.info("bench: engine steps (%s): %s", mode.name, run.graphs)
     lines = [json.dumps({"prompt": i, "tau": s.tau, "accepted": s.accepted, "tokens": s.tokens,
                          "baseline_tokens": b.tokens, "spec_s": s.seconds, "base_s": b.seconds})
              for i, (s, b) in enumerate(zip(run.spec, run.base))]

@@ -1,0 +1,102 @@
+"""Fixed-shape engine steps run eagerly or as CUDA graphs: captured once per shape, then replayed.
+
+A step is a function of no arguments that reads its inputs from static buffers (filled by the caller before each
+call) and returns a tuple of tensors. Eagerly it simply runs. As a graph it is captured at its first call, with
+that call's real inputs:
+1. warm-up runs on a side stream (lazy allocations, cuBLAS handles and kernel choices happen outside the capture);
+2. capture into a `torch.cuda.CUDAGraph` (the outputs become static tensors that every replay overwrites);
+3. one replay, compared with the warm-up's eager result: a step that reads something the capture froze (a host
+   value, a tensor that is not a static buffer) gives different numbers here and is refused.
+Steps must be idempotent for this (running one twice on the same buffers writes the same KV entries), which the
+engine's steps are: each writes its KV slots from its inputs alone.
+
+Any failure (an op that syncs with the host, an unsupported kernel, a mismatch) logs one warning line naming the
+step and the error, and the step runs eagerly from then on, so a benchmark still finishes and says why.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import torch
+
+log = logging.getLogger("draftlab.serve")
+
+GRAPH_SETTINGS = ("auto", "true", "false")
+WARMUP_RUNS = 2
+
+
+def graphs_enabled(setting, device: torch.device, key: str = "bench.cuda_graphs") -> bool:
+    """auto = on for CUDA, off elsewhere; true on a non-CUDA device is an error naming the key."""
+    value = str(setting).lower()
+    if value not in GRAPH_SETTINGS:
+        raise ValueError(f"{key}: {setting!r} is not one of {', '.join(GRAPH_SETTINGS)}")
+    if value == "true" and torch.device(device).type != "cuda":
+        raise ValueError(f"{key}: true needs a CUDA target, this one runs on {device} (use auto or false)")
+    return value == "true" or (value == "auto" and torch.device(device).type == "cuda")
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Replay against eager: integers exactly, floats up to kernel-choice noise (a stale buffer is far off)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if not a.is_floating_point():
+        return torch.equal(a, b)
+    scale = 1.0 + float(b.float().abs().max()) if b.numel() else 1.0
+    return float((a.float() - b.float()).abs().max()) <= 1e-2 * scale if a.numel() else True
+
+
+class StepGraph:
+    """One fixed-shape step; `enabled` = capture it as a CUDA graph at the first call (else run it eagerly)."""
+
+    def __init__(self, fn: Callable[[], tuple[torch.Tensor, ...]], name: str, enabled: bool):
+        self.fn, self.name, self.enabled = fn, name, enabled
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.outputs: tuple[torch.Tensor, ...] | None = None
+        self.failure: str | None = None  # why the step fell back to eager, for the benchmark's report
+
+    @property
+    def captured(self) -> bool:
+        return self.graph is not None
+
+    def __call__(self) -> tuple[torch.Tensor, ...]:
+        if self.graph is not None:
+            self.graph.replay()
+            return self.outputs
+        if not self.enabled:
+            return self.fn()
+        return self._capture()
+
+    def _capture(self) -> tuple[torch.Tensor, ...]:
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(WARMUP_RUNS):
+                    expected = tuple(t.clone() for t in self.fn())
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                outputs = tuple(self.fn())
+            graph.replay()
+            bad = [i for i, (got, want) in enumerate(zip(outputs, expected)) if not _same(got, want)]
+            if bad:
+                raise RuntimeError(f"replay differs from the eager step in output(s) {bad}")
+        except Exception as err:  # noqa: BLE001 - any capture failure means: run this step eagerly
+            self.enabled, self.failure = False, f"{type(err).__name__}: {err}".splitlines()[0][:300]
+            log.warning("CUDA graph for %s not used, it runs eagerly: %s", self.name, self.failure)
+            _recover()
+            return self.fn()
+        self.graph, self.outputs = graph, outputs
+        log.info("CUDA graph captured for %s", self.name)
+        return outputs
+
+
+def _recover() -> None:
+    """After a failed capture, leave no capture half-open on the device (later eager work must run)."""
+    if torch.cuda.is_available():
+        try:
+            torch.cuda.synchronize()
+        except Exception as err:  # noqa: BLE001 - the eager fallback will raise the real error if any
+            log.warning("CUDA state after the failed capture: %s", err)
