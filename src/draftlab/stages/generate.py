@@ -23,6 +23,7 @@ from draftlab.stage_keys import data_sha256, plan
 from draftlab.target import Target, load_target
 
 log = logging.getLogger("draftlab.generate")
+WHOLE_SHARD = ("continuous", "graphs")  # generators that take a whole shard and keep batch_size rows in flight
 
 
 def run(cfg, out: Path, inputs: dict[str, Path], reporter) -> dict[str, float]:
@@ -60,9 +61,10 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter) -> dict[str, float]:
 
 def _generate(cfg, out: Path, target, engine, prompts, fingerprint: str, have: int, need: int) -> dict[str, float]:
     data = cfg.data
-    continuous = data.generator == "continuous" and data.temperature == 0  # fastgen.py says why greedy only
-    if data.generator == "continuous" and not continuous:
-        log.warning("generate: data.generator=continuous is greedy only; sampling uses the plain path")
+    # continuous and graphs refill rows over a whole shard; greedy only (fastgen.py and graphgen.py say why)
+    continuous = data.generator in WHOLE_SHARD and data.temperature == 0
+    if data.generator in WHOLE_SHARD and not continuous:
+        log.warning("generate: data.generator=%s is greedy only; sampling uses the plain path", data.generator)
     writer = SampleWriter(out, fingerprint, meta={"target": target.fingerprint, "source": prompts.source,
                                                   "records_read": prompts.records_read})
     tokenized = _tokenized_prompts(prompts.prompts, target, data)
@@ -117,12 +119,17 @@ def _generate_shard(target: Target, data, first: int, items: list[tuple[Prompt, 
             on_batch(len(items))
         return _samples(target, data, first, items, answers)
     samples = []
-    # continuous: the whole shard in one call, refilling up to batch_size rows (draftlab/fastgen.py)
+    # continuous, graphs: the whole shard in one call, refilling up to batch_size rows (fastgen.py, graphgen.py)
     step = len(items) if continuous else data.batch_size
     for start in range(0, len(items), step):
         chunk = items[start:start + step]
         torch.manual_seed(data.seed * 1_000_003 + first + start)  # sampling depends on the batch, not on history
-        if continuous:
+        if continuous and data.generator == "graphs":
+            from draftlab.graphgen import generate_graphs
+
+            answers = generate_graphs(target, [ids for _, ids in chunk], data.max_new_tokens, data.batch_size,
+                                      data.max_prompt_tokens)
+        elif continuous:
             from draftlab.fastgen import generate_continuous
 
             answers = generate_continuous(target, [ids for _, ids in chunk], data.max_new_tokens, data.batch_size)
