@@ -2,6 +2,7 @@
 with rows ending early and refilled; graphs' decode step reads nothing back to the host (so it can be captured);
 and the hardware presets compose."""
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -117,7 +118,8 @@ def _samples(folder):
     return [(s.index, s.input_ids.tolist(), s.loss_mask.tolist(), s.split) for s in read_samples(folder)]
 
 
-def test_stage_with_the_continuous_generator_writes_the_plain_samples(tiny_cfg, tmp_path):
+def test_stage_with_the_continuous_generator_writes_the_plain_samples(tiny_cfg, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="draftlab.generate")
     plain, fast = tmp_path / "plain", tmp_path / "fast"
     generate.run(validate(tiny_cfg("data.samples=12", "data.shard_size=8", "data.batch_size=4")), plain, {},
                  RecordingReporter())
@@ -129,6 +131,8 @@ def test_stage_with_the_continuous_generator_writes_the_plain_samples(tiny_cfg, 
         generate.run(validate(tiny_cfg("data.samples=12", "data.shard_size=8", "data.batch_size=4",
                                        f"data.generator={generator}")), tmp_path / generator, {}, RecordingReporter())
         assert _samples(tmp_path / generator) == _samples(plain), generator
+    assert "graphs: cpu device, so the decode step runs eagerly" in caplog.text  # the graphs path did run
+    assert graphgen._slots is None  # and the stage released its cache and graph
 
 
 def test_hardware_presets_compose():

@@ -52,6 +52,12 @@ def generate_graphs(target, prompts: list[list[int]], max_new_tokens: int, slots
         return _Schedule(state, prompts, refill, check_every).run()
 
 
+def release() -> None:
+    """Frees the kept slots (KV cache, CUDA graph and its memory pool, the model reference) when generation is over."""
+    global _slots
+    _slots = None
+
+
 def _decode_slots(target, batch: int, columns: int, max_new_tokens: int) -> DecodeSlots:
     global _slots
     eos, pad = list(target.eos_token_ids), target.tokenizer.pad_token_id

@@ -57,6 +57,10 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter) -> dict[str, float]:
     finally:
         if engine is not None:
             engine.close()
+        if data.generator == "graphs":  # its KV cache and CUDA graph must not outlive the stage
+            from draftlab.graphgen import release
+
+            release()
 
 
 def _generate(cfg, out: Path, target, engine, prompts, fingerprint: str, have: int, need: int) -> dict[str, float]:
