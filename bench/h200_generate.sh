@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 11 part 2 on one H200: generation with data.generator=plain, graphs (refill 0.25, and 1.0 = fixed batches)
+# Issue 11 part 2 on one H200: generation with data.generator=plain, graphs (refill 0.1, 0.25, and 1.0 = fixed batches)
 # and static, in one process on the same 2,048 ShareGPT prompts (128 new tokens, 512 rows, bf16). BENCHMARKS.md
 # "Generation with CUDA graphs" is filled from what comes back: $OUT/generate.jsonl (one JSON line per run) and
 # $OUT/generate.log.
@@ -37,7 +37,7 @@ run)
   # ~40 s compile and graphs' capture). A path that fails logs its error and the others still run.
   timeout --signal=TERM --kill-after=10 280 python3 bench/generate_speed.py --prompts "$prompts" --count 2048 \
     --device cuda --dtype bfloat16 --batch-size 512 --max-new-tokens 128 --max-prompt-tokens 256 \
-    --paths plain graphs static --refill 0.25 1.0 --repeats 2 --root $ROOT --json "$OUT"/generate.jsonl \
+    --paths plain graphs static --refill 0.1 0.25 1.0 --repeats 2 --root $ROOT --json "$OUT"/generate.jsonl \
     2>&1 | grep -v -i -E 'warn|it/s\]' | tee -a "$OUT"/generate.log
   echo "rc=${PIPESTATUS[0]}" | tee -a "$OUT"/generate.log
   nvidia-smi --query-gpu=memory.used --format=csv,noheader | tee -a "$OUT"/generate.log ;;

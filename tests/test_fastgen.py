@@ -118,7 +118,7 @@ def _samples(folder):
     return [(s.index, s.input_ids.tolist(), s.loss_mask.tolist(), s.split) for s in read_samples(folder)]
 
 
-def test_stage_with_the_continuous_generator_writes_the_plain_samples(tiny_cfg, tmp_path, caplog):
+def test_stage_with_each_fast_generator_writes_the_plain_samples(tiny_cfg, tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="draftlab.generate")
     plain, fast = tmp_path / "plain", tmp_path / "fast"
     generate.run(validate(tiny_cfg("data.samples=12", "data.shard_size=8", "data.batch_size=4")), plain, {},
