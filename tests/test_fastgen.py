@@ -78,6 +78,9 @@ def test_graphs_first_token_ends_and_single_token_answers():
     assert generate_graphs(target, prompts, 8, slots=4, width=24) == plain
     with pytest.raises(ValueError, match="data.max_prompt_tokens"):
         generate_graphs(target, prompts, 8, slots=4, width=3)
+    target.model.generation_config.repetition_penalty = 1.3  # plain generate would apply it: refused, not ignored
+    with pytest.raises(ValueError, match="repetition_penalty"):
+        generate_graphs(target, prompts, 8, slots=4, width=24)
 
 
 class _Dispatched(TorchDispatchMode):

@@ -53,7 +53,8 @@ class DecodeSlots:
         self.device, self.dtype, self.hidden = device, dtype, torch.finfo(dtype).min
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.cache = StaticCache(config=config, max_cache_len=columns)
-        self.cache.early_initialization(batch, config.num_key_value_heads, head_dim, dtype, device)
+        kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        self.cache.early_initialization(batch, kv_heads, head_dim, dtype, device)
         if any(type(layer) is not StaticLayer or not hasattr(layer, "cumulative_length") for layer in self.cache.layers):
             raise NotImplementedError("data.generator=graphs: needs a decoder whose every layer is full attention "
                                       "(transformers StaticLayer); use data.generator=static or plain")

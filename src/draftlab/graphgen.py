@@ -31,6 +31,12 @@ log = logging.getLogger("draftlab.generate")
 REFILL = 0.25     # refill once this share of the slots is free (or the whole queue fits)
 CHECK_EVERY = 8   # most decode steps between two reads of the done flags
 
+# generation_config settings that HF generate applies to greedy decoding too (logits processors): graphs takes the
+# plain argmax, so a target that sets one is refused rather than answered differently
+GREEDY_PROCESSORS = ("repetition_penalty", "no_repeat_ngram_size", "bad_words_ids", "suppress_tokens",
+                     "begin_suppress_tokens", "min_length", "min_new_tokens", "forced_bos_token_id",
+                     "forced_eos_token_id", "sequence_bias", "exponential_decay_length_penalty")
+
 _slots: DecodeSlots | None = None  # one captured set at a time, reused across shards (same shapes: no new capture)
 
 
@@ -44,6 +50,11 @@ def generate_graphs(target, prompts: list[list[int]], max_new_tokens: int, slots
         return []
     if max_new_tokens < 1:
         return [[] for _ in prompts]
+    settings = target.model.generation_config
+    extras = {k: v for k in GREEDY_PROCESSORS if (v := getattr(settings, k, None)) not in (None, 0, 1.0, [], {})}
+    if extras:
+        raise ValueError(f"data.generator: graphs decodes by plain argmax, but the target's generation_config sets "
+                         f"{extras}, which plain generate applies; use data.generator=plain")
     longest = max(len(p) for p in prompts)
     if longest > width:
         raise ValueError(f"data.max_prompt_tokens: a prompt has {longest} tokens, more than the cache width {width}")
