@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import platform
 import time
 import traceback
@@ -92,6 +93,8 @@ def main() -> None:
     ap.add_argument("--root", default="outputs")
     ap.add_argument("--json", type=Path, help="append each result line to this file")
     args = ap.parse_args()
+    logging.basicConfig(format="%(name)s: %(message)s")  # draftlab's own lines: graph captured, or why not
+    logging.getLogger("draftlab").setLevel(logging.INFO)
     cfg = default_config({"target": {"device": args.device, "dtype": args.dtype}, "paths": {"root": args.root}})
     started = time.perf_counter()
     target = load_target(cfg.target, Path(args.root) / "models")
@@ -124,6 +127,10 @@ def main() -> None:
                 tokens = sum(len(a) for a in answers)
                 record.update({"answer_tokens": tokens, "seconds": round(seconds, 2),
                                "tokens_per_s": round(tokens / seconds, 1), **compare(answers, reference)})
+                if path == "graphs":
+                    from draftlab.graphgen import captured
+
+                    record["cuda_graph"] = captured()
                 emit(args.json, record)
 
 

@@ -65,6 +65,7 @@ def test_graphs_equals_plain_in_fp32_with_early_ends_refills_and_ring_wraps(atte
     if slots == 2:  # 12 prompts through 2 slots: the ring of 64 columns wrapped at least once
         assert state.steps > state.columns
     assert target.model.config._attn_implementation == attention  # restored
+    assert not graphgen.captured()  # a CPU runs the step eagerly
 
 
 def test_graphs_first_token_ends_and_single_token_answers():

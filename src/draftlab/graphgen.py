@@ -69,6 +69,11 @@ def release() -> None:
     _slots = None
 
 
+def captured() -> bool:
+    """Whether the kept slots decode through a CUDA graph (False on the CPU or after a failed capture)."""
+    return _slots is not None and _slots.graph is not None
+
+
 def _decode_slots(target, batch: int, columns: int, max_new_tokens: int) -> DecodeSlots:
     global _slots
     eos, pad = list(target.eos_token_ids), target.tokenizer.pad_token_id
