@@ -207,14 +207,18 @@ def _attention(module, query, key, value, attention_mask, *args, prefill: str = 
 
 @contextmanager
 def slot_attention(model):
-    """Switches the model to `_attention` (prefill keeps the model's eager or sdpa) and back afterwards."""
+    """Switches the model to `_attention` and back afterwards. The prefill keeps the model's eager or sdpa on a CPU;
+    on a GPU it takes SDPA (faster than eager). Our prefill mask is additive with the dtype's finite minimum, so a
+    pad query that sees no key gives finite junk, never NaN: bf16 SDPA with it answers left-padded prompts right
+    (checked on SmolLM2 on the CPU, where HF's own padding mask gave garbage: stack-notes 3)."""
     from transformers import AttentionInterface
 
     own = model.config._attn_implementation
     if own not in ("eager", "sdpa"):
         raise NotImplementedError(f"data.generator=graphs: attention {own!r} is not supported (eager or sdpa)")
-    name = f"draftlab_slots_{own}"
-    AttentionInterface.register(name, partial(_attention, prefill=own))
+    prefill = "sdpa" if next(model.parameters()).device.type == "cuda" else own
+    name = f"draftlab_slots_{prefill}"
+    AttentionInterface.register(name, partial(_attention, prefill=prefill))
     model.set_attn_implementation(name)
     try:
         yield
