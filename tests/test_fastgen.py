@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map
 
 from draftlab.config import validate
 from draftlab.data.samples import read_samples
@@ -85,12 +86,17 @@ def test_graphs_first_token_ends_and_single_token_answers():
 
 
 class _Dispatched(TorchDispatchMode):
+    """Records each op the step dispatches, with its shapes and its host-side (non-tensor) arguments."""
+
     def __init__(self):
         super().__init__()
-        self.ops = set()
+        self.ops, self.calls = set(), []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.ops.add(func.overloadpacket.__name__)
+        shown = tree_map(lambda a: ("tensor", tuple(a.shape)) if isinstance(a, torch.Tensor) else repr(a),
+                         (args, kwargs or {}))
+        self.calls.append((str(func), shown))
         return func(*args, **(kwargs or {}))
 
 
@@ -110,6 +116,13 @@ def test_graphs_decode_step_never_reads_back_to_the_host():
             state.step()
         assert {"scaled_dot_product_attention", "index_copy_", "argmax"} <= seen.ops  # the mode saw the step
         assert not seen.ops & HOST_ROUND_TRIPS, seen.ops & HOST_ROUND_TRIPS
+        # a replayed graph repeats the captured kernels with their captured scalars: the step must not bake in
+        # host values that change from step to step (ring column, positions, step count)
+        state.load([1], [[5, 6, 7, 8, 9]])
+        state.advance(5)
+        with _Dispatched() as later:
+            state.step()
+        assert later.calls == seen.calls
         with _Dispatched() as check:  # and it does see a read-back where there is one
             state.done.any().item()
         assert check.ops & HOST_ROUND_TRIPS
