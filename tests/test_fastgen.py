@@ -10,7 +10,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
-from draftlab.config import validate
+from draftlab.config import ConfigError, validate
 from draftlab.data.samples import read_samples
 import draftlab.graphgen as graphgen
 from draftlab.decode_slots import slot_attention
@@ -150,6 +150,11 @@ def test_stage_with_each_fast_generator_writes_the_plain_samples(tiny_cfg, tmp_p
         assert _samples(tmp_path / generator) == _samples(plain), generator
     assert "graphs: cpu device, so the decode step runs eagerly" in caplog.text  # the graphs path did run
     assert graphgen._slots is None  # and the stage released its cache and graph
+
+
+def test_graphs_refuses_a_target_split_over_devices():
+    with pytest.raises(ConfigError, match="data.generator: graphs needs the target on one device"):
+        validate(compose_config(["data.generator=graphs", "target.device_map=auto"]))
 
 
 def test_hardware_presets_compose():

@@ -243,6 +243,9 @@ def _check_values(c: DictConfig) -> None:
         raise ConfigError(f"data.val_fraction: must be in [0, 1), got {c.data.val_fraction}")
     _positive("data.temperature", c.data.temperature, allow_zero=True)
     _choice("data.generator", c.data.generator, ("plain", "static", "graphs", "continuous"))
+    if c.data.generator == "graphs" and c.target.device_map:  # one static KV cache, one graph, one device
+        raise ConfigError("data.generator: graphs needs the target on one device, but target.device_map is set; "
+                          "use data.generator=plain")
     _choice("data.engine", c.data.engine, ("hf", "server"))
     _choice("data.server.api", c.data.server.api, ("auto", "sglang", "vllm"))
     _positive("data.server.concurrency", c.data.server.concurrency)
