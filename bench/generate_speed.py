@@ -1,5 +1,6 @@
 """Generation throughput of the `data.generator` paths on the same prompts, in one process: plain (HF generate per
-batch), static (HF static cache, compiled decode), graphs (CUDA-graph decode, refilled slots), continuous.
+batch), static (HF static cache, compiled decode), graphs (CUDA-graph decode, refilled slots; graphs-compiled:
+its step through torch.compile first), continuous.
 
     python bench/generate_speed.py --prompts prompts.jsonl --count 2048 --device cuda --dtype bfloat16 \
         --paths plain graphs static --repeats 2 --json results.jsonl
@@ -49,11 +50,12 @@ def runner(path: str, target, prompts: list[list[int]], args, variant):
     if path == "static":  # batches padded to --max-prompt-tokens
         return lambda: [a for s in range(0, len(prompts), size)
                         for a in generate_static(target, prompts[s:s + size], new, 0.0, width)]
-    if path == "graphs":
-        return lambda: generate_graphs(target, prompts, new, size, width, refill=variant)
+    if path in ("graphs", "graphs-compiled"):  # compiled: torch.compile fuses the step's kernels before capture
+        return lambda: generate_graphs(target, prompts, new, size, width, refill=variant,
+                                       compile=path == "graphs-compiled")
     if path == "continuous":
         return lambda: generate_continuous(target, prompts, new, size, compile_level=variant)
-    raise SystemExit(f"--paths: unknown path {path!r} (plain, static, graphs, continuous)")
+    raise SystemExit(f"--paths: unknown path {path!r} (plain, static, graphs, graphs-compiled, continuous)")
 
 
 def compare(answers: list[list[int]], reference: list[list[int]] | None) -> dict:
@@ -106,10 +108,11 @@ def main() -> None:
     emit(args.json, {"setup": common, "load_s": round(time.perf_counter() - started, 1)})
     reference = None
     for path in args.paths:
-        variants = {"graphs": args.refill, "continuous": args.compile_level}.get(path, [None])
+        variants = {"graphs": args.refill, "graphs-compiled": args.refill,
+                    "continuous": args.compile_level}.get(path, [None])
         for variant in variants:
             for repeat in range(args.repeats):
-                name = path if variant is None else f"{path}-{'refill' if path == 'graphs' else 'compile'}{variant}"
+                name = path if variant is None else f"{path}-{'compile' if path == 'continuous' else 'refill'}{variant}"
                 record = {"path": name, "repeat": repeat}
                 try:
                     run = runner(path, target, prompts, args, variant)
@@ -127,10 +130,10 @@ def main() -> None:
                 tokens = sum(len(a) for a in answers)
                 record.update({"answer_tokens": tokens, "seconds": round(seconds, 2),
                                "tokens_per_s": round(tokens / seconds, 1), **compare(answers, reference)})
-                if path == "graphs":
-                    from draftlab.graphgen import captured
+                if path.startswith("graphs"):
+                    from draftlab.graphgen import decode_mode
 
-                    record["cuda_graph"] = captured()
+                    record["decode"] = decode_mode()  # graph, graph+compiled, or eager (capture failed)
                 emit(args.json, record)
 
 

@@ -66,7 +66,29 @@ def test_graphs_equals_plain_in_fp32_with_early_ends_refills_and_ring_wraps(atte
     if slots == 2:  # 12 prompts through 2 slots: the ring of 64 columns wrapped at least once
         assert state.steps > state.columns
     assert target.model.config._attn_implementation == attention  # restored
-    assert not graphgen.captured()  # a CPU runs the step eagerly
+    assert graphgen.decode_mode() == "eager"  # a CPU runs the step eagerly
+
+
+@pytest.mark.slow  # inductor compiles the tiny step (~30 s cold on 2 cores)
+def test_graphs_compiled_step_equals_plain_in_fp32():
+    target = tiny_target()
+    prompts = _prompts(12, seed=1)
+    plain = _ending_early(target, prompts)
+    assert generate_graphs(target, prompts, max_new_tokens=16, slots=3, width=40, compile=True) == plain
+    assert graphgen.decode_mode() == "eager+compiled"  # it did compile, not fall back
+
+
+def test_graphs_falls_back_to_the_plain_step_when_compile_fails(monkeypatch, caplog):
+    def broken(*args, **kwargs):
+        raise RuntimeError("inductor: no compiler here")
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: broken)
+    target = tiny_target()
+    prompts = _prompts(6, seed=3)
+    plain = generate_batch(target, prompts, max_new_tokens=8, temperature=0.0)
+    assert generate_graphs(target, prompts, max_new_tokens=8, slots=4, width=24, compile=True) == plain
+    assert graphgen.decode_mode() == "eager"
+    assert "torch.compile of the decode step failed (RuntimeError: inductor: no compiler here)" in caplog.text
 
 
 def test_graphs_first_token_ends_and_single_token_answers():

@@ -41,7 +41,8 @@ def cache_columns(width: int, max_new_tokens: int) -> int:
 class DecodeSlots:
     """Static buffers for `batch` slots; `step` decodes one token in each; `load` starts prompts in given slots."""
 
-    def __init__(self, model, batch: int, columns: int, max_new_tokens: int, eos_ids: list[int], pad_id: int):
+    def __init__(self, model, batch: int, columns: int, max_new_tokens: int, eos_ids: list[int], pad_id: int,
+                 compile: bool = False):
         from transformers import DynamicCache, StaticCache
         from transformers.cache_utils import StaticLayer
 
@@ -76,14 +77,20 @@ class DecodeSlots:
         self.eos = torch.tensor(sorted(set(eos_ids)), **long)
         self.steps = 0  # steps taken (host count): the ring column is steps % columns
         self.graph = None
+        # optional: inductor fuses the step's small kernels (norms, RoPE, SiLU, residuals) before capture
+        self.forward = torch.compile(self._forward, dynamic=False) if compile else self._forward
+        self.compiled = compile
+        self.key: tuple = ()  # what its owner built it for (graphgen reuses it while that stays the same)
+
+    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=tokens, position_ids=positions, attention_mask=mask, use_cache=True,
+                          logits_to_keep=1, **{self.cache_arg: self.cache}).logits[:, -1]
 
     def step(self) -> None:
         """One token for every slot, on device tensors only (capturable). Done slots compute junk that is never read."""
         self.mask.index_fill_(3, self.column, 0.0)  # the column written now is visible to its own query
         self.offsets.copy_(self.column.expand_as(self.offsets))
-        logits = self.model(input_ids=self.tokens, position_ids=self.positions, attention_mask=self.mask,
-                            use_cache=True, logits_to_keep=1, **{self.cache_arg: self.cache}).logits[:, -1]
-        token = logits.argmax(-1)
+        token = self.forward(self.tokens, self.positions, self.mask).argmax(-1)
         live = (~self.done).long()
         self.out.scatter_(1, self.lengths[:, None], token[:, None])
         self.lengths.add_(live)
@@ -95,6 +102,8 @@ class DecodeSlots:
 
     def capture(self) -> None:
         """Records `step` as a CUDA graph; on failure (or on the CPU) `advance` runs it eagerly instead."""
+        if self.compiled:
+            self._compile()
         if self.device.type != "cuda":
             log.info("generate: graphs: %s device, so the decode step runs eagerly (CUDA graphs need a GPU)",
                      self.device.type)
@@ -117,6 +126,16 @@ class DecodeSlots:
             self.graph = None
             log.warning("generate: graphs: CUDA graph capture failed (%s: %s); decoding EAGERLY, one launch per "
                         "kernel (slow)", type(error).__name__, str(error).splitlines()[0] if str(error) else "")
+        self.reset()
+
+    def _compile(self) -> None:
+        """Compiles now (first call), so that a failure falls back to the plain step instead of failing the run."""
+        try:
+            self.step()
+        except Exception as error:  # any compile failure: the uncompiled step gives the same answers
+            self.forward, self.compiled = self._forward, False
+            log.warning("generate: graphs: torch.compile of the decode step failed (%s: %s); using it uncompiled",
+                        type(error).__name__, str(error).splitlines()[0] if str(error) else "")
         self.reset()
 
     def reset(self) -> None:

@@ -42,10 +42,11 @@ _slots: DecodeSlots | None = None  # one captured set at a time, reused across s
 
 @torch.inference_mode()
 def generate_graphs(target, prompts: list[list[int]], max_new_tokens: int, slots: int, width: int,
-                    refill: float = REFILL, check_every: int = CHECK_EVERY) -> list[list[int]]:
+                    refill: float = REFILL, check_every: int = CHECK_EVERY, compile: bool = False) -> list[list[int]]:
     """Greedy answers, in prompt order; each ends at its first end-of-turn token (kept), as the plain path's do.
     `slots` rows decode at once; `width` (data.max_prompt_tokens) sizes the cache, so every call of a run has the
-    same shapes and reuses one graph."""
+    same shapes and reuses one graph. `compile` runs the step through torch.compile before capture (an option
+    for bench/generate_speed.py; the stage does not use it)."""
     if not prompts:
         return []
     if max_new_tokens < 1:
@@ -59,7 +60,8 @@ def generate_graphs(target, prompts: list[list[int]], max_new_tokens: int, slots
     if longest > width:
         raise ValueError(f"data.max_prompt_tokens: a prompt has {longest} tokens, more than the cache width {width}")
     with slot_attention(target.model):
-        state = _decode_slots(target, min(slots, len(prompts)), cache_columns(width, max_new_tokens), max_new_tokens)
+        state = _decode_slots(target, min(slots, len(prompts)), cache_columns(width, max_new_tokens), max_new_tokens,
+                              compile)
         return _Schedule(state, prompts, refill, check_every).run()
 
 
@@ -69,19 +71,22 @@ def release() -> None:
     _slots = None
 
 
-def captured() -> bool:
-    """Whether the kept slots decode through a CUDA graph (False on the CPU or after a failed capture)."""
-    return _slots is not None and _slots.graph is not None
+def decode_mode() -> str:
+    """How the kept slots decode: "graph" (a replayed CUDA graph), "eager" (CPU, or a failed capture), plus
+    "+compiled" when torch.compile built the step; "none" before any call."""
+    if _slots is None:
+        return "none"
+    return ("graph" if _slots.graph is not None else "eager") + ("+compiled" if _slots.compiled else "")
 
 
-def _decode_slots(target, batch: int, columns: int, max_new_tokens: int) -> DecodeSlots:
+def _decode_slots(target, batch: int, columns: int, max_new_tokens: int, compile: bool) -> DecodeSlots:
     global _slots
     eos, pad = list(target.eos_token_ids), target.tokenizer.pad_token_id
-    same = _slots is not None and _slots.model is target.model and (_slots.batch, _slots.columns, _slots.max_new) == (
-        batch, columns, max_new_tokens) and _slots.eos.tolist() == sorted(set(eos)) and _slots.pad_id == pad
-    if not same:
+    shape = (batch, columns, max_new_tokens, sorted(set(eos)), pad, compile)
+    if _slots is None or _slots.model is not target.model or _slots.key != shape:
         _slots = None  # frees the previous cache and graph before the new ones are allocated
-        state = DecodeSlots(target.model, batch, columns, max_new_tokens, eos, pad)
+        state = DecodeSlots(target.model, batch, columns, max_new_tokens, eos, pad, compile)
+        state.key = shape
         state.capture()
         _slots = state
     return _slots
