@@ -36,19 +36,19 @@ run)
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT"/generate.log
   # plain first: it is the reference for match_vs_plain; each path runs twice (the first run includes static's
   # ~40 s compile and graphs' capture). A path that fails logs its error and the others still run.
-  timeout --signal=TERM --kill-after=10 190 python3 bench/generate_speed.py --prompts "$prompts" --count 2048 \
+  timeout --signal=TERM --kill-after=5 180 python3 bench/generate_speed.py --prompts "$prompts" --count 2048 \
     --device cuda --dtype bfloat16 --batch-size 512 --max-new-tokens 128 --max-prompt-tokens 256 \
     --paths plain graphs static --refill 0.25 1.0 --repeats 2 --root $ROOT --json "$OUT"/generate.jsonl \
     2>&1 | grep -v -i -E 'warn|it/s\]' | tee -a "$OUT"/generate.log
   echo "rc=${PIPESTATUS[0]}" | tee -a "$OUT"/generate.log
   # graphs-compiled: inductor fuses the step's small kernels before capture (an option, not the stage's path);
   # its own process, so that a compile problem costs nothing above
-  timeout --signal=TERM --kill-after=5 70 python3 bench/generate_speed.py --prompts "$prompts" --count 2048 \
+  timeout --signal=TERM --kill-after=5 90 python3 bench/generate_speed.py --prompts "$prompts" --count 2048 \
     --device cuda --dtype bfloat16 --batch-size 512 --max-new-tokens 128 --max-prompt-tokens 256 \
     --paths graphs-compiled --refill 0.25 --repeats 2 --root $ROOT --json "$OUT"/generate.jsonl 2>&1 \
     | grep -v -i -E 'warn|it/s\]' | tail -20 | tee -a "$OUT"/generate.log
   # the stage itself with the preset and graphs: 2,048 samples (one shard), seconds and tok/s from its results.json
-  timeout --signal=TERM --kill-after=5 35 python3 src/run.py hardware=gpu data.generator=graphs data.samples=2048 \
+  timeout --signal=TERM --kill-after=5 30 python3 src/run.py hardware=gpu data.generator=graphs data.samples=2048 \
     data.source=jsonl data.path="$(realpath "$prompts")" paths.root=$ROOT tracking.enabled=false \
     hydra.run.dir=$ROOT/graphs_stage 'stages=[generate]' > "$OUT"/stage.log 2>&1
   echo "stage rc=$?" | tee -a "$OUT"/generate.log
