@@ -1,9 +1,9 @@
 """The decode step of `data.generator=graphs`: B slots (rows) of one transformers StaticCache, one token per slot
 per step, every shape fixed, so the whole step is captured once as a CUDA graph and replayed.
 
-Why a graph: for SmolLM2 (135M) at batch 512 a decode step is a few hundred small kernels. Launched one by one from
-Python they take ~25 ms (BENCHMARKS.md); replayed as one graph they cost what the GPU needs (a few ms: the KV
-cache read dominates).
+Why a graph: for SmolLM2 (135M) at batch 512 a decode step is over a thousand small kernels. Launched one by one
+from Python they take ~25 ms (BENCHMARKS.md); replayed as one graph they cost what the GPU needs (a few ms: the
+KV cache read and the kernels themselves).
 
 The cache is a ring of C columns shared by all slots. Step t writes column t mod C for every slot; each slot has
 its own RoPE position and its own additive mask row (0 = visible, dtype min = hidden), so a slot can start a new
