@@ -20,7 +20,9 @@ install)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     .whl/*.whl .whl-tf/*.whl || exit 1
   [ -d .speed/site/antlr4 ] && cp -r .speed/site/antlr4 /tmp/site/  # hydra's parser runtime (no wheel for it)
-  cp .gguf-a/gg.aa /tmp/gg.aa && cp "${PROMPTS:-.speed/prompts.jsonl}" /tmp/prompts.jsonl || exit 1
+  cp .gguf-a/gg.aa /tmp/gg.aa || exit 1
+  # the prompts may come with either call (call 1 is near the 64 MiB limit: 62.7 MiB with them)
+  [ -f "${PROMPTS:-.speed/prompts.jsonl}" ] && cp "${PROMPTS:-.speed/prompts.jsonl}" /tmp/prompts.jsonl
   python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
   echo "installed; now call 2: bash bench/h200_generate.sh run (carry .gguf-b)" ;;
 run)
@@ -32,6 +34,7 @@ run)
   fi
   prompts=${PROMPTS:-/tmp/prompts.jsonl}
   [ -f "$prompts" ] || prompts=.speed/prompts.jsonl
+  [ -f "$prompts" ] || { echo "no prompts: carry .speed/prompts.jsonl (bench/export_prompts.py) or set PROMPTS"; exit 1; }
   mkdir -p $ROOT "$OUT"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT"/generate.log
   # plain first: it is the reference for match_vs_plain; each path runs twice (the first run includes static's
