@@ -1,13 +1,21 @@
-"""The fast generation paths (data.generator=static, continuous) give the plain path's greedy answers in fp32, with rows
-ending early and refilled; and the hardware presets compose."""
+"""The fast generation paths (data.generator=static, graphs, continuous) give the plain path's greedy answers in fp32,
+with rows ending early and refilled; graphs' decode step reads nothing back to the host (so it can be captured);
+and the hardware presets compose."""
 
+import logging
 from pathlib import Path
 
+import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map
 
-from draftlab.config import validate
+from draftlab.config import ConfigError, validate
 from draftlab.data.samples import read_samples
+import draftlab.graphgen as graphgen
+from draftlab.decode_slots import slot_attention
 from draftlab.fastgen import generate_continuous, generate_static
+from draftlab.graphgen import generate_graphs
 from draftlab.reporting import RecordingReporter
 from draftlab.stages import generate
 from draftlab.stages.generate import generate_batch
@@ -21,27 +29,136 @@ def _prompts(n=10, seed=0):
             for _ in range(n)]
 
 
-def test_continuous_equals_plain_in_fp32_with_early_ends_and_refill():
-    target = tiny_target()
-    prompts = _prompts()
+def _ending_early(target, prompts):
+    """Sets an end-of-turn token the random model does produce, so rows end at different steps and free their
+    slot; returns the plain path's answers."""
     free = generate_batch(target, prompts, max_new_tokens=16, temperature=0.0)
-    # an end-of-turn token the random model does produce, so rows end at different steps and free their slot
     counts = torch.bincount(torch.tensor([t for a in free for t in a[1:8]]))
     target.model.generation_config.eos_token_id = int(counts.argmax())
     plain = generate_batch(target, prompts, max_new_tokens=16, temperature=0.0)
     lengths = {len(a) for a in plain}
-    assert len(lengths) > 1 and min(lengths) < 16  # some rows end early: their slots are refilled below
+    assert len(lengths) > 1 and min(lengths) < 16  # some rows end early: their slots are refilled
+    return plain
+
+
+def test_continuous_equals_plain_in_fp32_with_early_ends_and_refill():
+    target = tiny_target()
+    prompts = _prompts()
+    plain = _ending_early(target, prompts)
     fast = generate_continuous(target, prompts, max_new_tokens=16, slots=3)  # 10 prompts through 3 rows
     assert fast == plain
     static = generate_static(target, prompts, max_new_tokens=16, temperature=0.0, width=40)  # padded past the longest
     assert static == plain
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("slots,refill", [(2, 0.0), (3, 0.25), (5, 1.0), (16, 0.25)])
+def test_graphs_equals_plain_in_fp32_with_early_ends_refills_and_ring_wraps(attention, slots, refill):
+    target = tiny_target()
+    target.model.set_attn_implementation(attention)  # the prefill uses the model's own attention
+    prompts = _prompts(12, seed=1)
+    plain = _ending_early(target, prompts)
+    assert len({len(p) for p in prompts}) > 4  # prompts of many lengths, left padded in the prefill
+    fast = generate_graphs(target, prompts, max_new_tokens=16, slots=slots, width=40, refill=refill, check_every=3)
+    assert fast == plain
+    state = graphgen._slots
+    assert state.batch == min(slots, len(prompts)) and state.columns == 64  # 40 + 16, a multiple of 16
+    if slots == 2:  # 12 prompts through 2 slots: the ring of 64 columns wrapped at least once
+        assert state.steps > state.columns
+    assert target.model.config._attn_implementation == attention  # restored
+    assert graphgen.decode_mode() == "eager"  # a CPU runs the step eagerly
+
+
+@pytest.mark.slow  # inductor compiles the tiny step (~30 s cold on 2 cores)
+def test_graphs_compiled_step_equals_plain_in_fp32():
+    target = tiny_target()
+    prompts = _prompts(12, seed=1)
+    plain = _ending_early(target, prompts)
+    assert generate_graphs(target, prompts, max_new_tokens=16, slots=3, width=40, compile=True) == plain
+    assert graphgen.decode_mode() == "eager+compiled"  # it did compile, not fall back
+
+
+def test_graphs_falls_back_to_the_plain_step_when_compile_fails(monkeypatch, caplog):
+    def broken(*args, **kwargs):
+        raise RuntimeError("inductor: no compiler here")
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: broken)
+    target = tiny_target()
+    prompts = _prompts(6, seed=3)
+    plain = generate_batch(target, prompts, max_new_tokens=8, temperature=0.0)
+    assert generate_graphs(target, prompts, max_new_tokens=8, slots=4, width=24, compile=True) == plain
+    assert graphgen.decode_mode() == "eager"
+    assert "torch.compile of the decode step failed (RuntimeError: inductor: no compiler here)" in caplog.text
+
+
+def test_graphs_first_token_ends_and_single_token_answers():
+    target = tiny_target()
+    prompts = _prompts(6, seed=2)
+    first = [a[0] for a in generate_batch(target, prompts, max_new_tokens=1, temperature=0.0)]
+    assert generate_graphs(target, prompts, 1, slots=4, width=24) == [[t] for t in first]
+    target.model.generation_config.eos_token_id = first[0]  # an answer that ends at its first token
+    plain = generate_batch(target, prompts, max_new_tokens=8, temperature=0.0)
+    assert plain[0] == [first[0]]
+    assert generate_graphs(target, prompts, 8, slots=4, width=24) == plain
+    with pytest.raises(ValueError, match="data.max_prompt_tokens"):
+        generate_graphs(target, prompts, 8, slots=4, width=3)
+    target.model.generation_config.repetition_penalty = 1.3  # plain generate would apply it: refused, not ignored
+    with pytest.raises(ValueError, match="repetition_penalty"):
+        generate_graphs(target, prompts, 8, slots=4, width=24)
+
+
+class _Dispatched(TorchDispatchMode):
+    """Records each op the step dispatches, with its shapes and its host-side (non-tensor) arguments."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops, self.calls = set(), []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.add(func.overloadpacket.__name__)
+        shown = tree_map(lambda a: ("tensor", tuple(a.shape)) if isinstance(a, torch.Tensor) else repr(a),
+                         (args, kwargs or {}))
+        self.calls.append((str(func), shown))
+        return func(*args, **(kwargs or {}))
+
+
+# ops that read a device value back to the host, or copy host data in: either one breaks a CUDA graph capture
+HOST_ROUND_TRIPS = {"_local_scalar_dense", "item", "is_nonzero", "nonzero", "equal", "masked_select", "lift_fresh",
+                    "lift_fresh_copy", "_unique2", "unique_consecutive", "tolist"}
+
+
+def test_graphs_decode_step_never_reads_back_to_the_host():
+    target = tiny_target()
+    generate_graphs(target, _prompts(4), max_new_tokens=4, slots=4, width=24)
+    state = graphgen._slots
+    buffers = [t.data_ptr() for t in (state.tokens, state.positions, state.mask, state.out, state.done,
+                                      state.cache.layers[0].keys)]
+    with torch.inference_mode(), slot_attention(target.model):
+        with _Dispatched() as seen:
+            state.step()
+        assert {"scaled_dot_product_attention", "index_copy_", "argmax"} <= seen.ops  # the mode saw the step
+        assert not seen.ops & HOST_ROUND_TRIPS, seen.ops & HOST_ROUND_TRIPS
+        # a replayed graph repeats the captured kernels with their captured scalars: the step must not bake in
+        # host values that change from step to step (ring column, positions, step count)
+        state.load([1], [[5, 6, 7, 8, 9]])
+        state.advance(5)
+        with _Dispatched() as later:
+            state.step()
+        assert later.calls == seen.calls
+        with _Dispatched() as check:  # and it does see a read-back where there is one
+            state.done.any().item()
+        assert check.ops & HOST_ROUND_TRIPS
+    # the step writes into its static buffers in place: a graph replays the same addresses
+    assert buffers == [t.data_ptr() for t in (state.tokens, state.positions, state.mask, state.out, state.done,
+                                              state.cache.layers[0].keys)]
+
+
 def _samples(folder):
     return [(s.index, s.input_ids.tolist(), s.loss_mask.tolist(), s.split) for s in read_samples(folder)]
 
 
-def test_stage_with_the_continuous_generator_writes_the_plain_samples(tiny_cfg, tmp_path):
+def test_stage_with_each_fast_generator_writes_the_plain_samples(tiny_cfg, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="draftlab.generate")
     plain, fast = tmp_path / "plain", tmp_path / "fast"
     generate.run(validate(tiny_cfg("data.samples=12", "data.shard_size=8", "data.batch_size=4")), plain, {},
                  RecordingReporter())
@@ -49,9 +166,17 @@ def test_stage_with_the_continuous_generator_writes_the_plain_samples(tiny_cfg, 
                                              "data.generator=continuous")), fast, {}, RecordingReporter())
     assert metrics["generate/new_samples"] == 12
     assert _samples(fast) == _samples(plain)
-    generate.run(validate(tiny_cfg("data.samples=12", "data.shard_size=8", "data.batch_size=4",
-                                   "data.generator=static")), tmp_path / "static", {}, RecordingReporter())
-    assert _samples(tmp_path / "static") == _samples(plain)
+    for generator in ("static", "graphs"):
+        generate.run(validate(tiny_cfg("data.samples=12", "data.shard_size=8", "data.batch_size=4",
+                                       f"data.generator={generator}")), tmp_path / generator, {}, RecordingReporter())
+        assert _samples(tmp_path / generator) == _samples(plain), generator
+    assert "graphs: cpu device, so the decode step runs eagerly" in caplog.text  # the graphs path did run
+    assert graphgen._slots is None  # and the stage released its cache and graph
+
+
+def test_graphs_refuses_a_target_split_over_devices():
+    with pytest.raises(ConfigError, match="data.generator: graphs needs the target on one device"):
+        validate(compose_config(["data.generator=graphs", "target.device_map=auto"]))
 
 
 def test_hardware_presets_compose():

@@ -77,7 +77,7 @@ class DataConfig:
     temperature: float = MISSING  # 0 = greedy
     batch_size: int = MISSING
     shard_size: int = MISSING  # samples per shard: the unit of resume
-    generator: str = MISSING  # plain | static (static KV cache, CUDA graphs) | continuous (paged cache, refill)
+    generator: str = MISSING  # plain | static (compiled decode) | graphs (CUDA-graph decode, refill) | continuous
     engine: str = MISSING  # hf (transformers, in this process) | server (data.server.*)
     server: ServerConfig = field(default_factory=ServerConfig)
 
@@ -244,7 +244,10 @@ def _check_values(c: DictConfig) -> None:
     if not 0.0 <= c.data.val_fraction < 1.0:
         raise ConfigError(f"data.val_fraction: must be in [0, 1), got {c.data.val_fraction}")
     _positive("data.temperature", c.data.temperature, allow_zero=True)
-    _choice("data.generator", c.data.generator, ("plain", "static", "continuous"))
+    _choice("data.generator", c.data.generator, ("plain", "static", "graphs", "continuous"))
+    if c.data.generator == "graphs" and c.target.device_map:  # one static KV cache, one graph, one device
+        raise ConfigError("data.generator: graphs needs the target on one device, but target.device_map is set; "
+                          "use data.generator=plain")
     _choice("data.engine", c.data.engine, ("hf", "server"))
     _choice("data.server.api", c.data.server.api, ("auto", "sglang", "vllm"))
     _positive("data.server.concurrency", c.data.server.concurrency)

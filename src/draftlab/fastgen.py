@@ -1,5 +1,6 @@
 """The fast generation paths: `data.generator=static` (HF generate with a static KV cache, compiled into CUDA
-graphs on a GPU) and `data.generator=continuous` (transformers' continuous batching).
+graphs on a GPU) and `data.generator=continuous` (transformers' continuous batching). `data.generator=graphs`
+(our own CUDA-graph decode loop with refilled slots) lives in graphgen.py.
 
 static: `generate(cache_implementation="static")` allocates the KV cache once and, on CUDA, transformers compiles
 the decode step (torch.compile, CUDA graphs). Every batch is left-padded to `data.max_prompt_tokens`, so every

@@ -23,6 +23,7 @@ from draftlab.stage_keys import data_sha256, plan
 from draftlab.target import Target, load_target
 
 log = logging.getLogger("draftlab.generate")
+WHOLE_SHARD = ("continuous", "graphs")  # generators that take a whole shard and keep batch_size rows in flight
 
 
 def run(cfg, out: Path, inputs: dict[str, Path], reporter) -> dict[str, float]:
@@ -56,13 +57,18 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter) -> dict[str, float]:
     finally:
         if engine is not None:
             engine.close()
+        if data.generator == "graphs":  # its KV cache and CUDA graph must not outlive the stage
+            from draftlab.graphgen import release
+
+            release()
 
 
 def _generate(cfg, out: Path, target, engine, prompts, fingerprint: str, have: int, need: int) -> dict[str, float]:
     data = cfg.data
-    continuous = data.generator == "continuous" and data.temperature == 0  # fastgen.py says why greedy only
-    if data.generator == "continuous" and not continuous:
-        log.warning("generate: data.generator=continuous is greedy only; sampling uses the plain path")
+    # continuous and graphs refill rows over a whole shard; greedy only (fastgen.py and graphgen.py say why)
+    whole_shard = data.generator in WHOLE_SHARD and data.temperature == 0
+    if data.generator in WHOLE_SHARD and not whole_shard:
+        log.warning("generate: data.generator=%s is greedy only; sampling uses the plain path", data.generator)
     writer = SampleWriter(out, fingerprint, meta={"target": target.fingerprint, "source": prompts.source,
                                                   "records_read": prompts.records_read})
     tokenized = _tokenized_prompts(prompts.prompts, target, data)
@@ -81,7 +87,7 @@ def _generate(cfg, out: Path, target, engine, prompts, fingerprint: str, have: i
             raise ValueError(f"data.samples: {need} asked, but {prompts.source} has only "
                              f"{writer.num_samples + len(batch)} prompts within data.max_prompt_tokens="
                              f"{data.max_prompt_tokens}")
-        samples = _generate_shard(target, data, first, batch, continuous, progress.update, engine)
+        samples = _generate_shard(target, data, first, batch, whole_shard, progress.update, engine)
         writer.write_shard(samples)
         new_tokens += sum(int(s.loss_mask.sum()) for s in samples)
         progress.set_postfix(tok_s=f"{new_tokens / (time.perf_counter() - started):.0f}")
@@ -110,19 +116,24 @@ def _tokenized_prompts(prompts: list[Prompt], target: Target, data) -> Iterator[
 
 
 def _generate_shard(target: Target, data, first: int, items: list[tuple[Prompt, list[int]]],
-                    continuous: bool = False, on_batch=None, engine=None) -> list[Sample]:
+                    whole_shard: bool = False, on_batch=None, engine=None) -> list[Sample]:
     if engine is not None:  # the server answers the whole shard, data.server.concurrency requests at a time
         answers = engine.answer([ids for _, ids in items], first, data)
         if on_batch is not None:
             on_batch(len(items))
         return _samples(target, data, first, items, answers)
     samples = []
-    # continuous: the whole shard in one call, refilling up to batch_size rows (draftlab/fastgen.py)
-    step = len(items) if continuous else data.batch_size
+    # continuous, graphs: the whole shard in one call, refilling up to batch_size rows (fastgen.py, graphgen.py)
+    step = len(items) if whole_shard else data.batch_size
     for start in range(0, len(items), step):
         chunk = items[start:start + step]
         torch.manual_seed(data.seed * 1_000_003 + first + start)  # sampling depends on the batch, not on history
-        if continuous:
+        if whole_shard and data.generator == "graphs":
+            from draftlab.graphgen import generate_graphs
+
+            answers = generate_graphs(target, [ids for _, ids in chunk], data.max_new_tokens, data.batch_size,
+                                      data.max_prompt_tokens)
+        elif whole_shard:
             from draftlab.fastgen import generate_continuous
 
             answers = generate_continuous(target, [ids for _, ids in chunk], data.max_new_tokens, data.batch_size)

@@ -1,0 +1,245 @@
+"""The decode step of `data.generator=graphs`: B slots (rows) of one transformers StaticCache, one token per slot
+per step, every shape fixed, so the whole step is captured once as a CUDA graph and replayed.
+
+Why a graph: for SmolLM2 (135M) at batch 512 a decode step is over a thousand small kernels. Launched one by one
+from Python they take ~25 ms (BENCHMARKS.md); replayed as one graph they cost what the GPU needs (a few ms: the
+KV cache read and the kernels themselves).
+
+The cache is a ring of C columns shared by all slots. Step t writes column t mod C for every slot; each slot has
+its own RoPE position and its own additive mask row (0 = visible, dtype min = hidden), so a slot can start a new
+prompt at any step: its prompt's keys/values are copied into the C columns just before the current one and the
+rest of its mask row is hidden. A slot needs its prompt plus its answer, less one token, in the ring: C covers
+`width + max_new_tokens`. Keys are stored after RoPE, so where a token sits in the ring changes nothing but the
+order of the attention sums.
+
+Nothing in `step` reads a value back to the host (tests/test_fastgen.py checks the ops it dispatches), so it can be
+captured; on the CPU, or when capture fails, the same `step` runs eagerly, with a log line saying so.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import sys
+from contextlib import contextmanager
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger("draftlab.generate")
+
+ALIGN = 16            # cache columns: SDPA's memory-efficient kernel wants the mask's last dim a multiple of 16
+PREFILL_TOKENS = 65_536  # prompt tokens (padded) per prefill forward: bounds its activations and attention mask
+WARMUP_STEPS = 3      # eager steps on a side stream before capture (cuBLAS and allocator set-up happen there)
+
+
+def cache_columns(width: int, max_new_tokens: int) -> int:
+    return -(-(width + max_new_tokens) // ALIGN) * ALIGN
+
+
+class DecodeSlots:
+    """Static buffers for `batch` slots; `step` decodes one token in each; `load` starts prompts in given slots."""
+
+    def __init__(self, model, batch: int, columns: int, max_new_tokens: int, eos_ids: list[int], pad_id: int,
+                 compile: bool = False):
+        from transformers import DynamicCache, StaticCache
+        from transformers.cache_utils import StaticLayer
+
+        self.model, self.batch, self.columns, self.max_new = model, batch, columns, max_new_tokens
+        self.pad_id, self._dynamic_cache = pad_id, DynamicCache
+        config = model.config
+        param = next(model.parameters())
+        device, dtype = param.device, param.dtype
+        self.device, self.dtype, self.hidden = device, dtype, torch.finfo(dtype).min
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.cache = StaticCache(config=config, max_cache_len=columns)
+        kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        self.cache.early_initialization(batch, kv_heads, head_dim, dtype, device)
+        if any(type(layer) is not StaticLayer or not hasattr(layer, "cumulative_length") for layer in self.cache.layers):
+            raise NotImplementedError("data.generator=graphs: needs a decoder whose every layer is full attention "
+                                      "(transformers StaticLayer); use data.generator=static or plain")
+        # StaticLayer writes at its `cumulative_length` and adds 1: pointing all layers into one buffer lets the
+        # step set the ring column for every layer with one copy.
+        self.offsets = torch.zeros(len(self.cache.layers), dtype=torch.long, device=device)
+        for i, layer in enumerate(self.cache.layers):
+            layer.cumulative_length = self.offsets[i]
+        # transformers 5.24 names the forward's cache argument `cache` (5.17: `past_key_values`)
+        self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        long = {"dtype": torch.long, "device": device}
+        self.tokens = torch.zeros(batch, 1, **long)       # the token each slot feeds next
+        self.positions = torch.zeros(batch, 1, **long)    # its RoPE position
+        self.column = torch.zeros(1, **long)              # the ring column this step writes
+        self.lengths = torch.zeros(batch, **long)         # answer tokens so far
+        self.out = torch.zeros(batch, max_new_tokens + 1, **long)  # answers; the last column takes done slots' junk
+        self.done = torch.ones(batch, dtype=torch.bool, device=device)
+        self.mask = torch.full((batch, 1, 1, columns), self.hidden, dtype=dtype, device=device)
+        self.eos = torch.tensor(sorted(set(eos_ids)), **long)
+        self.steps = 0  # steps taken (host count): the ring column is steps % columns
+        self.graph = None
+        # optional: inductor fuses the step's small kernels (norms, RoPE, SiLU, residuals) before capture
+        self.forward = torch.compile(self._forward, dynamic=False) if compile else self._forward
+        self.compiled = compile
+        self.key: tuple = ()  # what its owner built it for (graphgen reuses it while that stays the same)
+
+    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=tokens, position_ids=positions, attention_mask=mask, use_cache=True,
+                          logits_to_keep=1, **{self.cache_arg: self.cache}).logits[:, -1]
+
+    def step(self) -> None:
+        """One token for every slot, on device tensors only (capturable). Done slots compute junk that is never read."""
+        self.mask.index_fill_(3, self.column, 0.0)  # the column written now is visible to its own query
+        self.offsets.copy_(self.column.expand_as(self.offsets))
+        token = self.forward(self.tokens, self.positions, self.mask).argmax(-1)
+        live = (~self.done).long()
+        self.out.scatter_(1, self.lengths[:, None], token[:, None])
+        self.lengths.add_(live)
+        ended = (token[:, None] == self.eos[None, :]).any(-1) | (self.lengths >= self.max_new)
+        self.done.logical_or_(ended)
+        self.tokens.copy_(token[:, None])
+        self.positions.add_(live[:, None])
+        self.column.add_(1).remainder_(self.columns)
+
+    def capture(self) -> None:
+        """Records `step` as a CUDA graph; on failure (or on the CPU) `advance` runs it eagerly instead."""
+        if self.compiled:
+            self._compile()
+        if self.device.type != "cuda":
+            log.info("generate: graphs: %s device, so the decode step runs eagerly (CUDA graphs need a GPU)",
+                     self.device.type)
+            return
+        try:
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                for _ in range(WARMUP_STEPS):
+                    self.step()
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                self.step()
+            self.graph = graph
+            log.info("generate: graphs: decode step captured as a CUDA graph (%d slots x %d cache columns)",
+                     self.batch, self.columns)
+        except Exception as error:  # any capture failure: the eager step gives the same answers, only slower
+            torch.cuda.synchronize(self.device)
+            self.graph = None
+            log.warning("generate: graphs: CUDA graph capture failed (%s: %s); decoding EAGERLY, one launch per "
+                        "kernel (slow)", type(error).__name__, str(error).splitlines()[0] if str(error) else "")
+        self.reset()
+
+    def _compile(self) -> None:
+        """Compiles now (first call), so that a failure falls back to the plain step instead of failing the run."""
+        try:
+            self.step()
+        except Exception as error:  # any compile failure: the uncompiled step gives the same answers
+            self.forward, self.compiled = self._forward, False
+            log.warning("generate: graphs: torch.compile of the decode step failed (%s: %s); using it uncompiled",
+                        type(error).__name__, str(error).splitlines()[0] if str(error) else "")
+        self.reset()
+
+    def reset(self) -> None:
+        """Every slot free; cache contents stay (hidden by the mask, finite, overwritten when a slot is loaded)."""
+        for buffer in (self.tokens, self.positions, self.column, self.lengths):
+            buffer.zero_()
+        self.done.fill_(True)
+        self.mask.fill_(self.hidden)
+        self.steps = 0
+
+    def advance(self, steps: int) -> None:
+        for _ in range(steps):
+            if self.graph is not None:
+                self.graph.replay()
+            else:
+                self.step()
+        self.steps += steps
+
+    def load(self, slots: list[int], prompts: list[list[int]]) -> None:
+        """Starts each prompt in its slot: an eager prefill (left padded, in chunks) gives its first token and its
+        keys/values, which are copied into the ring columns just before the next step's."""
+        width = max(len(p) for p in prompts)
+        rows = max(1, PREFILL_TOKENS // width)
+        for start in range(0, len(prompts), rows):
+            self._load(slots[start:start + rows], prompts[start:start + rows])
+
+    def _load(self, slots: list[int], prompts: list[list[int]]) -> None:
+        n, width, device = len(prompts), max(len(p) for p in prompts), self.device
+        ids = torch.full((n, width), self.pad_id, dtype=torch.long)
+        real = torch.zeros((n, width), dtype=torch.bool)
+        for i, prompt in enumerate(prompts):
+            ids[i, width - len(prompt):] = torch.tensor(prompt)
+            real[i, width - len(prompt):] = True
+        positions = (real.long().cumsum(-1) - 1).clamp(min=0)  # what HF generate gives left-padded rows
+        # query w sees key w' <= w when w' is a prompt token; pad queries see nothing (a finite, unused result)
+        seen = torch.ones(width, width, dtype=torch.bool).tril()[None] & real[:, None, :]
+        mask = torch.zeros((n, 1, width, width), dtype=self.dtype).masked_fill_(~seen[:, None], self.hidden)
+        prefill = self._dynamic_cache(config=self.model.config)
+        logits = self.model(input_ids=ids.to(device), attention_mask=mask.to(device),
+                            position_ids=positions.to(device), use_cache=True, logits_to_keep=1,
+                            **{self.cache_arg: prefill}).logits[:, -1]
+        first = logits.argmax(-1)
+        # prompt token j of slot s goes to ring column (next - len + j) % C, next being the column of the next step
+        nxt = self.steps % self.columns
+        src_row, src_pos, dst_slot, dst_col = [], [], [], []
+        for i, (slot, prompt) in enumerate(zip(slots, prompts)):
+            count = len(prompt)
+            src_row += [i] * count
+            src_pos += range(width - count, width)
+            dst_slot += [slot] * count
+            dst_col += [(nxt - count + j) % self.columns for j in range(count)]
+        src_row, src_pos, dst_slot, dst_col = (torch.tensor(x, device=device) for x in
+                                               (src_row, src_pos, dst_slot, dst_col))
+        for layer, new in zip(self.cache.layers, prefill.layers):
+            layer.keys[dst_slot, :, dst_col] = new.keys[src_row, :, src_pos]
+            layer.values[dst_slot, :, dst_col] = new.values[src_row, :, src_pos]
+        index = torch.tensor(slots, device=device)
+        self.mask[index] = self.hidden
+        self.mask[dst_slot, 0, 0, dst_col] = 0.0
+        self.tokens[index, 0] = first
+        self.positions[index, 0] = torch.tensor([len(p) for p in prompts], device=device)
+        self.out[index, 0] = first
+        self.lengths[index] = 1
+        self.done[index] = (first[:, None] == self.eos[None, :]).any(-1) | (self.max_new <= 1)
+
+    def answers(self, slots: list[int]) -> list[list[int]]:
+        index = torch.tensor(slots, device=self.device)
+        rows, lengths = self.out[index].tolist(), self.lengths[index].tolist()
+        return [row[:length] for row, length in zip(rows, lengths)]
+
+
+def _attention(module, query, key, value, attention_mask, *args, prefill: str = "eager", **kwargs):
+    """One query token: the query heads sharing a key/value head attend together (no repeated keys/values), with
+    the slots' additive mask. Longer queries (the prefill) go to the model's own attention, `prefill`."""
+    if query.shape[2] != 1:
+        if prefill == "eager":  # each transformers model file defines its own eager attention
+            own = sys.modules[type(module).__module__].eager_attention_forward
+        else:
+            from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+            own = ALL_ATTENTION_FUNCTIONS[prefill]
+        return own(module, query, key, value, attention_mask, *args, **kwargs)
+    batch, heads, _, dim = query.shape
+    grouped = query.reshape(batch, key.shape[1], heads // key.shape[1], dim)
+    out = F.scaled_dot_product_attention(grouped, key, value, attn_mask=attention_mask, scale=kwargs.get("scaling"))
+    return out.reshape(batch, 1, heads, dim), None
+
+
+@contextmanager
+def slot_attention(model):
+    """Switches the model to `_attention` and back afterwards. The prefill keeps the model's eager or sdpa on a CPU;
+    on a GPU it takes SDPA (faster than eager). Our prefill mask is additive with the dtype's finite minimum, so a
+    pad query that sees no key gives finite junk, never NaN: bf16 SDPA with it answers left-padded prompts right
+    (checked on SmolLM2 on the CPU, where HF's own padding mask gave garbage: stack-notes 3)."""
+    from transformers import AttentionInterface
+
+    own = model.config._attn_implementation
+    if own not in ("eager", "sdpa"):
+        raise NotImplementedError(f"data.generator=graphs: attention {own!r} is not supported (eager or sdpa)")
+    prefill = "sdpa" if next(model.parameters()).device.type == "cuda" else own
+    name = f"draftlab_slots_{prefill}"
+    AttentionInterface.register(name, partial(_attention, prefill=prefill))
+    model.set_attn_implementation(name)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(own)
