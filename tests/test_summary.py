@@ -56,6 +56,39 @@ def test_a_run_ends_with_the_table_and_its_warnings(tiny_cfg, caplog, tmp_path):
     assert str(tmp_path / "job" / "results.json") in summary
 
 
+def test_a_job_that_reuses_a_stage_repeats_its_warnings(tiny_cfg, caplog, tmp_path):
+    """The `last` layers warning is raised while extract runs; a later job that finds extract cached (here
+    another bench setting) must still show it, or its summary would say `none` about the same features."""
+    cfg = tiny_cfg("stages=[generate,extract]", "extract.layers=last", "tracking.enabled=false")
+    run_task(cfg)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="draftlab"):
+        metrics = run_task(cfg, output_dir=tmp_path / "again")
+    assert metrics["extract/cached"] == 1.0
+    table = caplog.records[-1].getMessage().split("warnings")[1]
+    warnings = " ".join(table.replace("│", " ").split())  # the table folds long lines
+    assert "extract.layers=last is the one-layer ablation" in warnings
+    assert "[repeated from the cached extract stage, produced by commit" in warnings
+
+
+def test_a_stage_record_keeps_the_stages_warnings_not_the_stores():
+    import logging as logging_
+
+    from draftlab.summary import STAGE_WARNINGS_EXCLUDE, collect_warnings, repeat_stage_warnings, stage_warnings
+
+    with collect_warnings(exclude=STAGE_WARNINGS_EXCLUDE) as warned:
+        logging_.getLogger("draftlab.tracking").warning("tracking: could not log to run r1")
+        for i in range(25):
+            logging_.getLogger("draftlab").warning("bench: weak draft %d", i)
+    kept = stage_warnings(warned)
+    assert not any("tracking" in w for w in kept)
+    assert len(kept) == 21 and kept[-1].startswith("... and 5 more warnings")
+    with collect_warnings() as again:
+        repeat_stage_warnings(logging_.getLogger("draftlab.pipeline"), "bench", {"warnings": kept[:1],
+                                                                                  "produced_by": "abc"})
+    assert again.messages == ["bench: weak draft 0 [repeated from the cached bench stage, produced by commit abc]"]
+
+
 @pytest.mark.parametrize("overrides, sweeper, expected", [
     (["train.lr=3e-4,1e-3", "target=tiny"], None, ["train.lr"]),
     (["experiment=data_scaling"], {"data.samples": "8,4", "train.seed": "0,1"}, ["data.samples", "train.seed"]),
