@@ -39,7 +39,7 @@ def test_sweep_summary_has_a_row_per_job_and_the_verdict():
     lines = text.splitlines()
     row = next(line for line in lines if "samples=800 seed=0" in line)
     assert [c.strip() for c in row.split("│")[1:-1]] == ["samples=800 seed=0", "2.5", "0.41", "1.9", "2.1",
-                                                          "1.25", "19"]
+                                                          "1.25", "-", "19"]
     assert any("samples=400 seed=0" in line for line in lines)
     assert "data-limited: more data will help" in text
     assert "http://127.0.0.1:5000/#/experiments/3/runs/p1?workflowType=machine_learning" in text

@@ -126,6 +126,23 @@ def _render(*tables) -> str:
     return buffer.getvalue().rstrip()
 
 
+def training_state(metrics: dict) -> str:
+    """Whether the draft trained to convergence: a capped run must never read as a converged one."""
+    steps = f"{metrics['train/steps']:.0f} steps"
+    converged = metrics.get("train/converged")
+    if converged == 1.0:
+        return f"converged (val/loss plateau), {steps}"
+    if converged == 0.0:
+        return f"NOT converged: the budget ran out at {steps} before a val/loss plateau"
+    return f"{steps}, a fixed budget (no early stopping)"
+
+
+def _steps_cell(metrics: dict) -> str:
+    if "train/steps" not in metrics:
+        return "-"
+    return f"{metrics['train/steps']:.0f}" + (" cap" if metrics.get("train/converged") == 0.0 else "")
+
+
 def job_summary(metrics: dict, tags: dict, warnings: list[str], uri: str | None, run_id: str | None = None,
                 experiment_id: str | None = None, results_file: Path | None = None, stages=STAGE_NAMES) -> str:
     """The end-of-job table: key metrics, stages, warnings, where the draft and the run are."""
@@ -137,6 +154,8 @@ def job_summary(metrics: dict, tags: dict, warnings: list[str], uri: str | None,
     table.add_column("value", overflow="fold")
     for label, names in KEY_METRICS:
         table.add_row(label, _fmt(_first(metrics, names)))
+    if "train/steps" in metrics:
+        table.add_row("training", training_state(metrics))
     for stage in stages:
         if f"{stage}/seconds" not in metrics:
             continue
@@ -179,10 +198,12 @@ def sweep_summary(jobs: list[tuple[str, dict]], verdict: str | None, uri: str | 
     rows.add_column("job", overflow="fold")
     for label, _ in SWEEP_COLUMNS:
         rows.add_column(label, justify="right")
+    rows.add_column("steps", justify="right")  # "cap": early stopping was on, and the budget ran out first
     rows.add_column("seconds", justify="right")
     for name, metrics in jobs:
         seconds = sum(metrics.get(f"{s}/seconds", 0.0) for s in STAGE_NAMES)
-        rows.add_row(escape(name), *(_fmt(_first(metrics, names)) for _, names in SWEEP_COLUMNS), f"{seconds:.0f}")
+        rows.add_row(escape(name), *(_fmt(_first(metrics, names)) for _, names in SWEEP_COLUMNS),
+                     _steps_cell(metrics), f"{seconds:.0f}")
     footer = Table(show_header=False, expand=False)
     footer.add_column("what", style="bold", no_wrap=True)
     footer.add_column("value", overflow="fold")
