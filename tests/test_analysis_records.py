@@ -31,7 +31,8 @@ def test_settings_that_never_split_a_cache_are_not_factors(key, value):
 
 
 def test_settings_that_split_a_cache_are_factors():
-    runs, _ = normalise([_record(), _record(seed=1, **{"train.lr": 3e-4}), _record(seed=1, **{"extract.layers": "last"})])
+    runs, _ = normalise([_record(), _record(seed=1, **{"train.lr": 3e-4}),
+                         _record(seed=1, **{"extract.layers": "last"})])
     assert len({r.config for r in runs}) == 3
 
 

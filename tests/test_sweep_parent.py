@@ -43,8 +43,8 @@ def test_the_next_sweep_closes_a_killed_sweeps_parent(tiny_cfg, tmp_path):
     assert [r.info.status for r in runs] == ["RUNNING"]
     dead = runs[0].info.run_id
     # a parent from another machine may still be running there: it is left alone
-    foreign = client.create_run(runs[0].info.experiment_id, tags={"draftlab.role": "sweep", "draftlab.host": "elsewhere",
-                                                                  "draftlab.process": "1:1"}).info.run_id
+    foreign_tags = {"draftlab.role": "sweep", "draftlab.host": "elsewhere", "draftlab.process": "1:1"}
+    foreign = client.create_run(runs[0].info.experiment_id, tags=foreign_tags).info.run_id
 
     live = start_parent_run(cfg, tmp_path / "sweep1", "next sweep")
     assert client.get_run(dead).info.status == "KILLED"

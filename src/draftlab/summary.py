@@ -65,7 +65,8 @@ def stage_warnings(collector: WarningCollector) -> list[str]:
     """The warnings a stage raised, as its completion record keeps them for the jobs that reuse it."""
     kept = collector.messages[:MAX_STAGE_WARNINGS]
     more = len(collector.messages) - len(kept)
-    return kept + ([f"... and {more} more warnings (the job that ran the stage has them in its run.log)"] if more else [])
+    note = f"... and {more} more warnings (the job that ran the stage has them in its run.log)"
+    return kept + ([note] if more else [])
 
 
 def repeat_stage_warnings(log: logging.Logger, stage: str, record: dict) -> None:

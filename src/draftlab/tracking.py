@@ -255,8 +255,9 @@ def start_parent_run(cfg, sweep_dir: Path, description: str, run_name: str | Non
     """Creates a sweep's parent run and leaves its id in the sweep folder for the jobs, whatever launches them."""
     uri = tracking_uri(cfg.tracking.uri)
     client = _client(uri)
+    process = process_identity(os.getpid()) or str(os.getpid())
     tags = {**git_state(repo_root()), "draftlab.sweep_dir": str(sweep_dir), "draftlab.role": "sweep",
-            "draftlab.host": socket.gethostname(), "draftlab.process": process_identity(os.getpid()) or str(os.getpid())}
+            "draftlab.host": socket.gethostname(), "draftlab.process": process}
     experiment = experiment_id(client, cfg.tracking.experiment, uri)
     close_dead_sweeps(client, experiment)  # a killed sweep's parent would otherwise stay RUNNING for good
     run = client.create_run(experiment, run_name=run_name or cfg.tracking.run_name or f"sweep-{Path(sweep_dir).name}",

@@ -109,11 +109,10 @@ def convergence(train_cfg, final: dict) -> dict[str, float]:
         return {}
     converged = final.get("train/stopped_early") == 1.0
     if not converged:
-        budget = (f"train.max_steps={train_cfg.max_steps}" if train_cfg.max_steps
-                  else f"train.epochs={train_cfg.epochs}")
-        log.warning("train: NOT converged: the run used its whole budget (%d steps, %s) without a val/loss plateau, "
-                    "so this draft is under-trained; raise %s", int(final.get("train/steps", 0)), budget,
-                    budget.split("=")[0])
+        key, value = ("max_steps", train_cfg.max_steps) if train_cfg.max_steps else ("epochs", train_cfg.epochs)
+        log.warning("train: NOT converged: the run used its whole budget (%d steps, train.%s=%d) without a val/loss "
+                    "plateau, so this draft is under-trained; raise train.%s", int(final.get("train/steps", 0)), key,
+                    value, key)
     return {"train/converged": float(converged)}
 
 
@@ -177,7 +176,8 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter: Reporter) -> dict[str
     curves = plot_curves(recorder.history, result.history, out / "curves.png", settings.ttt_steps)
     reporter.artifact(curves)
 
-    metrics = {**result.final, **result.best, **convergence(cfg.train, result.final), "train/steps": float(result.steps),
+    metrics = {**result.final, **result.best, **convergence(cfg.train, result.final),
+               "train/steps": float(result.steps),
                # the data axis of a scaling sweep: tokens (prompt and answer) of the training split
                "train/train_tokens": float(source.num_tokens("train")),
                "train/train_samples": float(source.num_samples_in("train"))}
