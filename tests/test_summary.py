@@ -41,6 +41,12 @@ def test_sweep_summary_has_a_row_per_job_and_the_verdict():
     assert [c.strip() for c in row.split("│")[1:-1]] == ["samples=800 seed=0", "2.5", "0.41", "1.9", "2.1",
                                                           "1.25", "-", "19"]
     assert any("samples=400 seed=0" in line for line in lines)
+    capped = {**METRICS, "train/steps": 60.0, "train/converged": 0.0}
+    converged = {**METRICS, "train/steps": 48.0, "train/converged": 1.0}
+    text_steps = sweep_summary([("capped", capped), ("converged", converged)], None, None)
+    cells = {line.split("│")[1].strip(): line.split("│")[-3].strip() for line in text_steps.splitlines()
+             if line.count("│") == 9}
+    assert cells == {"capped": "60 cap", "converged": "48"}  # a capped job never reads as a converged one
     assert "data-limited: more data will help" in text
     assert "http://127.0.0.1:5000/#/experiments/3/runs/p1?workflowType=machine_learning" in text
 
