@@ -39,8 +39,14 @@ def test_sweep_summary_has_a_row_per_job_and_the_verdict():
     lines = text.splitlines()
     row = next(line for line in lines if "samples=800 seed=0" in line)
     assert [c.strip() for c in row.split("│")[1:-1]] == ["samples=800 seed=0", "2.5", "0.41", "1.9", "2.1",
-                                                          "1.25", "19"]
+                                                          "1.25", "-", "19"]
     assert any("samples=400 seed=0" in line for line in lines)
+    capped = {**METRICS, "train/steps": 60.0, "train/converged": 0.0}
+    converged = {**METRICS, "train/steps": 48.0, "train/converged": 1.0}
+    text_steps = sweep_summary([("capped", capped), ("converged", converged)], None, None)
+    cells = {line.split("│")[1].strip(): line.split("│")[-3].strip() for line in text_steps.splitlines()
+             if line.count("│") == 9}
+    assert cells == {"capped": "60 cap", "converged": "48"}  # a capped job never reads as a converged one
     assert "data-limited: more data will help" in text
     assert "http://127.0.0.1:5000/#/experiments/3/runs/p1?workflowType=machine_learning" in text
 
@@ -54,6 +60,39 @@ def test_a_run_ends_with_the_table_and_its_warnings(tiny_cfg, caplog, tmp_path):
     assert "generate" in summary and "extract" in summary and "train " not in summary
     assert "last" in summary.split("warnings")[1]  # the `last` layers warning, raised during extract
     assert str(tmp_path / "job" / "results.json") in summary
+
+
+def test_a_job_that_reuses_a_stage_repeats_its_warnings(tiny_cfg, caplog, tmp_path):
+    """The `last` layers warning is raised while extract runs; a later job that finds extract cached (here
+    another bench setting) must still show it, or its summary would say `none` about the same features."""
+    cfg = tiny_cfg("stages=[generate,extract]", "extract.layers=last", "tracking.enabled=false")
+    run_task(cfg)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="draftlab"):
+        metrics = run_task(cfg, output_dir=tmp_path / "again")
+    assert metrics["extract/cached"] == 1.0
+    table = caplog.records[-1].getMessage().split("warnings")[1]
+    warnings = " ".join(table.replace("│", " ").split())  # the table folds long lines
+    assert "extract.layers=last is the one-layer ablation" in warnings
+    assert "[repeated from the cached extract stage, produced by commit" in warnings
+
+
+def test_a_stage_record_keeps_the_stages_warnings_not_the_stores():
+    import logging as logging_
+
+    from draftlab.summary import STAGE_WARNINGS_EXCLUDE, collect_warnings, repeat_stage_warnings, stage_warnings
+
+    with collect_warnings(exclude=STAGE_WARNINGS_EXCLUDE) as warned:
+        logging_.getLogger("draftlab.tracking").warning("tracking: could not log to run r1")
+        for i in range(25):
+            logging_.getLogger("draftlab").warning("bench: weak draft %d", i)
+    kept = stage_warnings(warned)
+    assert not any("tracking" in w for w in kept)
+    assert len(kept) == 21 and kept[-1].startswith("... and 5 more warnings")
+    with collect_warnings() as again:
+        repeat_stage_warnings(logging_.getLogger("draftlab.pipeline"), "bench", {"warnings": kept[:1],
+                                                                                  "produced_by": "abc"})
+    assert again.messages == ["bench: weak draft 0 [repeated from the cached bench stage, produced by commit abc]"]
 
 
 @pytest.mark.parametrize("overrides, sweeper, expected", [

@@ -103,13 +103,13 @@ class DraftConfig:
 
 @dataclass
 class TrainConfig:
-    epochs: int = 3  # the budget in passes over the data, unless max_steps is set
-    max_steps: Optional[int] = None  # the budget in optimizer steps; replaces epochs and sizes the schedule
+    epochs: Optional[int] = None  # the budget in passes over the data, when max_steps is None
+    max_steps: Optional[int] = 60  # the budget in optimizer steps; replaces epochs and sizes the schedule
     eval_every: Optional[int] = None  # optimizer steps between validation passes; None = once per epoch
-    early_stop_patience: Optional[int] = None  # validation passes without a material improvement; None = off
-    early_stop_min_delta: float = 0.002  # material = val/loss below the reference by this fraction of it
+    early_stop_patience: Optional[int] = 4  # validation passes without a material improvement; None = off
+    early_stop_min_delta: float = 0.005  # material = val/loss below the reference by this fraction of it
     lr: float = 1e-3
-    schedule: str = "cosine"  # cosine | linear | constant | wsd (warmup-stable-decay)
+    schedule: str = "wsd"  # cosine | linear | constant | wsd (warmup-stable-decay)
     warmup_ratio: float = 0.05
     decay_ratio: float = 0.2  # wsd: the decay phase, as a fraction of the steps before it
     ttt_steps: int = 7
@@ -265,6 +265,12 @@ def _check_values(c: DictConfig) -> None:
     for key in ("vocab_size", "num_layers", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads"):
         _positive(f"draft.{key}", c.draft[key])
     _positive("train.epochs", c.train.epochs)
+    if c.train.max_steps is None and c.train.epochs is None:
+        raise ConfigError("train.max_steps: no training budget; set train.max_steps (optimizer steps) or "
+                          "train.epochs (passes over the data)")
+    if c.train.init_from == "shorter" and c.train.epochs is None:
+        raise ConfigError("train.init_from: 'shorter' continues the run with fewer train.epochs; set train.epochs "
+                          "(and train.max_steps=null)")
     for key in ("max_steps", "eval_every", "early_stop_patience"):
         _positive(f"train.{key}", c.train[key])
     if not 0.0 <= c.train.early_stop_min_delta < 1.0:

@@ -4,7 +4,7 @@ Each stage's folder is `paths.root/<stage>/<key>/` (keys: `draftlab.stage_keys`)
 never collide and equal work is done once. Incremental stages (generate, extract) leave `data.samples` out of
 their folder key: the folder is a pool that grows, and a finished request is remembered by a completion record
 keyed by the full key. The record also names the commit that produced it, logged as `<stage>/produced_by` when
-a later job reuses it.
+a later job reuses it, and keeps the stage's warnings, which that job raises again for its summary.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from draftlab.provenance import git_state
 from draftlab.reporting import Reporter
 from draftlab.stage_keys import NOT_FINGERPRINTED, STAGES, PlannedStage, StageSpec, plan  # noqa: F401 (re-exported)
 from draftlab.stages import final_step, invoke  # noqa: F401 (final_step re-exported)
+from draftlab.summary import STAGE_WARNINGS_EXCLUDE, collect_warnings, repeat_stage_warnings, stage_warnings
 
 log = logging.getLogger("draftlab.pipeline")
 PRODUCED_BY = "draftlab/produced_by"  # key of the producing commit inside a completion record
@@ -101,10 +102,13 @@ def run_stage(cfg, stage: PlannedStage, inputs: dict[str, Path], reporter: Repor
                 remove_leftovers(stage.folder, ".*.tmp", recursive=True)  # a killed job's half-written files
                 log.info("stage %s: running in %s", name, stage.folder)
                 files = () if stage.spec.incremental else (stage.folder / "metrics.json",)
-                metrics = invoke(name, cfg, stage.folder, inputs, reporter, metrics_files=files)
-                atomic_write_json(stage.done_record, {"metrics": metrics, "produced_by": commit})
+                with collect_warnings(exclude=STAGE_WARNINGS_EXCLUDE) as warned:
+                    metrics = invoke(name, cfg, stage.folder, inputs, reporter, metrics_files=files)
+                atomic_write_json(stage.done_record, {"metrics": metrics, "produced_by": commit,
+                                                      "warnings": stage_warnings(warned)})
                 return metrics, commit
     log.info("stage %s: cached in %s (produced by commit %s), skipped", name, stage.folder, record["produced_by"])
+    repeat_stage_warnings(log, name, record)
     metrics = {**record["metrics"], f"{name}/cached": 1.0, f"{name}/seconds": 0.0}
     reporter.metrics(metrics, step=final_step(metrics))
     return metrics, record["produced_by"]

@@ -45,15 +45,33 @@ STAGES: dict[str, StageSpec] = {
     # prompts themselves come from generate's samples, whose key is one of bench's inputs.
     "bench": StageSpec("bench", _TARGET + ("data.samples", "serve", "bench"), needs=("generate", "train")),
 }
-# Settings that change how fast, where, or how files are cut, not what they hold: they never split a cache.
-# tests/test_stage_reads.py checks that every key a stage reads is in its reads or here.
+# Settings that change how fast, where, or how files are cut, not what they hold: they never split a cache, and
+# a sweep's analysis never compares runs on them (`fingerprinted`). tests/test_stage_reads.py checks that every key
+# a stage reads is in its reads or here.
 NOT_FINGERPRINTED = {"train.log_every", "train.device", "train.strategy", "serve.host", "serve.port", "serve.python",
                      "target.device", "target.device_map",
                      "data.shard_size", "extract.batch_size", "extract.shard_size",
+                     # a resumed run ends bit-identical wherever it was checkpointed (tests/test_train_loop.py)
+                     "train.checkpoint_every",
+                     # how long to wait for a server to start, not what it serves
+                     "serve.startup_timeout_s",
                      # where data.engine=server finds the target, not which model it is (target.* names that)
                      "data.server"}
 # Read by every stage, never part of a key: where outputs go and how they are tracked.
 NOT_OUTPUT_SETTINGS = ("paths", "tracking", "stages")
+
+
+def _covers(section: str, key: str) -> bool:
+    return key == section or key.startswith(section + ".")
+
+
+def fingerprinted(key: str) -> bool:
+    """True when the dotted config key is part of some stage's folder key, i.e. it can change what a stage
+    produces. Everything else (NOT_FINGERPRINTED, NOT_OUTPUT_SETTINGS, keys no stage reads such as
+    `hardware.name`) only changes how fast, where or how it is tracked: the one list the analysis uses too."""
+    if any(_covers(skip, key) for skip in NOT_FINGERPRINTED):
+        return False
+    return any(_covers(read, key) for spec in STAGES.values() for read in spec.reads + spec.grows_with)
 
 
 @dataclass

@@ -29,27 +29,51 @@ KEY_METRICS = (
 
 
 class WarningCollector(logging.Handler):
-    """Keeps every WARNING (and worse) that draftlab logs while a job runs, for the summary."""
+    """Keeps every WARNING (and worse) that draftlab logs while a job runs, for the summary; loggers named in
+    `exclude` (and their children) are left out."""
 
-    def __init__(self) -> None:
+    def __init__(self, exclude: tuple[str, ...] = ()) -> None:
         super().__init__(level=logging.WARNING)
         self.messages: list[str] = []
+        self.exclude = exclude
 
     def emit(self, record: logging.LogRecord) -> None:
+        if any(record.name == name or record.name.startswith(name + ".") for name in self.exclude):
+            return
         message = record.getMessage()
         if message not in self.messages:
             self.messages.append(message)
 
 
 @contextlib.contextmanager
-def collect_warnings(logger_name: str = "draftlab") -> Iterator[WarningCollector]:
-    collector = WarningCollector()
+def collect_warnings(logger_name: str = "draftlab", exclude: tuple[str, ...] = ()) -> Iterator[WarningCollector]:
+    collector = WarningCollector(exclude)
     logger = logging.getLogger(logger_name)
     logger.addHandler(collector)
     try:
         yield collector
     finally:
         logger.removeHandler(collector)
+
+
+# What a stage's completion record keeps of its warnings: the store's troubles are the job's, not the outputs'.
+STAGE_WARNINGS_EXCLUDE = ("draftlab.tracking",)
+MAX_STAGE_WARNINGS = 20  # a flaky generation server's retries must not fill every later summary
+
+
+def stage_warnings(collector: WarningCollector) -> list[str]:
+    """The warnings a stage raised, as its completion record keeps them for the jobs that reuse it."""
+    kept = collector.messages[:MAX_STAGE_WARNINGS]
+    more = len(collector.messages) - len(kept)
+    note = f"... and {more} more warnings (the job that ran the stage has them in its run.log)"
+    return kept + ([note] if more else [])
+
+
+def repeat_stage_warnings(log: logging.Logger, stage: str, record: dict) -> None:
+    """A cached stage's warnings, raised again so the reusing job's summary shows them (a weak draft stays weak)."""
+    for message in record.get("warnings", []):
+        log.warning("%s [repeated from the cached %s stage, produced by commit %s]", message, stage,
+                    record.get("produced_by", "unknown"))
 
 
 def mlflow_ui_command(uri: str) -> str:
@@ -103,9 +127,27 @@ def _render(*tables) -> str:
     return buffer.getvalue().rstrip()
 
 
+def training_state(metrics: dict) -> str:
+    """Whether the draft trained to convergence: a capped run must never read as a converged one."""
+    steps = f"{metrics['train/steps']:.0f} steps"
+    converged = metrics.get("train/converged")
+    if converged == 1.0:
+        return f"converged (val/loss plateau), {steps}"
+    if converged == 0.0:
+        return f"NOT converged: the budget ran out at {steps} before a val/loss plateau"
+    return f"{steps}, a fixed budget (no early stopping)"
+
+
+def _steps_cell(metrics: dict) -> str:
+    if "train/steps" not in metrics:
+        return "-"
+    return f"{metrics['train/steps']:.0f}" + (" cap" if metrics.get("train/converged") == 0.0 else "")
+
+
 def job_summary(metrics: dict, tags: dict, warnings: list[str], uri: str | None, run_id: str | None = None,
                 experiment_id: str | None = None, results_file: Path | None = None, stages=STAGE_NAMES) -> str:
     """The end-of-job table: key metrics, stages, warnings, where the draft and the run are."""
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title="draftlab: run summary", show_header=False, title_justify="left", expand=False)
@@ -113,12 +155,15 @@ def job_summary(metrics: dict, tags: dict, warnings: list[str], uri: str | None,
     table.add_column("value", overflow="fold")
     for label, names in KEY_METRICS:
         table.add_row(label, _fmt(_first(metrics, names)))
+    if "train/steps" in metrics:
+        table.add_row("training", training_state(metrics))
     for stage in stages:
         if f"{stage}/seconds" not in metrics:
             continue
         cached = metrics.get(f"{stage}/cached") == 1.0
         table.add_row(f"{stage}", f"{metrics[f'{stage}/seconds']:.1f} s" + (" (cached)" if cached else ""))
-    table.add_row("warnings", "\n".join(f"- {w}" for w in warnings) if warnings else "none")
+    # escaped: rich reads "[word ...]" as markup and would drop it from a warning
+    table.add_row("warnings", escape("\n".join(f"- {w}" for w in warnings)) if warnings else "none")
     if tags.get("draft_dir") or tags.get("folder.train"):
         table.add_row("draft folder", tags.get("draft_dir") or str(Path(tags["folder.train"]) / "draft"))
     if results_file is not None:
@@ -147,16 +192,19 @@ SWEEP_COLUMNS = (("val/loss", ("best/val_loss", "val/loss")), ("acc_0", ("best/v
 def sweep_summary(jobs: list[tuple[str, dict]], verdict: str | None, uri: str | None,
                   parent_run_id: str | None = None, experiment_id: str | None = None) -> str:
     """One row per job (its run name and key metrics, seconds of real work), then the verdict."""
+    from rich.markup import escape
     from rich.table import Table
 
     rows = Table(title=f"draftlab: sweep summary ({len(jobs)} jobs)", title_justify="left")
     rows.add_column("job", overflow="fold")
     for label, _ in SWEEP_COLUMNS:
         rows.add_column(label, justify="right")
+    rows.add_column("steps", justify="right")  # "cap": early stopping was on, and the budget ran out first
     rows.add_column("seconds", justify="right")
     for name, metrics in jobs:
         seconds = sum(metrics.get(f"{s}/seconds", 0.0) for s in STAGE_NAMES)
-        rows.add_row(name, *(_fmt(_first(metrics, names)) for _, names in SWEEP_COLUMNS), f"{seconds:.0f}")
+        rows.add_row(escape(name), *(_fmt(_first(metrics, names)) for _, names in SWEEP_COLUMNS),
+                     _steps_cell(metrics), f"{seconds:.0f}")
     footer = Table(show_header=False, expand=False)
     footer.add_column("what", style="bold", no_wrap=True)
     footer.add_column("value", overflow="fold")

@@ -173,12 +173,21 @@ def _is_number(value) -> bool:
 
 
 def close_orphans(client, experiment: str, key: str) -> list[str]:
-    """A killed job leaves its run RUNNING. Runs of the same job started on this host by a process that no
-    longer lives are closed as KILLED; returns their ids. Runs from other hosts are left alone (nothing here
-    can tell whether they still run)."""
+    """A killed job leaves its run RUNNING: the next run of the same job closes it (`_close_dead`)."""
+    return _close_dead(client, experiment, f"tags.`draftlab.job` = '{key}'", "this job")
+
+
+def close_dead_sweeps(client, experiment: str) -> list[str]:
+    """A killed sweep leaves its parent run RUNNING: the next sweep in the experiment closes it (`_close_dead`)."""
+    return _close_dead(client, experiment, "tags.`draftlab.role` = 'sweep'", "a sweep's parent")
+
+
+def _close_dead(client, experiment: str, which: str, what: str) -> list[str]:
+    """RUNNING runs matching `which`, started on this host by a process that no longer lives, are closed as KILLED;
+    returns their ids. Runs from other hosts, or without a process tag, are left alone (nothing here can tell
+    whether they still run)."""
     host = socket.gethostname()
-    runs = client.search_runs([experiment], f"tags.`draftlab.job` = '{key}' and attributes.status = 'RUNNING'",
-                              max_results=1000)
+    runs = client.search_runs([experiment], f"{which} and attributes.status = 'RUNNING'", max_results=1000)
     closed = []
     for run in runs:
         tags = run.data.tags
@@ -189,8 +198,8 @@ def close_orphans(client, experiment: str, key: str) -> list[str]:
             continue  # still running (another copy of this job, or a sweep's parent process)
         client.set_tag(run.info.run_id, "draftlab.closed_as", "killed: its process died; a rerun closed it")
         client.set_terminated(run.info.run_id, status="KILLED")
-        log.warning("tracking: run %s of this job was left RUNNING by a killed process; closed it as KILLED",
-                    run.info.run_id)
+        log.warning("tracking: run %s of %s was left RUNNING by a killed process; closed it as KILLED",
+                    run.info.run_id, what)
         closed.append(run.info.run_id)
     return closed
 
@@ -246,9 +255,13 @@ def start_parent_run(cfg, sweep_dir: Path, description: str, run_name: str | Non
     """Creates a sweep's parent run and leaves its id in the sweep folder for the jobs, whatever launches them."""
     uri = tracking_uri(cfg.tracking.uri)
     client = _client(uri)
-    tags = {**git_state(repo_root()), "draftlab.sweep_dir": str(sweep_dir), "draftlab.role": "sweep"}
-    run = client.create_run(experiment_id(client, cfg.tracking.experiment, uri),
-                            run_name=run_name or cfg.tracking.run_name or f"sweep-{Path(sweep_dir).name}", tags=tags)
+    process = process_identity(os.getpid()) or str(os.getpid())
+    tags = {**git_state(repo_root()), "draftlab.sweep_dir": str(sweep_dir), "draftlab.role": "sweep",
+            "draftlab.host": socket.gethostname(), "draftlab.process": process}
+    experiment = experiment_id(client, cfg.tracking.experiment, uri)
+    close_dead_sweeps(client, experiment)  # a killed sweep's parent would otherwise stay RUNNING for good
+    run = client.create_run(experiment, run_name=run_name or cfg.tracking.run_name or f"sweep-{Path(sweep_dir).name}",
+                            tags=tags)
     client.log_text(run.info.run_id, description, "sweep/definition.yaml")
     Path(sweep_dir).mkdir(parents=True, exist_ok=True)
     (Path(sweep_dir) / PARENT_ID_FILE).write_text(run.info.run_id)

@@ -200,15 +200,22 @@ def _median_steps(runs: list[Run]) -> float:
     return float(np.median(steps)) if steps else NAN
 
 
+def _new_steps(r: Run) -> float:
+    own = r.value("train/new_steps")
+    return own if math.isfinite(own) else r.steps
+
+
 def stage_costs(runs: list[Run]) -> dict[str, float]:
     """Seconds per optimizer step (train) and per new sample (generate, extract), from the runs' stage times.
 
     Stages that were cached (a shared pool filled by a larger job) report ~0 s: only runs that did new work
-    count, divided by the work they did.
+    count, divided by the work they did. A resumed (or `init_from`) training job's seconds are its last process's,
+    so they are divided by that process's steps (`train/new_steps`, as the pools' `<stage>/new_samples`; older
+    records: all steps).
     """
     out: dict[str, float] = {}
-    per_step = [r.value("train/seconds") / r.steps for r in runs
-                if r.value("train/seconds") > 0 and r.steps > 0 and r.value("train/cached") != 1.0]
+    done = [(r.value("train/seconds"), _new_steps(r)) for r in runs if r.value("train/cached") != 1.0]
+    per_step = [seconds / steps for seconds, steps in done if seconds > 0 and steps > 0]
     if per_step:
         out["train_s_per_step"] = float(np.median(per_step))
     for stage in ("generate", "extract"):

@@ -26,6 +26,7 @@ import numpy as np
 import yaml
 
 from draftlab.analysis.stats import pooled_sd
+from draftlab.stage_keys import fingerprinted
 
 # Distinct training tokens first (the x-axis of a data-scaling law), samples only as a last resort.
 N_SOURCES = ("metrics:train/train_tokens", "metrics:extract/tokens", "params:data.samples")
@@ -36,16 +37,8 @@ REPLICATE_KEYS = ("train.seed", "data.seed", "bench.seed")
 BUDGET_KEYS = ("train.max_steps", "train.epochs", "train.eval_every", "train.early_stop_patience",
                "train.early_stop_min_delta")
 STEPS_KEY, STOPPED_KEY = "train/steps", "train/stopped_early"
-# Bookkeeping keys that do not change results; anything else that differs between runs is a factor.
-IGNORE_PREFIXES = ("tracking.", "paths.", "hydra.", "stages")
-IGNORE_KEYS = frozenset({
-    "data.batch_size", "data.shard_size", "extract.batch_size", "extract.shard_size", "train.log_every",
-    "train.checkpoint_every", "train.device", "target.device", "serve.device", "serve.host", "serve.port",
-    "serve.python", "serve.startup_timeout_s", "serve.extra_args", "train.init_from",
-    # how and where it ran, not what: strategy, device map, generation server, hardware preset's name
-    "train.strategy", "target.device_map", "hardware.name", "data.server.url", "data.server.api",
-    "data.server.concurrency", "data.server.retries", "data.server.timeout_s",
-})
+# Keys that change nothing a run measures (where and how fast it ran, how it was tracked) are not factors: the
+# stage registry's list decides it (`stage_keys.fingerprinted`), so a key added there is never a factor here.
 # Metric names: lower-is-better unless listed as higher-is-better.
 # best/val_loss first: the exported draft is the best validation pass (early stopping may end after it)
 LOSS_KEYS = ("best/val_loss", "val/loss")
@@ -109,8 +102,8 @@ class Run:
 
 
 def is_factor_key(key: str) -> bool:
-    return not (key in IGNORE_KEYS or key in REPLICATE_KEYS or key in BUDGET_KEYS or key == "data.samples"
-                or key.startswith(IGNORE_PREFIXES))
+    """A setting runs are compared on: part of a stage's cache key, and neither N, a replicate nor the budget."""
+    return fingerprinted(key) and not (key in REPLICATE_KEYS or key in BUDGET_KEYS or key == "data.samples")
 
 
 def _config(params: dict[str, Any]) -> tuple:

@@ -90,7 +90,8 @@ def check(tau: float, predicted: float | None, bench_cfg, draft_problems: list[s
     weak = predicted is not None and predicted <= bench_cfg.tau_fail + WEAK_MARGIN and not problems
     if measured <= bench_cfg.tau_fail and weak:
         log.warning("bench: tau %.3f: the draft accepts almost nothing, as training predicted (%.3f): it is weak, "
-                    "not broken; train it on more data (data.samples) or longer (train.epochs)", tau, predicted)
+                    "not broken; train it on more data (data.samples), or longer if it hit its cap (train.max_steps)",
+                    tau, predicted)
     elif measured <= bench_cfg.tau_fail:
         shown = f"bench/tau = {tau:.3f}" + (f", accept length {accept_length:.3f}" if known else "")
         lines = [f"deployed draft contributes nothing: {shown} <= bench.tau_fail = "

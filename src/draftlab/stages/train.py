@@ -101,6 +101,28 @@ def plot_curves(reporter_history: list[dict], history: list[dict], path: Path, s
     return path
 
 
+def convergence(train_cfg, final: dict) -> dict[str, float]:
+    """`train/converged` when early stopping watched the run: 1 = val/loss plateaued, 0 = the budget ran out first.
+    A capped run is an under-trained draft, whatever its numbers: said in a warning, which the job's summary
+    shows (and repeats when the stage is reused). Runs without early stopping trained to a chosen budget: no metric."""
+    if not train_cfg.early_stop_patience:
+        return {}
+    converged = final.get("train/stopped_early") == 1.0
+    if not converged:
+        key, value = ("max_steps", train_cfg.max_steps) if train_cfg.max_steps else ("epochs", train_cfg.epochs)
+        log.warning("train: NOT converged: the run used its whole budget (%d steps, train.%s=%d) without a val/loss "
+                    "plateau, so this draft is under-trained; raise train.%s", int(final.get("train/steps", 0)), key,
+                    value, key)
+    return {"train/converged": float(converged)}
+
+
+def budget_note(train_cfg) -> None:
+    """train.max_steps replaces train.epochs as the budget: an epochs setting it overrides is said, not dropped."""
+    if train_cfg.max_steps and train_cfg.epochs:
+        log.warning("train: train.epochs=%d is not the budget: train.max_steps=%d replaces it (set "
+                    "train.max_steps=null to train %d passes)", train_cfg.epochs, train_cfg.max_steps, train_cfg.epochs)
+
+
 class _Recorder:
     """Forwards to the stage's reporter and keeps the train curve for the plot."""
 
@@ -125,6 +147,8 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter: Reporter) -> dict[str
 
     out = Path(out)
     distributed.announce_train(cfg, out, inputs)
+    if distributed.is_main():
+        budget_note(cfg.train)
     source = open_source(cfg, inputs)
     model, dcfg, lm_head = build_model(cfg, source)
     settings = LoopSettings.from_cfg(cfg)
@@ -152,7 +176,8 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter: Reporter) -> dict[str
     curves = plot_curves(recorder.history, result.history, out / "curves.png", settings.ttt_steps)
     reporter.artifact(curves)
 
-    metrics = {**result.final, **result.best, "train/steps": float(result.steps),
+    metrics = {**result.final, **result.best, **convergence(cfg.train, result.final),
+               "train/steps": float(result.steps),
                # the data axis of a scaling sweep: tokens (prompt and answer) of the training split
                "train/train_tokens": float(source.num_tokens("train")),
                "train/train_samples": float(source.num_samples_in("train"))}

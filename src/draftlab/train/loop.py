@@ -252,6 +252,7 @@ class Trainer:
             st["total_steps"] = budget_steps(st["epoch_batches"], s)
         if st["stop_at"] is None:
             st["stop_at"] = st["total_steps"]
+        self.start_step = st["step"]  # > 0 when resumed or continued: this process pays only for the rest
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.model.train()
@@ -341,7 +342,8 @@ class Trainer:
                                  "best/val_acc_0": bm["val/acc_0"]})
         epochs_seen = self.state["step"] / max(1, self.state["epoch_batches"] or 1)
         budget = {"train/steps": float(self.state["step"]), "train/epochs_seen": epochs_seen,
-                  "train/stopped_early": float(bool(self.state["stopped_early"]))}
+                  "train/stopped_early": float(bool(self.state["stopped_early"])),
+                  "train/new_steps": float(self.state["step"] - getattr(self, "start_step", 0))}
         final.update(budget)
         self.reporter.metrics({**best_metrics, **budget}, step=self.state["step"])
         return TrainResult(final=final, best=best_metrics, history=list(self.state["history"]),

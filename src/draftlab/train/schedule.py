@@ -40,6 +40,8 @@ def lr_factor(step: int, total: int, warmup_ratio: float, schedule: str, decay_s
 
 def budget_steps(batches_per_epoch: int, s: TrainConfig) -> int:
     """The run's step budget: train.max_steps when set, else train.epochs passes over the data."""
+    if not s.max_steps and not s.epochs:
+        raise ValueError("train.max_steps: no training budget; set train.max_steps or train.epochs")
     return int(s.max_steps) if s.max_steps else max(1, batches_per_epoch * s.epochs)
 
 

@@ -1,0 +1,75 @@
+"""The analysis' input model: which settings runs are compared on, and what a training step costs."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import compose_config
+from draftlab.analysis.axes import stage_costs
+from draftlab.analysis.records import normalise
+from draftlab.config import validate
+from draftlab.run_context import flatten
+from draftlab.stage_keys import NOT_FINGERPRINTED, fingerprinted
+
+
+def _record(samples=800, seed=0, **params):
+    p = {"data.samples": samples, "train.seed": seed, "extract.layers": "auto", "train.lr": 1e-3, **params}
+    return {"params": {k: str(v) for k, v in p.items()}, "metrics": {"val/loss": 6.0, "train/steps": 100}}
+
+
+@pytest.mark.parametrize("key, value", [
+    ("data.server.model", "other-name"),     # a generation server's served-model name
+    ("train.checkpoint_every", 999),          # where a run may resume from, not what it ends with
+    ("serve.startup_timeout_s", 60),          # how long to wait for SGLang
+    ("hardware.name", "gpu"),                 # a preset's label: its values are compared key by key
+    ("train.device", "cuda"), ("target.device_map", "auto"), ("tracking.run_name", "mine"),
+])
+def test_settings_that_never_split_a_cache_are_not_factors(key, value):
+    """Runs that differ only in how or where they ran are one config; the one list is stage_keys'."""
+    runs, _ = normalise([_record(), _record(seed=1, **{key: value})])
+    assert runs[0].config == runs[1].config, key
+
+
+def test_settings_that_split_a_cache_are_factors():
+    runs, _ = normalise([_record(), _record(seed=1, **{"train.lr": 3e-4}),
+                         _record(seed=1, **{"extract.layers": "last"})])
+    assert len({r.config for r in runs}) == 3
+
+
+def test_every_config_key_is_a_factor_exactly_when_a_stage_key_holds_it():
+    keys = flatten(validate(compose_config()))
+    assert not any(fingerprinted(k) for k in keys if k.split(".")[0] in ("tracking", "paths", "hardware", "stages"))
+    assert not any(fingerprinted(k) for k in keys if any(k == s or k.startswith(s + ".") for s in NOT_FINGERPRINTED))
+    assert all(fingerprinted(k) for k in ("train.lr", "draft.num_layers", "extract.layers", "data.max_new_tokens",
+                                          "serve.num_steps", "target.tiny.num_layers", "bench.prompts"))
+
+
+def _costed(steps, seconds, **metrics):
+    record = _record()
+    record["metrics"].update({"train/steps": steps, "train/seconds": seconds, "train/cached": 0.0, **metrics})
+    return record
+
+
+def test_a_resumed_job_is_priced_by_the_steps_its_own_process_took():
+    """A job killed at step 800 of 1000 and resumed: its train/seconds are the last process's, for 200 steps."""
+    runs, _ = normalise([_costed(1000, 100.0, **{"train/new_steps": 200})])
+    assert stage_costs(runs)["train_s_per_step"] == pytest.approx(0.5)
+    # an uninterrupted run (or an older record without the count) divides by all its steps
+    runs, _ = normalise([_costed(1000, 100.0, **{"train/new_steps": 1000}), _costed(400, 40.0)])
+    assert stage_costs(runs)["train_s_per_step"] == pytest.approx(0.1)
+    # a resumed job that found its run finished trained nothing: it prices nothing
+    runs, _ = normalise([_costed(1000, 3.0, **{"train/new_steps": 0})])
+    assert "train_s_per_step" not in stage_costs(runs)
+
+
+def test_a_resumed_or_continued_run_counts_only_the_steps_it_took(tmp_path):
+    from test_train_loop import _Kill, _run
+
+    ref, _ = _run(tmp_path / "ref", epochs=3)
+    assert ref.final["train/new_steps"] == ref.steps
+    with pytest.raises(_Kill):
+        _run(tmp_path / "killed", kill_at=11, epochs=3)  # the last checkpoint is at step 10
+    again, _ = _run(tmp_path / "killed", epochs=3)
+    assert again.steps == ref.steps and again.final["train/new_steps"] == ref.steps - 10
+    done, _ = _run(tmp_path / "killed", epochs=3)  # found finished: no new steps
+    assert done.final["train/new_steps"] == 0
