@@ -36,6 +36,18 @@ def test_settings_that_split_a_cache_are_factors():
     assert len({r.config for r in runs}) == 3
 
 
+def test_a_key_older_runs_did_not_log_does_not_split_the_sweep():
+    """Older code never logged data.engine; newer runs log its one value: still one config. A key whose logged
+    values differ, or that every run logs, stays a factor."""
+    old, new = _record(), _record(samples=1600, **{"data.engine": "hf"})
+    runs, _ = normalise([old, new])
+    assert runs[0].config == runs[1].config
+    runs, _ = normalise([old, new, _record(samples=3200, **{"data.engine": "server"})])
+    assert len({r.config for r in runs}) == 3  # absent, hf and server are three settings
+    runs, _ = normalise([_record(**{"data.engine": "hf"}), _record(seed=1, **{"data.engine": "server"})])
+    assert runs[0].config != runs[1].config
+
+
 def test_every_config_key_is_a_factor_exactly_when_a_stage_key_holds_it():
     keys = flatten(validate(compose_config()))
     assert not any(fingerprinted(k) for k in keys if k.split(".")[0] in ("tracking", "paths", "hardware", "stages"))

@@ -106,8 +106,21 @@ def is_factor_key(key: str) -> bool:
     return fingerprinted(key) and not (key in REPLICATE_KEYS or key in BUDGET_KEYS or key == "data.samples")
 
 
-def _config(params: dict[str, Any]) -> tuple:
-    return tuple(sorted((k, label(v)) for k, v in params.items() if is_factor_key(k)))
+def _config(params: dict[str, Any], skip: frozenset = frozenset()) -> tuple:
+    return tuple(sorted((k, label(v)) for k, v in params.items() if is_factor_key(k) and k not in skip))
+
+
+def keys_only_newer_runs_log(all_params: list[dict[str, Any]]) -> frozenset:
+    """Factor keys that some records lack and the rest agree on: settings that newer code logs and older code
+    did not have (`data.engine` came after the first H200 runs). Comparing on them would split one sweep into
+    "absent" and "present"; a key whose recorded values differ stays a factor, absent included."""
+    present: dict[str, set] = defaultdict(set)
+    for params in all_params:
+        for k, v in params.items():
+            if is_factor_key(k):
+                present[k].add(label(v))
+    return frozenset(k for k, vals in present.items()
+                     if len(vals) == 1 and not all(k in params for params in all_params))
 
 
 def n_source(records: list[dict]) -> str:
@@ -125,14 +138,15 @@ def normalise(records: list[dict]) -> tuple[list[Run], str]:
     source = n_source(records)
     kind, key = source.split(":", 1)
     runs = []
-    for i, r in enumerate(records):
-        params = {k: parse_param(v) for k, v in r.get("params", {}).items()}
+    parsed = [{k: parse_param(v) for k, v in r.get("params", {}).items()} for r in records]
+    skip = keys_only_newer_runs_log(parsed)
+    for i, (r, params) in enumerate(zip(records, parsed)):
         metrics = {k: float(v) for k, v in r.get("metrics", {}).items() if v is not None}
         history = {k: sorted((float(s), float(v)) for s, v in h) for k, h in (r.get("history") or {}).items()}
         n = float(parse_param(r[kind][key]))
         # Same data.samples means the same dataset even if a token count differs by a rounding; else N itself.
         group = params.get("data.samples", n)
-        runs.append(Run(str(r.get("run_id", i)), params, metrics, history, n, group, _config(params)))
+        runs.append(Run(str(r.get("run_id", i)), params, metrics, history, n, group, _config(params, skip)))
     return runs, source
 
 
