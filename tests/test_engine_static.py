@@ -21,6 +21,7 @@ import pytest
 import torch
 from test_engine import (K, MAX_NEW, V_SMALL, BigramDrafter, ScriptDrafter, _chi2_pvalue, _exact_joint,
                          eagle3_folder, references, sharp_folder, small_model, target)  # noqa: F401
+from fake_cuda import FakeCuda
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -309,6 +310,21 @@ def test_failed_capture_falls_back_to_eager(caplog):
     assert not step.captured and not step.enabled and step.failure
     assert first[0].tolist() == [float(len(calls) - 1)] * 2 and second[0].tolist() == [float(len(calls))] * 2
     assert sum("CUDA graph for test step not used" in r.message for r in caplog.records) == 1
+
+
+def test_failed_capture_leaves_later_steps_on_the_callers_stream(monkeypatch):
+    """torch.cuda.graph's exit raises before it restores the stream when a capture fails: the fallback must put the
+    caller's stream back, else every later eager step (and other capture) runs on the capture stream."""
+    fake = FakeCuda(monkeypatch)
+
+    def fn():
+        if fake.current == "capture":
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")  # an .item()
+        return (torch.ones(2),)
+
+    step = StepGraph(fn, "syncing step", enabled=True)
+    assert step()[0].tolist() == [1.0, 1.0] and not step.captured and "during capture" in step.failure
+    assert torch.cuda.current_stream() == "default"
 
 
 # ops that copy a device value to the host (.item(), int(), float(), bool(): `item`, or `_local_scalar_dense`

@@ -108,13 +108,14 @@ class DecodeSlots:
             log.info("generate: graphs: %s device, so the decode step runs eagerly (CUDA graphs need a GPU)",
                      self.device.type)
             return
+        stream = torch.cuda.current_stream(self.device)
         try:
             side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
+            side.wait_stream(stream)
             with torch.cuda.stream(side):
                 for _ in range(WARMUP_STEPS):
                     self.step()
-            torch.cuda.current_stream(self.device).wait_stream(side)
+            stream.wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 self.step()
@@ -122,7 +123,13 @@ class DecodeSlots:
             log.info("generate: graphs: decode step captured as a CUDA graph (%d slots x %d cache columns)",
                      self.batch, self.columns)
         except Exception as error:  # any capture failure: the eager step gives the same answers, only slower
-            torch.cuda.synchronize(self.device)
+            # torch.cuda.graph's exit raises from capture_end before it restores the stream: put it back, or every
+            # later step and prefill runs on the capture stream
+            torch.cuda.set_stream(stream)
+            try:
+                torch.cuda.synchronize(self.device)
+            except Exception as sync_error:  # noqa: BLE001 - the eager step will raise the real error if any
+                log.warning("generate: graphs: CUDA state after the failed capture: %s", sync_error)
             self.graph = None
             log.warning("generate: graphs: CUDA graph capture failed (%s: %s); decoding EAGERLY, one launch per "
                         "kernel (slow)", type(error).__name__, str(error).splitlines()[0] if str(error) else "")

@@ -77,8 +77,7 @@ class StepGraph:
                     expected = tuple(t.clone() for t in self.fn())
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                outputs = tuple(self.fn())
+            outputs = capture_into(graph, lambda: tuple(self.fn()))
             graph.replay()
             bad = [i for i, (got, want) in enumerate(zip(outputs, expected)) if not _same(got, want)]
             if bad:
@@ -91,6 +90,18 @@ class StepGraph:
         self.graph, self.outputs = graph, outputs
         log.info("CUDA graph captured for %s", self.name)
         return outputs
+
+
+def capture_into(graph: torch.cuda.CUDAGraph, fn: Callable[[], tuple[torch.Tensor, ...]], **kwargs):
+    """Captures fn() into `graph` (torch.cuda.graph) and returns its outputs. When the capture fails (an op that
+    syncs with the host invalidates it), torch.cuda.graph's exit raises from `capture_end` before it restores the
+    caller's stream, which would leave every later eager step on the capture stream: restored here, either way."""
+    stream = torch.cuda.current_stream()
+    try:
+        with torch.cuda.graph(graph, **kwargs):
+            return fn()
+    finally:
+        torch.cuda.set_stream(stream)
 
 
 def _recover() -> None:
