@@ -11,7 +11,10 @@ Steps must be idempotent for this (running one twice on the same buffers writes 
 engine's steps are: each writes its KV slots from its inputs alone.
 
 Any failure (an op that syncs with the host, an unsupported kernel, a mismatch) logs one warning line naming the
-step and the error, and the step runs eagerly from then on, so a benchmark still finishes and says why.
+step and the error, and the step runs eagerly from then on, so a benchmark still finishes and says why. A capture
+that fails inside torch.cuda.graph can leave torch's allocator believing it still captures (torch < 2.12), so after
+one no other step is captured in the process; the caller's stream, which torch.cuda.graph leaves switched then, is
+restored (`capture_into`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ log = logging.getLogger("draftlab.serve")
 
 GRAPH_SETTINGS = ("auto", "true", "false")
 WARMUP_RUNS = 2
+_broken_capture: str | None = None  # the first capture that failed in this process (no capture is tried after it)
 
 
 def graphs_enabled(setting, device: torch.device, key: str = "bench.cuda_graphs") -> bool:
@@ -70,6 +74,9 @@ class StepGraph:
 
     def _capture(self) -> tuple[torch.Tensor, ...]:
         try:
+            if _broken_capture:
+                raise RuntimeError(f"an earlier capture in this process failed ({_broken_capture}), and torch may "
+                                   "not recover from one: no more captures")
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
@@ -96,10 +103,17 @@ def capture_into(graph: torch.cuda.CUDAGraph, fn: Callable[[], tuple[torch.Tenso
     """Captures fn() into `graph` (torch.cuda.graph) and returns its outputs. When the capture fails (an op that
     syncs with the host invalidates it), torch.cuda.graph's exit raises from `capture_end` before it restores the
     caller's stream, which would leave every later eager step on the capture stream: restored here, either way."""
+    global _broken_capture
     stream = torch.cuda.current_stream()
     try:
         with torch.cuda.graph(graph, **kwargs):
             return fn()
+    except Exception as err:
+        # torch < 2.12 (pytorch#180395) raises from capture_end before it ends the allocator's routing into the
+        # graph's pool, so every later capture fails (its empty_cache() asserts captures_underway.empty()): later
+        # steps stay eager, naming this first failure rather than that assert
+        _broken_capture = _broken_capture or f"{type(err).__name__}: {err}".splitlines()[0][:200]
+        raise
     finally:
         torch.cuda.set_stream(stream)
 
