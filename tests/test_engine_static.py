@@ -361,14 +361,14 @@ def _fixed_shape_steps(target, references, folder):
             "target decode": lambda: runner._run(block[:1], static_target._slots(runner._base, steps[:1]), False,
                                                  False),
             "draft extend": drafter._extend_step(K + 1)[0].fn,
-            "draft chain": lambda: drafter._chain(K, 0.0, None)[:1]}
+            "draft chain": lambda: drafter._chain(K, 0.0, None)[:1]}, runner, drafter
 
 
 def test_fixed_shape_steps_never_read_device_values_on_the_host(target, references, eagle3_folder, monkeypatch):
     """A CUDA graph freezes every host decision made at capture, and a host read inside a capture fails it. So
     each fixed-shape step (what bench.cuda_graphs captures) must run without one; checked on the CPU by recording
     the ops that read device values on the host. The recorder is checked too: an .item() in the slots is seen."""
-    steps = _fixed_shape_steps(target, references, eagle3_folder)
+    steps, _, _ = _fixed_shape_steps(target, references, eagle3_folder)
     with torch.inference_mode():
         for name, fn in steps.items():
             with HostReads() as reads:
@@ -378,3 +378,48 @@ def test_fixed_shape_steps_never_read_device_values_on_the_host(target, referenc
         with HostReads() as reads:
             steps["target verify"]()
         assert reads.seen and set(reads.seen) <= {"item", "_local_scalar_dense"}
+
+
+class _Calls(TorchDispatchMode):
+    """Records each op with its shapes, dtypes and host-side (non-tensor) arguments: what a CUDA graph freezes."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch.utils._pytree import tree_map
+
+        shown = tree_map(lambda a: ("tensor", tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else repr(a),
+                         (args, kwargs or {}))
+        self.calls.append((str(func), shown))
+        return func(*args, **(kwargs or {}))
+
+
+def _calls_at(steps, runner, drafter, position: int) -> dict[str, list]:
+    """Each fixed-shape step's dispatched calls with the request at `position` (host lengths and device bases)."""
+    runner.length = drafter.length = position
+    runner._base.fill_(position)
+    drafter._base.fill_(position)
+    seen = {}
+    with torch.inference_mode():
+        for name, fn in steps.items():
+            with _Calls() as calls:
+                fn()
+            seen[name] = calls.calls
+    return seen
+
+
+
+def test_graph_steps_bake_in_no_value_that_changes_with_the_position(target, references, eagle3_folder,
+                                                                    monkeypatch):
+    """A replayed graph repeats its captured kernels with their captured scalars and shapes, so what a fixed-shape
+    step dispatches under graphs (every slot attended) must not depend on where the request is. The eager span
+    (used slots only) does depend on it, which shows that the check can fail."""
+    from draftlab.serve.static_drafter import StaticEagle3Drafter
+
+    steps, runner, drafter = _fixed_shape_steps(target, references, eagle3_folder)
+    monkeypatch.setattr(StaticEagle3Drafter, "_span", lambda self, used: None)  # what graphs=True gives
+    assert _calls_at(steps, runner, drafter, 7) == _calls_at(steps, runner, drafter, 19)
+    monkeypatch.undo()
+    assert _calls_at(steps, runner, drafter, 7)["draft extend"] != _calls_at(steps, runner, drafter, 19)["draft extend"]
