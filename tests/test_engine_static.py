@@ -293,6 +293,14 @@ def test_graph_settings():
     assert engine_mode(True, "auto", cpu, sliding) == DYNAMIC
     with pytest.raises(ValueError, match="bench.cuda_graphs: true needs the static KV cache"):
         engine_mode(True, "true", torch.device("cuda"), sliding)
+    flash = torch.nn.Linear(2, 2)  # StaticTargetRunner refuses it: the bench must fall back, not fail
+    flash.config = MistralConfig(sliding_window=None)
+    flash.config._attn_implementation = "flash_attention_2"
+    assert engine_mode(True, "auto", torch.device("cuda"), flash) == DYNAMIC
+    with pytest.raises(ValueError, match="attention is flash_attention_2"):
+        engine_mode(True, "true", torch.device("cuda"), flash)
+    flash.config._attn_implementation = "sdpa"
+    assert engine_mode(True, "auto", cpu, flash) == STATIC
 
 
 def test_failed_capture_falls_back_to_eager(caplog):
