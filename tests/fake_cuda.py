@@ -3,6 +3,8 @@ the caller's stream when a capture fails (serve/cuda_graphs.py, decode_slots.py)
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 
@@ -41,8 +43,16 @@ class FakeCuda:
             def __exit__(self, *args):
                 fake.current = self.previous
 
+        class CUDAGraph:
+            """What the capture recorded: nothing here (its body ran eagerly, as kernels bound for another device
+            than the capture stream's do), so a replay changes nothing."""
+
+            def replay(self):
+                pass
+
         for name, value in {"Stream": lambda *a, **k: self.Stream("side"), "current_stream": lambda *a: fake.current,
                             "set_stream": lambda stream: setattr(fake, "current", stream),
-                            "stream": StreamContext, "graph": Graph, "CUDAGraph": lambda: object(),
+                            "stream": StreamContext, "graph": Graph, "CUDAGraph": CUDAGraph,
+                            "device": lambda device: contextlib.nullcontext(),
                             "is_available": lambda: True, "synchronize": lambda *a: None}.items():
             monkeypatch.setattr(torch.cuda, name, value, raising=False)

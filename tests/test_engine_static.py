@@ -339,6 +339,21 @@ def test_failed_capture_leaves_later_steps_on_the_callers_stream(monkeypatch):
     assert later()[0].tolist() == [0.0] and not later.captured and "an earlier capture" in later.failure
 
 
+def test_a_graph_that_replays_nothing_is_refused(monkeypatch):
+    """A capture on another device than fn's tensors records nothing (its kernels run eagerly, outside the graph),
+    and the replay of that empty graph leaves the outputs as the capture's eager run left them: equal to the
+    warm-up's, so a plain comparison passes and every later call returns stale numbers. The check must see it."""
+    FakeCuda(monkeypatch)
+    monkeypatch.setattr(cuda_graphs, "_broken_capture", None)
+    x = torch.ones(())
+
+    step = StepGraph(lambda: (x * torch.ones(2),), "empty graph", enabled=True)
+    assert step()[0].tolist() == [1.0, 1.0]
+    assert not step.captured and "replay differs" in step.failure
+    x.fill_(3.0)
+    assert step()[0].tolist() == [3.0, 3.0]
+
+
 # ops that copy a device value to the host (.item(), int(), float(), bool(): `item`, or `_local_scalar_dense`
 # outside inference mode; `is_nonzero`, `equal`) or size their result by the data (`nonzero`, ...). tolist() reads
 # memory without an op, so it is not seen; none of the step code calls it.

@@ -225,3 +225,34 @@ def test_graphs_failed_capture_decodes_eagerly_on_the_callers_stream(monkeypatch
         assert generate_graphs(target, prompts, max_new_tokens=8, slots=4, width=24) == plain
     assert fake.current == "default" and graphgen.decode_mode() == "eager"
     assert "CUDA graph capture failed" in caplog.text
+
+
+def test_graphs_refuses_a_graph_that_replays_nothing(monkeypatch, caplog):
+    """A capture on another device than the model's records nothing (the step's kernels run eagerly, outside the
+    graph); replaying it would never finish a slot. The capture checks that a replay moves the ring on, and decodes
+    eagerly when it does not."""
+    from fake_cuda import FakeCuda
+
+    from draftlab.decode_slots import DecodeSlots
+
+    target = tiny_target()
+    prompts = _prompts(6, seed=3)
+    plain = generate_batch(target, prompts, max_new_tokens=8, temperature=0.0)
+    fake = FakeCuda(monkeypatch)  # its graphs record nothing and replay nothing
+    capture_on_gpu = DecodeSlots.capture
+
+    def capture(self):  # the CPU slots, captured as if on a GPU
+        device, self.device = self.device, torch.device("cuda")
+        try:
+            capture_on_gpu(self)
+        finally:
+            self.device = device
+
+    monkeypatch.setattr(DecodeSlots, "capture", capture)
+    monkeypatch.setattr(graphgen, "_slots", None)
+    with caplog.at_level(logging.WARNING, logger="draftlab.generate"), torch.inference_mode(), \
+            slot_attention(target.model):
+        graphgen._decode_slots(target, 4, 32, 8, False)
+    assert graphgen.decode_mode() == "eager" and "replays nothing" in caplog.text  # else: decoding forever
+    assert generate_graphs(target, prompts, max_new_tokens=8, slots=4, width=24) == plain
+    assert fake.current == "default"

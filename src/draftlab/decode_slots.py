@@ -110,15 +110,22 @@ class DecodeSlots:
             return
         stream = torch.cuda.current_stream(self.device)
         try:
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(stream)
-            with torch.cuda.stream(side):
-                for _ in range(WARMUP_STEPS):
+            with torch.cuda.device(self.device):  # a capture records the kernels of its own device's stream only
+                side = torch.cuda.Stream(self.device)
+                side.wait_stream(stream)
+                with torch.cuda.stream(side):
+                    for _ in range(WARMUP_STEPS):
+                        self.step()
+                stream.wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                # this device's own capture stream: torch.cuda.graph's default one belongs to whichever device was
+                # current at its first use
+                with torch.cuda.graph(graph, stream=torch.cuda.Stream(self.device), capture_error_mode="thread_local"):
                     self.step()
-            stream.wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                self.step()
+                column = int(self.column)
+                graph.replay()  # one step from here must move the ring on: an empty graph would decode forever
+                if int(self.column) != (column + 1) % self.columns:
+                    raise RuntimeError("the captured step replays nothing (captured on another device or stream?)")
             self.graph = graph
             log.info("generate: graphs: decode step captured as a CUDA graph (%d slots x %d cache columns)",
                      self.batch, self.columns)

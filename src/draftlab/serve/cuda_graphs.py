@@ -54,8 +54,11 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 class StepGraph:
     """One fixed-shape step; `enabled` = capture it as a CUDA graph at the first call (else run it eagerly)."""
 
-    def __init__(self, fn: Callable[[], tuple[torch.Tensor, ...]], name: str, enabled: bool):
-        self.fn, self.name, self.enabled = fn, name, enabled
+    def __init__(self, fn: Callable[[], tuple[torch.Tensor, ...]], name: str, enabled: bool,
+                 device: torch.device | str | None = None):
+        """device: where fn's tensors live (default: the current CUDA device). The capture must run there: kernels
+        on another device than the capture stream's are not recorded, and the graph would replay nothing."""
+        self.fn, self.name, self.enabled, self.device = fn, name, enabled, device
         self.graph: torch.cuda.CUDAGraph | None = None
         self.outputs: tuple[torch.Tensor, ...] | None = None
         self.failure: str | None = None  # why the step fell back to eager, for the benchmark's report
@@ -77,16 +80,21 @@ class StepGraph:
             if _broken_capture:
                 raise RuntimeError(f"an earlier capture in this process failed ({_broken_capture}), and torch may "
                                    "not recover from one: no more captures")
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(WARMUP_RUNS):
-                    expected = tuple(t.clone() for t in self.fn())
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            outputs = capture_into(graph, lambda: tuple(self.fn()))
-            graph.replay()
-            bad = [i for i, (got, want) in enumerate(zip(outputs, expected)) if not _same(got, want)]
+            with torch.cuda.device(self.device):
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    for _ in range(WARMUP_RUNS):
+                        expected = tuple(t.clone() for t in self.fn())
+                torch.cuda.current_stream().wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                # on this device's own capture stream: torch.cuda.graph's default one belongs to whichever device
+                # was current at its first use
+                outputs = capture_into(graph, lambda: tuple(self.fn()), stream=torch.cuda.Stream())
+                for out in outputs:  # so that a replay that does nothing (an empty graph) cannot pass the check
+                    out.fill_(float("nan") if out.is_floating_point() else -1)
+                graph.replay()
+                bad = [i for i, (got, want) in enumerate(zip(outputs, expected)) if not _same(got, want)]
             if bad:
                 raise RuntimeError(f"replay differs from the eager step in output(s) {bad}")
         except Exception as err:  # noqa: BLE001 - any capture failure means: run this step eagerly
