@@ -256,3 +256,19 @@ def test_graphs_refuses_a_graph_that_replays_nothing(monkeypatch, caplog):
     assert graphgen.decode_mode() == "eager" and "replays nothing" in caplog.text  # else: decoding forever
     assert generate_graphs(target, prompts, max_new_tokens=8, slots=4, width=24) == plain
     assert fake.current == "default"
+
+
+def test_graphs_frees_its_slots_when_released_or_replaced():
+    """The kept slots (a KV cache for every slot, the graph's memory pool) must really go when the stage releases
+    them or a shard of another shape replaces them, not when Python's collector gets round to the cycle they form."""
+    import weakref
+
+    target = tiny_target()
+    prompts = _prompts(6, seed=3)
+    generate_graphs(target, prompts, max_new_tokens=4, slots=4, width=24)
+    old = weakref.ref(graphgen._slots)
+    generate_graphs(target, prompts[:2], max_new_tokens=4, slots=4, width=24)  # 2 slots: a new set
+    assert old() is None
+    kept = weakref.ref(graphgen._slots)
+    graphgen.release()
+    assert kept() is None
