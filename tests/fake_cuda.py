@@ -18,6 +18,9 @@ class FakeCuda:
             pass
 
     def __init__(self, monkeypatch):
+        from draftlab.serve import cuda_graphs
+
+        monkeypatch.setattr(cuda_graphs, "_broken_capture", None)  # a fresh process: no capture has failed yet
         self.current = self.Stream("default")
         fake = self
 

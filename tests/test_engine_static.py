@@ -25,7 +25,7 @@ from fake_cuda import FakeCuda
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from draftlab.serve import cuda_graphs, draft_cache, static_target
+from draftlab.serve import draft_cache, static_target
 from draftlab.serve import engine as eng
 from draftlab.serve.cuda_graphs import StepGraph, graphs_enabled
 from draftlab.serve.engine import SpecEngine, TargetRunner, target_decode
@@ -324,7 +324,6 @@ def test_failed_capture_leaves_later_steps_on_the_callers_stream(monkeypatch):
     """torch.cuda.graph's exit raises before it restores the stream when a capture fails: the fallback must put the
     caller's stream back, else every later eager step (and other capture) runs on the capture stream."""
     fake = FakeCuda(monkeypatch)
-    monkeypatch.setattr(cuda_graphs, "_broken_capture", None)
 
     def fn():
         if fake.current == "capture":
@@ -344,7 +343,6 @@ def test_a_graph_that_replays_nothing_is_refused(monkeypatch):
     and the replay of that empty graph leaves the outputs as the capture's eager run left them: equal to the
     warm-up's, so a plain comparison passes and every later call returns stale numbers. The check must see it."""
     FakeCuda(monkeypatch)
-    monkeypatch.setattr(cuda_graphs, "_broken_capture", None)
     x = torch.ones(())
 
     step = StepGraph(lambda: (x * torch.ones(2),), "empty graph", enabled=True)

@@ -27,6 +27,8 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
+from draftlab.serve.cuda_graphs import capture_into, refuse_after_a_broken_capture
+
 log = logging.getLogger("draftlab.generate")
 
 ALIGN = 16            # cache columns: SDPA's memory-efficient kernel wants the mask's last dim a multiple of 16
@@ -110,6 +112,7 @@ class DecodeSlots:
             return
         stream = torch.cuda.current_stream(self.device)
         try:
+            refuse_after_a_broken_capture()  # (torch < 2.12 cannot capture again after a failed capture)
             with torch.cuda.device(self.device):  # a capture records the kernels of its own device's stream only
                 side = torch.cuda.Stream(self.device)
                 side.wait_stream(stream)
@@ -118,10 +121,9 @@ class DecodeSlots:
                         self.step()
                 stream.wait_stream(side)
                 graph = torch.cuda.CUDAGraph()
-                # this device's own capture stream: torch.cuda.graph's default one belongs to whichever device was
-                # current at its first use
-                with torch.cuda.graph(graph, stream=torch.cuda.Stream(self.device), capture_error_mode="thread_local"):
-                    self.step()
+                # this device's own capture stream (torch.cuda.graph's default one belongs to whichever device was
+                # current at its first use); capture_into restores `stream` if the capture fails
+                capture_into(graph, self.step, stream=torch.cuda.Stream(self.device), capture_error_mode="thread_local")
                 column = int(self.column)
                 graph.replay()  # one step from here must move the ring on: an empty graph would decode forever
                 if int(self.column) != (column + 1) % self.columns:
@@ -130,8 +132,6 @@ class DecodeSlots:
             log.info("generate: graphs: decode step captured as a CUDA graph (%d slots x %d cache columns)",
                      self.batch, self.columns)
         except Exception as error:  # any capture failure: the eager step gives the same answers, only slower
-            # torch.cuda.graph's exit raises from capture_end before it restores the stream: put it back, or every
-            # later step and prefill runs on the capture stream
             torch.cuda.set_stream(stream)
             try:
                 torch.cuda.synchronize(self.device)

@@ -77,9 +77,7 @@ class StepGraph:
 
     def _capture(self) -> tuple[torch.Tensor, ...]:
         try:
-            if _broken_capture:
-                raise RuntimeError(f"an earlier capture in this process failed ({_broken_capture}), and torch may "
-                                   "not recover from one: no more captures")
+            refuse_after_a_broken_capture()
             with torch.cuda.device(self.device):
                 side = torch.cuda.Stream()
                 side.wait_stream(torch.cuda.current_stream())
@@ -124,6 +122,13 @@ def capture_into(graph: torch.cuda.CUDAGraph, fn: Callable[[], tuple[torch.Tenso
         raise
     finally:
         torch.cuda.set_stream(stream)
+
+
+def refuse_after_a_broken_capture() -> None:
+    """Raises once a capture in this process has failed inside torch.cuda.graph (see `capture_into`)."""
+    if _broken_capture:
+        raise RuntimeError(f"an earlier capture in this process failed ({_broken_capture}), and torch may not "
+                           "recover from one: no more captures")
 
 
 def _recover() -> None:
