@@ -191,3 +191,84 @@ def test_hardware_presets_compose():
     smoke = validate(compose_config(["hardware=gpu", "experiment=smoke"]))  # a named experiment still wins
     assert smoke.target.name == "tiny"
     assert Path(__file__).parents[1].joinpath("conf", "hardware", "gpu.yaml").exists()
+
+
+def test_graphs_failed_capture_decodes_eagerly_on_the_callers_stream(monkeypatch, caplog):
+    """A capture that fails (a host sync inside it) leaves torch.cuda.graph's capture stream current, since its
+    exit raises before restoring it: the fallback must put the caller's stream back and still give plain's answers."""
+    from fake_cuda import FakeCuda
+
+    from draftlab.decode_slots import DecodeSlots
+
+    target = tiny_target()
+    prompts = _prompts(6, seed=3)
+    plain = generate_batch(target, prompts, max_new_tokens=8, temperature=0.0)
+    fake = FakeCuda(monkeypatch)
+    step = DecodeSlots.step
+
+    def syncing_step(self):
+        if fake.current == "capture":
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+        step(self)
+
+    def capture(self):  # the CPU slots, captured as if on a GPU
+        device, self.device = self.device, torch.device("cuda")
+        try:
+            capture_on_gpu(self)
+        finally:
+            self.device = device
+
+    capture_on_gpu = DecodeSlots.capture
+    monkeypatch.setattr(DecodeSlots, "step", syncing_step)
+    monkeypatch.setattr(DecodeSlots, "capture", capture)
+    with caplog.at_level(logging.WARNING, logger="draftlab.generate"):
+        assert generate_graphs(target, prompts, max_new_tokens=8, slots=4, width=24) == plain
+    assert fake.current == "default" and graphgen.decode_mode() == "eager"
+    assert "CUDA graph capture failed" in caplog.text
+
+
+def test_graphs_refuses_a_graph_that_replays_nothing(monkeypatch, caplog):
+    """A capture on another device than the model's records nothing (the step's kernels run eagerly, outside the
+    graph); replaying it would never finish a slot. The capture checks that a replay moves the ring on, and decodes
+    eagerly when it does not."""
+    from fake_cuda import FakeCuda
+
+    from draftlab.decode_slots import DecodeSlots
+
+    target = tiny_target()
+    prompts = _prompts(6, seed=3)
+    plain = generate_batch(target, prompts, max_new_tokens=8, temperature=0.0)
+    fake = FakeCuda(monkeypatch)  # its graphs record nothing and replay nothing
+    capture_on_gpu = DecodeSlots.capture
+
+    def capture(self):  # the CPU slots, captured as if on a GPU
+        device, self.device = self.device, torch.device("cuda")
+        try:
+            capture_on_gpu(self)
+        finally:
+            self.device = device
+
+    monkeypatch.setattr(DecodeSlots, "capture", capture)
+    monkeypatch.setattr(graphgen, "_slots", None)
+    with caplog.at_level(logging.WARNING, logger="draftlab.generate"), torch.inference_mode(), \
+            slot_attention(target.model):
+        graphgen._decode_slots(target, 4, 32, 8, False)
+    assert graphgen.decode_mode() == "eager" and "replays nothing" in caplog.text  # else: decoding forever
+    assert generate_graphs(target, prompts, max_new_tokens=8, slots=4, width=24) == plain
+    assert fake.current == "default"
+
+
+def test_graphs_frees_its_slots_when_released_or_replaced():
+    """The kept slots (a KV cache for every slot, the graph's memory pool) must really go when the stage releases
+    them or a shard of another shape replaces them, not when Python's collector gets round to the cycle they form."""
+    import weakref
+
+    target = tiny_target()
+    prompts = _prompts(6, seed=3)
+    generate_graphs(target, prompts, max_new_tokens=4, slots=4, width=24)
+    old = weakref.ref(graphgen._slots)
+    generate_graphs(target, prompts[:2], max_new_tokens=4, slots=4, width=24)  # 2 slots: a new set
+    assert old() is None
+    kept = weakref.ref(graphgen._slots)
+    graphgen.release()
+    assert kept() is None

@@ -27,6 +27,8 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
+from draftlab.serve.cuda_graphs import capture_into, refuse_after_a_broken_capture
+
 log = logging.getLogger("draftlab.generate")
 
 ALIGN = 16            # cache columns: SDPA's memory-efficient kernel wants the mask's last dim a multiple of 16
@@ -108,21 +110,33 @@ class DecodeSlots:
             log.info("generate: graphs: %s device, so the decode step runs eagerly (CUDA graphs need a GPU)",
                      self.device.type)
             return
+        stream = torch.cuda.current_stream(self.device)
         try:
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
-                for _ in range(WARMUP_STEPS):
-                    self.step()
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                self.step()
+            refuse_after_a_broken_capture()  # (torch < 2.12 cannot capture again after a failed capture)
+            with torch.cuda.device(self.device):  # a capture records the kernels of its own device's stream only
+                side = torch.cuda.Stream(self.device)
+                side.wait_stream(stream)
+                with torch.cuda.stream(side):
+                    for _ in range(WARMUP_STEPS):
+                        self.step()
+                stream.wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                # this device's own capture stream (torch.cuda.graph's default one belongs to whichever device was
+                # current at its first use); capture_into restores `stream` if the capture fails
+                capture_into(graph, self.step, stream=torch.cuda.Stream(self.device), capture_error_mode="thread_local")
+                column = int(self.column)
+                graph.replay()  # one step from here must move the ring on: an empty graph would decode forever
+                if int(self.column) != (column + 1) % self.columns:
+                    raise RuntimeError("the captured step replays nothing (captured on another device or stream?)")
             self.graph = graph
             log.info("generate: graphs: decode step captured as a CUDA graph (%d slots x %d cache columns)",
                      self.batch, self.columns)
         except Exception as error:  # any capture failure: the eager step gives the same answers, only slower
-            torch.cuda.synchronize(self.device)
+            torch.cuda.set_stream(stream)
+            try:
+                torch.cuda.synchronize(self.device)
+            except Exception as sync_error:  # noqa: BLE001 - the eager step will raise the real error if any
+                log.warning("generate: graphs: CUDA state after the failed capture: %s", sync_error)
             self.graph = None
             log.warning("generate: graphs: CUDA graph capture failed (%s: %s); decoding EAGERLY, one launch per "
                         "kernel (slow)", type(error).__name__, str(error).splitlines()[0] if str(error) else "")

@@ -18,6 +18,7 @@ the plain path, whose per-batch seeding makes a resumed pool equal an uninterrup
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 from collections import deque
@@ -69,6 +70,7 @@ def release() -> None:
     """Frees the kept slots (KV cache, CUDA graph and its memory pool, the model reference) when generation is over."""
     global _slots
     _slots = None
+    gc.collect()  # DecodeSlots holds its own bound step function (a reference cycle): dropping it is not enough
 
 
 def decode_mode() -> str:
@@ -85,6 +87,7 @@ def _decode_slots(target, batch: int, columns: int, max_new_tokens: int, compile
     shape = (batch, columns, max_new_tokens, sorted(set(eos)), pad, compile)
     if _slots is None or _slots.model is not target.model or _slots.key != shape:
         _slots = None  # frees the previous cache and graph before the new ones are allocated
+        gc.collect()  # (they sit in a reference cycle, so only the collector frees them)
         state = DecodeSlots(target.model, batch, columns, max_new_tokens, eos, pad, compile)
         state.key = shape
         state.capture()

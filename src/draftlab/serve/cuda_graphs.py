@@ -11,7 +11,10 @@ Steps must be idempotent for this (running one twice on the same buffers writes 
 engine's steps are: each writes its KV slots from its inputs alone.
 
 Any failure (an op that syncs with the host, an unsupported kernel, a mismatch) logs one warning line naming the
-step and the error, and the step runs eagerly from then on, so a benchmark still finishes and says why.
+step and the error, and the step runs eagerly from then on, so a benchmark still finishes and says why. A capture
+that fails inside torch.cuda.graph can leave torch's allocator believing it still captures (torch < 2.12), so after
+one no other step is captured in the process; the caller's stream, which torch.cuda.graph leaves switched then, is
+restored (`capture_into`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ log = logging.getLogger("draftlab.serve")
 
 GRAPH_SETTINGS = ("auto", "true", "false")
 WARMUP_RUNS = 2
+_broken_capture: str | None = None  # the first capture that failed in this process (no capture is tried after it)
 
 
 def graphs_enabled(setting, device: torch.device, key: str = "bench.cuda_graphs") -> bool:
@@ -50,8 +54,11 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 class StepGraph:
     """One fixed-shape step; `enabled` = capture it as a CUDA graph at the first call (else run it eagerly)."""
 
-    def __init__(self, fn: Callable[[], tuple[torch.Tensor, ...]], name: str, enabled: bool):
-        self.fn, self.name, self.enabled = fn, name, enabled
+    def __init__(self, fn: Callable[[], tuple[torch.Tensor, ...]], name: str, enabled: bool,
+                 device: torch.device | str | None = None):
+        """device: where fn's tensors live (default: the current CUDA device). The capture must run there: kernels
+        on another device than the capture stream's are not recorded, and the graph would replay nothing."""
+        self.fn, self.name, self.enabled, self.device = fn, name, enabled, device
         self.graph: torch.cuda.CUDAGraph | None = None
         self.outputs: tuple[torch.Tensor, ...] | None = None
         self.failure: str | None = None  # why the step fell back to eager, for the benchmark's report
@@ -70,17 +77,22 @@ class StepGraph:
 
     def _capture(self) -> tuple[torch.Tensor, ...]:
         try:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(WARMUP_RUNS):
-                    expected = tuple(t.clone() for t in self.fn())
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                outputs = tuple(self.fn())
-            graph.replay()
-            bad = [i for i, (got, want) in enumerate(zip(outputs, expected)) if not _same(got, want)]
+            refuse_after_a_broken_capture()
+            with torch.cuda.device(self.device):
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    for _ in range(WARMUP_RUNS):
+                        expected = tuple(t.clone() for t in self.fn())
+                torch.cuda.current_stream().wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                # on this device's own capture stream: torch.cuda.graph's default one belongs to whichever device
+                # was current at its first use
+                outputs = capture_into(graph, lambda: tuple(self.fn()), stream=torch.cuda.Stream())
+                for out in outputs:  # so that a replay that does nothing (an empty graph) cannot pass the check
+                    out.fill_(float("nan") if out.is_floating_point() else -1)
+                graph.replay()
+                bad = [i for i, (got, want) in enumerate(zip(outputs, expected)) if not _same(got, want)]
             if bad:
                 raise RuntimeError(f"replay differs from the eager step in output(s) {bad}")
         except Exception as err:  # noqa: BLE001 - any capture failure means: run this step eagerly
@@ -91,6 +103,32 @@ class StepGraph:
         self.graph, self.outputs = graph, outputs
         log.info("CUDA graph captured for %s", self.name)
         return outputs
+
+
+def capture_into(graph: torch.cuda.CUDAGraph, fn: Callable[[], tuple[torch.Tensor, ...]], **kwargs):
+    """Captures fn() into `graph` (torch.cuda.graph) and returns its outputs. When the capture fails (an op that
+    syncs with the host invalidates it), torch.cuda.graph's exit raises from `capture_end` before it restores the
+    caller's stream, which would leave every later eager step on the capture stream: restored here, either way."""
+    global _broken_capture
+    stream = torch.cuda.current_stream()
+    try:
+        with torch.cuda.graph(graph, **kwargs):
+            return fn()
+    except Exception as err:
+        # torch < 2.12 (pytorch#180395) raises from capture_end before it ends the allocator's routing into the
+        # graph's pool, so every later capture fails (its empty_cache() asserts captures_underway.empty()): later
+        # steps stay eager, naming this first failure rather than that assert
+        _broken_capture = _broken_capture or f"{type(err).__name__}: {err}".splitlines()[0][:200]
+        raise
+    finally:
+        torch.cuda.set_stream(stream)
+
+
+def refuse_after_a_broken_capture() -> None:
+    """Raises once a capture in this process has failed inside torch.cuda.graph (see `capture_into`)."""
+    if _broken_capture:
+        raise RuntimeError(f"an earlier capture in this process failed ({_broken_capture}), and torch may not "
+                           "recover from one: no more captures")
 
 
 def _recover() -> None:

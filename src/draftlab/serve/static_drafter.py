@@ -142,7 +142,8 @@ class StaticEagle3Drafter:
                 return self._extend_rows(ids, feats, self._base + rows, (count - 1).view(1),
                                          self._span(self.length + block))
 
-            self._extend[block] = (StepGraph(fn, f"draft extend of {block} rows", self.graphs), ids, feats, count)
+            step = StepGraph(fn, f"draft extend of {block} rows", self.graphs, self.device)
+            self._extend[block] = (step, ids, feats, count)
         return self._extend[block]
 
     @torch.inference_mode()
@@ -154,7 +155,7 @@ class StaticEagle3Drafter:
             return self._chain(k, temperature, generator)
         if k not in self._propose:
             self._propose[k] = StepGraph(lambda: self._chain(k, 0.0, None)[:1], f"draft chain of {k} steps",
-                                         self.graphs)
+                                         self.graphs, self.device)
         return self._propose[k]()[0], None
 
     def graph_report(self) -> dict[str, str]:

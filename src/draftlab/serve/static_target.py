@@ -153,7 +153,8 @@ class StaticTargetRunner:
             steps = torch.arange(count, device=self.device)
             fn = lambda: self._run(ids, _slots(self._base, steps), want_features, False,  # noqa: E731
                                    self._span(count))
-            self._steps[key] = (StepGraph(fn, f"target step of {count} token(s)", self.graphs), ids)
+            step = StepGraph(fn, f"target step of {count} token(s)", self.graphs, self.device)
+            self._steps[key] = (step, ids)
         return self._steps[key]
 
     @torch.inference_mode()
