@@ -88,7 +88,8 @@ class StepGraph:
                 graph = torch.cuda.CUDAGraph()
                 # on this device's own capture stream: torch.cuda.graph's default one belongs to whichever device
                 # was current at its first use
-                outputs = capture_into(graph, lambda: tuple(self.fn()), stream=torch.cuda.Stream())
+                outputs = capture_into(graph, lambda: tuple(self.fn()), stream=torch.cuda.Stream(),
+                                       capture_error_mode="thread_local")  # other threads (a writer) may use CUDA
                 for out in outputs:  # so that a replay that does nothing (an empty graph) cannot pass the check
                     out.fill_(float("nan") if out.is_floating_point() else -1)
                 graph.replay()

@@ -15,6 +15,7 @@ Files: `accept_hist.json`, `accept_hist.png`, `generations.jsonl`, `metrics.json
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 from dataclasses import dataclass, field
@@ -96,6 +97,10 @@ def measure(model, drafter, prompts: list[list[int]], num_steps: int, max_new_to
             run.base.append(base(ids, max_new_tokens, i))
             run.spec.append(spec(ids, max_new_tokens, i))
     run.graphs = graph_report(engine.target, engine.drafter, runner)
+    # the runners' step closures refer back to them, so their KV caches and graphs would outlive this call until
+    # the collector happened to run (spec_decode.py measures many modes in one process)
+    del engine, runner, spec, base
+    gc.collect()
     return run
 
 
