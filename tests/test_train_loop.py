@@ -153,6 +153,24 @@ def test_val_accuracy_climbs_far_above_chance(tmp_path):
     assert last["val/predicted_tau"] == pytest.approx(tau)
 
 
+def test_cpu_trainer_uses_the_packed_unroll_and_trains_as_the_padded_one(tmp_path):
+    """On the CPU the loop trains through train/packed.py; the weights and metrics equal the padded unroll's."""
+    runs = {}
+    for packed in (True, False):
+        source = FakeSource(n_train=16, n_val=8)
+        trainer = Trainer(_model(source), source, source.lm_head, _settings(epochs=2, batch_tokens=100),
+                          tmp_path / str(packed), RecordingReporter())
+        assert trainer.packed  # the CPU default
+        trainer.packed = packed
+        runs[packed] = trainer.run(), trainer.model.state_dict()
+    (fast, w_fast), (plain, w_plain) = runs[True], runs[False]
+    assert fast.steps == plain.steps > 4
+    for key, value in _comparable(plain.final).items():
+        assert fast.final[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    for name, tensor in w_plain.items():
+        assert torch.allclose(w_fast[name], tensor, rtol=1e-4, atol=1e-6), name
+
+
 class _Kill(Exception):
     pass
 

@@ -40,6 +40,7 @@ from draftlab.reporting import NullReporter, Reporter
 from draftlab.target import resolve_device
 from draftlab.train.checkpoint import (load_trainable, latest_checkpoint, read_checkpoint, resolve_checkpoint,
                                        trainable_state, write_checkpoint)
+from draftlab.train.packed import packed_unroll
 from draftlab.train.schedule import budget_steps, lr_factor, watch_plateau
 from draftlab.train.ttt import STATS, summarize, target_distribution, ttt_unroll
 
@@ -113,6 +114,9 @@ class Trainer:
         self.reporter = reporter or NullReporter()
         self.on_step = on_step
         self.opt = build_optimizer(self.model, settings.lr, settings.weight_decay, self.device)
+        # On the CPU the step is matmul-bound, so computing only the positions that count pays (train/packed.py:
+        # same loss and gradients); on a GPU a SmolLM2-sized step is launch-bound and the padded unroll stays.
+        self.packed = self.device.type == "cpu"
         self.state: dict[str, Any] = {"epoch": 0, "batch": 0, "step": 0, "history": [], "best": None,
                                       "window": None, "total_steps": None, **self._fresh_horizon()}
 
@@ -134,6 +138,8 @@ class Trainer:
         m = self.model
         amp = torch.autocast(self.device.type, dtype=self.amp) if self.amp else contextlib.nullcontext()
         with amp:
+            if self.packed:
+                return packed_unroll(m, batch, self.lm_head, self.s.ttt_steps, self.s.loss_decay)
             targets = target_distribution(batch["last_hidden"], self.lm_head, m.d2t, m.t2d, top=batch.get("target_top"))
             return ttt_unroll(m, batch, targets, self.s.ttt_steps, self.s.loss_decay)
 
