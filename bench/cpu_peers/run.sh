@@ -33,12 +33,13 @@ case $trainer in
       --hidden-states-dtype float32 --draft-attn-impl sdpa --loss-implementation eager --log-freq 10 --seed 0 \
       --save-path "$out/ckpt" --log-dir "$out/logs" --no-resume-from-checkpoint) > "$out/log.txt" 2>&1 ;;
   specforge)
-    # batch_size 3: about as many steps of about as many tokens as the others (SpecForge pads, never packs)
+    # batch_size 3: about as many steps of about as many tokens as the others (SpecForge pads, never packs);
+    # no eval data: SpecForge then runs no evaluation (the others validate outside the timed loop or subtract it)
     cat > "$out/sf.yaml" <<YAML
 model: {target_model_path: $data/target, draft_model_config: $data/sf/draft_config.json,
   embedding_key: model.embed_tokens.weight, lm_head_key: lm_head.weight, torch_dtype: float32,
   vocab_mapping_path: $data/sf/vocab_mapping.pt}
-data: {hidden_states_path: $data/sf/train, eval_hidden_states_path: $data/sf/eval, max_length: 2048,
+data: {hidden_states_path: $data/sf/train, max_length: 2048,
   chat_template: llama3, cache_dir: $out/cache, dataloader_num_workers: 0}
 training: {strategy: eagle3, num_epochs: 1, batch_size: 3, learning_rate: 1.0e-3, lr_scheduler: cosine,
   warmup_ratio: 0.05, max_grad_norm: 0.5, ttt_length: 3, attention_backend: sdpa, fsdp_sharding: NO_SHARD,

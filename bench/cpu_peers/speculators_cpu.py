@@ -2,7 +2,8 @@
 
 speculators 0.9.0 assumes a GPU in four places; each is redirected here, in this process only:
 - it moves the model and batches to `local_rank` (the int 0, i.e. cuda:0): an int device becomes "cpu";
-- `torch.accelerator.current_accelerator()` is None on a CPU machine: it answers cpu (autocast device type);
+- `torch.accelerator.current_accelerator()` is None on a CPU machine: it answers cpu (autocast device type),
+  and `is_available()` keeps answering False;
 - its step timer calls `torch.accelerator.synchronize()`: a no-op without an accelerator;
 - its DataLoader pins memory: off.
 Pass `--draft-attn-impl sdpa` (FlexAttention has no CPU backward) and `--loss-implementation eager` (the
@@ -28,6 +29,7 @@ if not torch.accelerator.is_available():
     torch.nn.Module.to = lambda self, *a, **k: _to_module(self, *_cpu(a), **k)
     torch.Tensor.to = lambda self, *a, **k: _to_tensor(self, *_cpu(a), **k)
     torch.accelerator.current_accelerator = lambda check_available=False: torch.device("cpu")
+    torch.accelerator.is_available = lambda: False  # it asks current_accelerator(), which now answers cpu
     torch.accelerator.synchronize = lambda *a, **k: None
     if not hasattr(torch.cpu, "empty_cache"):
         torch.cpu.empty_cache = lambda: None

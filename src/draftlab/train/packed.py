@@ -9,7 +9,7 @@ ShareGPT batch) feed the loss only as keys of step 0's attention. So:
 - step 0 computes the keys and values of every position, and everything after them (query, attention output,
   o_proj, MLP, norm, head) only at the kept rows K = {t : some step j counts at t};
 - steps j >= 1 run entirely on K (their keys are the diagonal ones at the query's own position);
-- each step's head and loss run only on the rows whose prediction counts at that step.
+- the head and the loss run only on the rows whose prediction counts at each step, all steps in one matmul.
 Attention keeps the padded [B, heads, T, dim] layout (kept rows scattered in, zeros elsewhere) so that the
 draft's own `causal_attention`/`ttt_attention` run unchanged; it is a few percent of the step.
 
@@ -155,7 +155,7 @@ def packed_unroll(model: Eagle3Draft, batch: dict[str, Tensor], lm_head: Tensor,
     loss = torch.zeros((), device=dev)
     valid = torch.ones(len(rows), dtype=torch.bool, device=dev)
     chain = torch.ones(len(rows), dtype=torch.bool, device=dev)
-    hidden = None
+    hidden, picked, counts = None, [], []
     for j in range(steps):
         if j == 0:
             hidden = _step0(model, ids_ext[:, 1 : 1 + T], feats, positions, rows, cache)
@@ -163,9 +163,13 @@ def packed_unroll(model: Eagle3Draft, batch: dict[str, Tensor], lm_head: Tensor,
             hidden = _step(model, ids_ext[rows.b, rows.t + 1 + j], hidden, positions + j, rows, cache)
         m = counted[rows.b, rows.t + 2 + j]  # [N]: this step's prediction at the row counts
         sel = m.nonzero().squeeze(1)
+        picked.append(hidden.index_select(0, sel))
+        counts.append((m, sel))
+    # the next step never reads a step's logits: one head matmul (and one in backward) for all steps
+    logits = model.lm_head(model.norm(torch.cat(picked))).float().split([len(sel) for _, sel in counts])
+    for j, ((m, sel), lg) in enumerate(zip(counts, logits)):
         s = rows.t[sel] + 1 + j  # the position whose target distribution it is trained against
         b = rows.b[sel]
-        lg = model.lm_head(model.norm(hidden.index_select(0, sel))).float()
         p = targets.probs.index_select(0, targets.row[b, s])
         in_vocab = targets.in_vocab[b, s]
         ce = torch.logsumexp(lg, -1) - (p * lg).sum(-1)  # as ttt_unroll: soft cross-entropy without a copy
