@@ -3,6 +3,8 @@
     python bench/train_throughput.py --device cuda                    # both presets, H200 peak 790 TFLOP/s
     python bench/train_throughput.py --device cpu --seq 128 --steps 2 --ttt-steps 2 --preset smollm2
     python bench/train_throughput.py --preset smollm2 --batch-tokens 32768 --targets full   # the old soft targets
+    python bench/train_throughput.py --device cpu --preset smollm2 --seq 128 --batch-tokens 512 --ttt-steps 3 \
+        --prompt-frac 0.4 --unroll packed --threads 1      # only the answer positions computed (train/packed.py)
     torchrun --standalone --nproc-per-node 2 bench/train_throughput.py --preset llama8b [--strategy fsdp]
 
 Under torchrun every GPU runs the same per-GPU batch (--batch-tokens is per GPU) through DDP (or FSDP2), the
@@ -36,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from draftlab.model.draft import DraftModelConfig, Eagle3Draft  # noqa: E402
 from draftlab.train.loop import build_optimizer  # noqa: E402
+from draftlab.train.packed import packed_unroll  # noqa: E402
 from draftlab.train.ttt import target_distribution, ttt_unroll  # noqa: E402
 
 PRESETS = {
@@ -114,7 +117,8 @@ def bench(name: str, args) -> dict:
         "input_ids": torch.randint(0, v, (B, args.seq), generator=g).to(device),
         "features": torch.randn(B, args.seq, cfg.num_aux * cfg.target_hidden_size, generator=g).to(device, feat_dtype),
         "last_hidden": torch.randn(B, args.seq, cfg.target_hidden_size, generator=g).to(device, feat_dtype),
-        "loss_mask": torch.ones(B, args.seq, dtype=torch.bool, device=device),
+        # the first --prompt-frac of each row is prompt: no loss there (real chats: ~40% on ShareGPT)
+        "loss_mask": (torch.arange(args.seq, device=device) >= int(args.prompt_frac * args.seq)).expand(B, -1),
         "attention_mask": torch.ones(B, args.seq, dtype=torch.bool, device=device),
     }
 
@@ -124,8 +128,11 @@ def bench(name: str, args) -> dict:
 
     def step() -> float:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-            targets = target_distribution(batch["last_hidden"], lm_head, model.d2t, model.t2d, top=top)
-            if unroll is None:
+            if args.unroll == "padded":
+                targets = target_distribution(batch["last_hidden"], lm_head, model.d2t, model.t2d, top=top)
+            if args.unroll == "packed":
+                loss, _ = packed_unroll(model, {**batch, "target_top": top}, lm_head, args.ttt_steps, 0.8)
+            elif unroll is None:
                 loss, _ = ttt_unroll(model, batch, targets, args.ttt_steps, 0.8)
             else:
                 loss, _ = unroll(batch, targets, args.ttt_steps, 0.8, None)
@@ -156,7 +163,8 @@ def bench(name: str, args) -> dict:
     return {
         "preset": name, "device": args.device, "gpus": world(), "strategy": args.strategy if world() > 1 else None,
         "seq": args.seq, "batch": B, "ttt_steps": args.ttt_steps,
-        "layers": args.layers, "compile": args.compile, "targets": args.targets, "step_s": round(seconds, 4),
+        "layers": args.layers, "compile": args.compile, "targets": args.targets, "unroll": args.unroll,
+        "prompt_frac": args.prompt_frac, "step_s": round(seconds, 4),
         "tokens_per_s": round(tokens / seconds, 1), "gflop_per_token": round(per_token / 1e9, 3),
         "tflops": round(achieved, 3), "peak_tflops": peak, "mfu": round(achieved / peak, 4) if peak else None,
         "target_head_gflop_per_token": round(2 * cfg.target_hidden_size * v / 1e9, 3),
@@ -179,9 +187,14 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="torch.compile the MLPs and norms")
     ap.add_argument("--targets", choices=["full", "draft-rows"], default="draft-rows",
                     help="soft targets from the full-vocab head (the old path) or its draft rows (target_top given)")
+    ap.add_argument("--unroll", choices=["padded", "packed"], default="padded",
+                    help="every position (ttt_unroll) or only the positions that count (train/packed.py; the CPU loop's)")
+    ap.add_argument("--prompt-frac", type=float, default=0.0, help="share of each row that is prompt (no loss)")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads")
     ap.add_argument("--strategy", choices=["ddp", "fsdp"], default="ddp", help="under torchrun")
     args = ap.parse_args()
+    if args.unroll == "packed" and world() > 1:
+        ap.error("--unroll packed: single process only (train/distributed.py runs the padded unroll)")
     if world() > 1:
         import torch.distributed as dist
 

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from draftlab.config import default_config
 from draftlab.model.draft import DraftModelConfig, Eagle3Draft
 from draftlab.reporting import RecordingReporter
-from draftlab.train.loop import LoopSettings, Trainer, lr_factor
+from draftlab.train.loop import LoopSettings, Trainer, build_optimizer, lr_factor
 
 
 
@@ -152,6 +152,48 @@ def test_val_accuracy_climbs_far_above_chance(tmp_path):
         assert rep.series(name), name
     tau = 1 + sum(last[f"val/full_acc_{j}"] for j in range(3))
     assert last["val/predicted_tau"] == pytest.approx(tau)
+
+
+def test_cpu_trainer_uses_the_packed_unroll_and_trains_as_the_padded_one(tmp_path):
+    """On the CPU the loop trains through train/packed.py; the weights and metrics equal the padded unroll's."""
+    runs = {}
+    for packed in (True, False):
+        source = FakeSource(n_train=16, n_val=8)
+        trainer = Trainer(_model(source), source, source.lm_head, _settings(epochs=2, batch_tokens=100),
+                          tmp_path / str(packed), RecordingReporter())
+        assert trainer.packed  # the CPU default
+        trainer.packed = packed
+        runs[packed] = trainer.run(), trainer.model.state_dict()
+    (fast, w_fast), (plain, w_plain) = runs[True], runs[False]
+    assert fast.steps == plain.steps > 4
+    for key, value in _comparable(plain.final).items():
+        assert fast.final[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    for name, tensor in w_plain.items():
+        assert torch.allclose(w_fast[name], tensor, rtol=1e-4, atol=1e-6), name
+
+
+def test_fused_cpu_adamw_updates_as_the_foreach_one():
+    """build_optimizer fuses AdamW on the CPU; the weights follow the unfused (foreach) AdamW's."""
+    source = FakeSource(n_train=4, n_val=1)
+    fused_model, plain_model = _model(source), _model(source)
+    fused = build_optimizer(fused_model, 1e-2, 0.1, torch.device("cpu"))
+    assert all(group["fused"] for group in fused.param_groups)
+    plain = build_optimizer(plain_model, 1e-2, 0.1, torch.device("cpu"))
+    for group in plain.param_groups:
+        group.update(fused=False, foreach=True)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        for a, b in zip(fused_model.parameters(), plain_model.parameters()):
+            if a.requires_grad:
+                a.grad = torch.randn(a.shape, generator=g)
+                b.grad = a.grad.clone()
+        fused.step()
+        plain.step()
+    moved = 0.0
+    for (name, a), b, start in zip(fused_model.named_parameters(), plain_model.parameters(), _model(source).parameters()):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-7), name
+        moved = max(moved, float((a - start).detach().abs().max()))
+    assert moved > 0.01  # the steps did update the weights
 
 
 class _Kill(Exception):

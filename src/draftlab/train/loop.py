@@ -40,6 +40,7 @@ from draftlab.reporting import NullReporter, Reporter
 from draftlab.target import resolve_device
 from draftlab.train.checkpoint import (load_trainable, latest_checkpoint, read_checkpoint, resolve_checkpoint,
                                        trainable_state, write_checkpoint)
+from draftlab.train.packed import packed_unroll
 from draftlab.train.schedule import budget_steps, lr_factor, watch_plateau
 from draftlab.train.ttt import STATS, summarize, target_distribution, ttt_unroll
 
@@ -79,11 +80,12 @@ def autocast_dtype(device: torch.device, dtype: str) -> torch.dtype | None:
 
 
 def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, device: torch.device):
-    """AdamW with the EAGLE-3 paper's betas; no weight decay on norms (1-D weights)."""
+    """AdamW with the EAGLE-3 paper's betas; no weight decay on norms (1-D weights). Fused on CUDA and on the
+    CPU too (one pass over each tensor: 6x faster than the foreach path on the CPU, where it was 4% of a step)."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
               {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type == "cuda")
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type in ("cuda", "cpu"))
 
 
 def _batches_per_epoch(source, s: LoopSettings) -> int:
@@ -113,6 +115,9 @@ class Trainer:
         self.reporter = reporter or NullReporter()
         self.on_step = on_step
         self.opt = build_optimizer(self.model, settings.lr, settings.weight_decay, self.device)
+        # On the CPU the step is matmul-bound, so computing only the positions that count pays (train/packed.py:
+        # same loss and gradients); on a GPU a SmolLM2-sized step is launch-bound and the padded unroll stays.
+        self.packed = self.device.type == "cpu"
         self.state: dict[str, Any] = {"epoch": 0, "batch": 0, "step": 0, "history": [], "best": None,
                                       "window": None, "total_steps": None, **self._fresh_horizon()}
 
@@ -134,6 +139,8 @@ class Trainer:
         m = self.model
         amp = torch.autocast(self.device.type, dtype=self.amp) if self.amp else contextlib.nullcontext()
         with amp:
+            if self.packed:
+                return packed_unroll(m, batch, self.lm_head, self.s.ttt_steps, self.s.loss_decay)
             targets = target_distribution(batch["last_hidden"], self.lm_head, m.d2t, m.t2d, top=batch.get("target_top"))
             return ttt_unroll(m, batch, targets, self.s.ttt_steps, self.s.loss_decay)
 

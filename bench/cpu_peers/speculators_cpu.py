@@ -1,0 +1,48 @@
+"""`speculators train` on a machine without an accelerator, timed (run with $PEERS/venv-spec/bin/python).
+
+speculators 0.9.0 assumes a GPU in four places; each is redirected here, in this process only:
+- it moves the model and batches to `local_rank` (the int 0, i.e. cuda:0): an int device becomes "cpu";
+- `torch.accelerator.current_accelerator()` is None on a CPU machine: it answers cpu (autocast device type),
+  and `is_available()` keeps answering False;
+- its step timer calls `torch.accelerator.synchronize()`: a no-op without an accelerator;
+- its DataLoader pins memory: off.
+Pass `--draft-attn-impl sdpa` (FlexAttention has no CPU backward) and `--loss-implementation eager` (the
+fused loss is a Triton kernel). Timing: `train_epoch`, minus the checkpoint saves inside it (timing.py).
+"""
+
+import os
+import sys
+
+import torch
+import torch.utils.data
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import timing  # noqa: E402
+
+if not torch.accelerator.is_available():
+    _to_module, _to_tensor = torch.nn.Module.to, torch.Tensor.to
+
+    def _cpu(args: tuple) -> tuple:
+        int_device = args and isinstance(args[0], int) and not isinstance(args[0], bool)
+        return ("cpu", *args[1:]) if int_device else args
+
+    torch.nn.Module.to = lambda self, *a, **k: _to_module(self, *_cpu(a), **k)
+    torch.Tensor.to = lambda self, *a, **k: _to_tensor(self, *_cpu(a), **k)
+    torch.accelerator.current_accelerator = lambda check_available=False: torch.device("cpu")
+    torch.accelerator.is_available = lambda: False  # it asks current_accelerator(), which now answers cpu
+    torch.accelerator.synchronize = lambda *a, **k: None
+    if not hasattr(torch.cpu, "empty_cache"):
+        torch.cpu.empty_cache = lambda: None
+    _loader_init = torch.utils.data.DataLoader.__init__
+
+    def _unpinned(self, *a, **k):
+        _loader_init(self, *a, **{**k, "pin_memory": False})
+
+    torch.utils.data.DataLoader.__init__ = _unpinned
+
+from speculators.__main__ import app  # noqa: E402
+from speculators.train.trainer import Trainer  # noqa: E402
+
+timing.patch(Trainer, "train_epoch", evals=("val_epoch",), saves=("maybe_save_checkpoint",))
+sys.argv = ["speculators", *sys.argv[1:]]
+app()

@@ -1,0 +1,195 @@
+"""The TTT unroll computed only at the positions that count: the same loss, gradients and stats as
+`ttt.ttt_unroll`, with fewer FLOPs.
+
+Most of a step is matmuls over every position of the padded batch: the draft layer, its draft-vocabulary head
+and the teacher's head rows (84% of a CPU step is `aten::mm`; BENCHMARKS.md). But a position t only matters
+when some step j predicts an answer token there (`counted[t+2+j]`): prompt tokens and padding (about 40% of a
+ShareGPT batch) feed the loss only as keys of step 0's attention. So:
+- the teacher's soft targets are formed only at positions s whose next token counts (s = t+1+j);
+- step 0 computes the keys and values of every position, and everything after them (query, attention output,
+  o_proj, MLP, norm, head) only at the kept rows K = {t : some step j counts at t};
+- steps j >= 1 run entirely on K (their keys are the diagonal ones at the query's own position);
+- the head and the loss run only on the rows whose prediction counts at each step, all steps in one matmul.
+Attention keeps the padded [B, heads, T, dim] layout (kept rows scattered in, zeros elsewhere) so that the
+draft's own `causal_attention`/`ttt_attention` run unchanged; it is a few percent of the step.
+
+The layer wiring below mirrors `model.draft.DecoderLayer`/`Attention` on rows; tests/test_packed_unroll.py
+proves loss, gradients and stats equal to the padded unroll.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from draftlab.model.draft import Eagle3Draft, TTTCache, _rotate_half
+from draftlab.train.ttt import _ROW, STATS, ttt_unroll, target_distribution
+
+
+class Rows:
+    """Flat indices of a [B, T] mask's true positions, with gather ([B, T, C] -> [N, C]) and scatter back."""
+
+    def __init__(self, mask: Tensor) -> None:
+        self.B, self.T = mask.shape
+        self.index = mask.reshape(-1).nonzero().squeeze(1)
+        self.b, self.t = self.index // self.T, self.index % self.T
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def gather(self, full: Tensor) -> Tensor:
+        return full.reshape(self.B * self.T, -1).index_select(0, self.index)
+
+    def scatter(self, rows: Tensor) -> Tensor:
+        full = rows.new_zeros(self.B * self.T, rows.shape[-1])
+        return full.index_copy(0, self.index, rows).view(self.B, self.T, -1)
+
+
+class RowTargets:
+    """The teacher at the positions s whose next token counts: probs [N_s, Vd] with `row` [B, T] (-1 elsewhere)
+    mapping a position to its probs row, and the full-vocabulary argmax `top` / `in_vocab` [B, T]."""
+
+    def __init__(self, last_hidden: Tensor, lm_head: Tensor, d2t: Tensor, t2d: Tensor, needed: Tensor,
+                 top: Tensor | None = None, chunk: int = 2048) -> None:
+        rows = Rows(needed)
+        picked = rows.gather(last_hidden)[:, None]  # [N_s, 1, H]: the fast paths of target_distribution apply
+        part = target_distribution(picked, lm_head, d2t, t2d, chunk,
+                                   top=None if top is None else rows.gather(top[..., None]))
+        self.probs = part.probs[:, 0]
+        self.row = torch.full(needed.shape, -1, dtype=torch.long, device=needed.device)
+        self.row.view(-1)[rows.index] = torch.arange(len(rows), device=needed.device)
+        self.top = torch.zeros(needed.shape, dtype=torch.long, device=needed.device)
+        self.top.view(-1)[rows.index] = part.top[:, 0]
+        self.in_vocab = t2d[self.top]
+
+
+def _attention(attn, h_q: Tensor, h_kv: Tensor, rows: Rows, cos: Tensor, sin: Tensor, cache: TTTCache,
+               layer: int) -> Tensor:
+    """`Attention.forward` with queries at `rows` only; keys/values from h_kv, either [B, T, in] (every
+    position: step 0) or [N, in] (the kept rows: steps >= 1, whose keys are only read at their own position)."""
+    B, T = rows.B, rows.T
+
+    def heads(x: Tensor, n: int) -> Tensor:
+        return x.view(B, T, n, attn.hd).transpose(1, 2)
+
+    q = heads(rows.scatter(attn.q_proj(h_q)), attn.nh)
+    k, v = attn.k_proj(h_kv), attn.v_proj(h_kv)
+    if h_kv.dim() == 2:
+        k, v = rows.scatter(k), rows.scatter(v)
+    k, v = heads(k, attn.nkv), heads(v, attn.nkv)
+    q = (q * cos + _rotate_half(q) * sin).to(v.dtype)
+    k = (k * cos + _rotate_half(k) * sin).to(v.dtype)
+    y = cache.attend(layer, q, k, v)
+    return attn.o_proj(rows.gather(y.transpose(1, 2).reshape(B, T, attn.nh * attn.hd)))
+
+
+def _layer(layer, x: Tensor, residual: Tensor | None, emb: Tensor, rows: Rows, cos: Tensor, sin: Tensor,
+           cache: TTTCache) -> tuple[Tensor, Tensor]:
+    """`DecoderLayer.forward` whose output is computed at `rows` only. Inputs are [B, T, *] at step 0 (the norms
+    and keys/values then cover every position) and [N, *] rows at later steps; outputs are [N, *] rows."""
+    if layer.index == 0:
+        residual = x
+        h = torch.cat([layer.input_layernorm(emb), layer.hidden_norm(x)], -1)
+    else:
+        residual = x + residual
+        h = layer.hidden_norm(residual)
+    h_kv = h
+    if h.dim() == 3:
+        h, residual = rows.gather(h), rows.gather(residual)
+    residual = _attention(layer.self_attn, h, h_kv, rows, cos, sin, cache, layer.index) + residual
+    return layer.mlp(layer.post_attention_layernorm(residual)), residual
+
+
+def _step0(model: Eagle3Draft, ids: Tensor, feats: Tensor, positions: Tensor, rows: Rows,
+           cache: TTTCache) -> Tensor:
+    """Step 0 (`Eagle3Draft.forward` over the sequence); returns the next hidden state [N, H] at the kept rows.
+    Layers before the last run at every position: the next layer's keys need them all."""
+    emb = model.embed_tokens(ids)
+    hidden = feats
+    if not torch.is_autocast_enabled(hidden.device.type):
+        hidden = hidden.to(model.fc.weight.dtype)
+    if hidden.shape[-1] != model.cfg.hidden_size:
+        hidden = model.fc(hidden)
+    cos, sin = model.rope(positions, torch.float32)
+    x, residual = hidden, None
+    for layer in model.layers[:-1]:
+        x, residual = layer(x, residual, emb, cos, sin, cache)
+    x, residual = _layer(model.layers[-1], x, residual, emb, rows, cos, sin, cache)
+    return x + residual
+
+
+def _step(model: Eagle3Draft, ids: Tensor, hidden: Tensor, positions: Tensor, rows: Rows,
+          cache: TTTCache) -> Tensor:
+    """Step j >= 1 on the kept rows: ids [N], hidden [N, H], positions [B, T] (already shifted by j)."""
+    emb = model.embed_tokens(ids)
+    cos, sin = model.rope(positions, torch.float32)
+    x, residual = hidden, None
+    for layer in model.layers:
+        x, residual = _layer(layer, x, residual, emb, rows, cos, sin, cache)
+    return x + residual
+
+
+def packed_unroll(model: Eagle3Draft, batch: dict[str, Tensor], lm_head: Tensor, steps: int, decay: float,
+                  loss_norm: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """`ttt_unroll(model, batch, target_distribution(...), steps, decay)` at the positions that count;
+    returns (loss, stats [len(STATS), steps] float64). `lm_head` is the target head (the teacher)."""
+    ids, feats = batch["input_ids"], batch["features"]
+    B, T = ids.shape
+    dev = ids.device
+    counted = (batch["loss_mask"] & batch["attention_mask"]).bool()
+    counted = torch.cat([counted, counted.new_zeros(B, steps + 2)], 1)
+    # step j at position t predicts x_{t+2+j}: keep t when any step counts there
+    kept = torch.zeros(B, T, dtype=torch.bool, device=dev)
+    for j in range(steps):
+        kept |= counted[:, 2 + j : 2 + j + T]
+    rows = Rows(kept)
+    if len(rows) == 0:  # nothing counts in this batch: the padded unroll gives the (zero) loss its graph
+        targets = target_distribution(batch["last_hidden"], lm_head, model.d2t, model.t2d, top=batch.get("target_top"))
+        return ttt_unroll(model, batch, targets, steps, decay, loss_norm=loss_norm)
+    targets = RowTargets(batch["last_hidden"], lm_head, model.d2t, model.t2d, counted[:, 1 : T + 1],
+                         top=batch.get("target_top"))
+    ids_ext = torch.cat([ids, ids.new_zeros(B, steps + 1)], 1)
+    positions = torch.arange(T, device=dev).expand(B, T)
+    cache = TTTCache(len(model.layers))
+    stats = torch.zeros(len(STATS), steps, dtype=torch.float64, device=dev)
+    loss = torch.zeros((), device=dev)
+    valid = torch.ones(len(rows), dtype=torch.bool, device=dev)
+    chain = torch.ones(len(rows), dtype=torch.bool, device=dev)
+    hidden, picked, counts = None, [], []
+    for j in range(steps):
+        if j == 0:
+            hidden = _step0(model, ids_ext[:, 1 : 1 + T], feats, positions, rows, cache)
+        else:
+            hidden = _step(model, ids_ext[rows.b, rows.t + 1 + j], hidden, positions + j, rows, cache)
+        m = counted[rows.b, rows.t + 2 + j]  # [N]: this step's prediction at the row counts
+        sel = m.nonzero().squeeze(1)
+        picked.append(hidden.index_select(0, sel))
+        counts.append((m, sel))
+    # the next step never reads a step's logits: one head matmul (and one in backward) for all steps
+    logits = model.lm_head(model.norm(torch.cat(picked))).float().split([len(sel) for _, sel in counts])
+    for j, ((m, sel), lg) in enumerate(zip(counts, logits)):
+        s = rows.t[sel] + 1 + j  # the position whose target distribution it is trained against
+        b = rows.b[sel]
+        p = targets.probs.index_select(0, targets.row[b, s])
+        in_vocab = targets.in_vocab[b, s]
+        ce = torch.logsumexp(lg, -1) - (p * lg).sum(-1)  # as ttt_unroll: soft cross-entropy without a copy
+        n_loss = in_vocab.sum()
+        ce_sum = torch.where(in_vocab, ce, 0.0).sum()
+        denominator = n_loss if loss_norm is None else loss_norm[j]
+        loss = loss + decay**j * ce_sum / denominator.clamp(min=1)
+        with torch.no_grad():
+            hit = model.draft_to_target(lg.argmax(-1)) == targets.top[b, s]
+            correct = torch.zeros_like(m).index_fill(0, sel[hit], True)
+            valid = valid & m
+            prev = chain & valid
+            chain = prev & correct
+            row = stats[:, j]
+            row[_ROW["ce"]] = ce_sum.detach().double()
+            row[_ROW["n_loss"]] = n_loss
+            row[_ROW["correct"]] = hit.sum()
+            row[_ROW["n"]] = len(sel)
+            row[_ROW["chain"]] = chain.sum()
+            row[_ROW["valid"]] = valid.sum()
+            row[_ROW["chain_prev"]] = prev.sum()
+            row[_ROW["oov"]] = (~in_vocab).sum()
+    return loss, stats

@@ -1,0 +1,92 @@
+"""The packed TTT unroll (train/packed.py) equals the padded one: loss, every gradient and every stat, in fp32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from draftlab.model.draft import DraftModelConfig, Eagle3Draft
+from draftlab.train.packed import packed_unroll
+from draftlab.train.ttt import STATS, target_distribution, ttt_unroll
+
+H, HT, V, VD, T = 32, 16, 50, 30, 15
+
+
+def _model(layers: int, seed: int = 0) -> Eagle3Draft:
+    torch.manual_seed(seed)
+    cfg = DraftModelConfig(hidden_size=H, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
+                           head_dim=8, target_hidden_size=HT, aux_layer_ids=[0, 1, 2], vocab_size=V,
+                           draft_vocab_size=VD, num_hidden_layers=layers)
+    model = Eagle3Draft(cfg)
+    used = torch.randperm(V, generator=torch.Generator().manual_seed(5))[:VD].sort().values
+    t2d = torch.zeros(V, dtype=torch.bool)
+    t2d[used] = True
+    model.init_from_target(torch.randn(V, H), None, used - torch.arange(VD), t2d)
+    return model
+
+
+def _batch(seed: int = 1, with_top: bool = True) -> tuple[dict, torch.Tensor]:
+    """Padded rows of different lengths; answers in several segments (a multi-turn chat), one row with none."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = [T, T - 4, 9, T - 1]
+    attention = torch.stack([torch.arange(T) < n for n in lengths])
+    loss = torch.zeros_like(attention)
+    loss[0, 4:8] = loss[0, 10:] = True  # two answer segments
+    loss[1, 6:] = True
+    loss[3, 3:] = True  # row 2: a prompt only, nothing counts
+    batch = {"input_ids": torch.randint(0, V, (4, T), generator=g), "features": torch.randn(4, T, 3 * HT, generator=g),
+             "last_hidden": torch.randn(4, T, HT, generator=g), "loss_mask": loss & attention,
+             "attention_mask": attention}
+    lm_head = 3 * torch.randn(V, HT, generator=g)
+    if with_top:
+        batch["target_top"] = (batch["last_hidden"] @ lm_head.T).argmax(-1).to(torch.int32)
+    return batch, lm_head
+
+
+def _run(fn, model: Eagle3Draft) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    model.zero_grad(set_to_none=True)
+    loss, stats = fn()
+    loss.backward()
+    return loss.detach(), stats, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+@pytest.mark.parametrize("with_top", [True, False])
+def test_packed_unroll_equals_padded_unroll(layers, with_top):
+    model = _model(layers)
+    batch, lm_head = _batch(with_top=with_top)
+    steps = 3
+
+    def padded():
+        tg = target_distribution(batch["last_hidden"], lm_head, model.d2t, model.t2d, top=batch.get("target_top"))
+        return ttt_unroll(model, batch, tg, steps, 0.8)
+
+    loss_a, stats_a, grads_a = _run(padded, model)
+    loss_b, stats_b, grads_b = _run(lambda: packed_unroll(model, batch, lm_head, steps, 0.8), model)
+    assert loss_b == pytest.approx(float(loss_a), rel=1e-5)
+    assert torch.allclose(stats_b, stats_a, rtol=1e-5, atol=1e-4), (stats_a, stats_b)
+    counts = [STATS.index(k) for k in ("n_loss", "correct", "n", "chain", "valid", "chain_prev", "oov")]
+    assert torch.equal(stats_b[counts], stats_a[counts])  # the counts are exact
+    assert stats_a[STATS.index("oov"), 0] > 0 and stats_a[STATS.index("n"), 2] > 0  # every case occurs
+    assert grads_a.keys() == grads_b.keys() and "fc.weight" in grads_a
+    for name, grad in grads_a.items():
+        assert torch.allclose(grads_b[name], grad, rtol=1e-4, atol=1e-6), name
+
+
+def test_packed_unroll_with_a_shared_loss_norm_and_decay():
+    """The data-parallel denominator and the step decay enter exactly as in the padded unroll."""
+    model = _model(1)
+    batch, lm_head = _batch(seed=3)
+    norm = torch.tensor([40.0, 30.0, 20.0])
+    tg = target_distribution(batch["last_hidden"], lm_head, model.d2t, model.t2d, top=batch["target_top"])
+    want, _ = ttt_unroll(model, batch, tg, 3, 0.5, loss_norm=norm)
+    got, _ = packed_unroll(model, batch, lm_head, 3, 0.5, loss_norm=norm)
+    assert float(got.detach()) == pytest.approx(float(want.detach()), rel=1e-5)
+
+
+def test_packed_unroll_without_counted_positions_falls_back():
+    model = _model(1)
+    batch, lm_head = _batch()
+    batch["loss_mask"] = torch.zeros_like(batch["loss_mask"])
+    loss, stats = packed_unroll(model, batch, lm_head, 3, 0.8)
+    assert float(loss.detach()) == 0.0 and float(stats.sum()) == 0.0 and loss.requires_grad
