@@ -18,6 +18,19 @@ import torch
 from draftlab.model.draft import Eagle3Draft, KVCache
 
 
+
+def pick_draft_token(logits: torch.Tensor, temperature: float, generator: torch.Generator | None,
+                     target_ids: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One draft token ([1], a target id) from draft-vocabulary logits: the argmax when greedy, else a sample
+    with its probabilities q over the target vocabulary (tokens outside the draft vocab get 0), which the
+    verifier's rejection sampling needs."""
+    if temperature <= 0:
+        return target_ids[logits.argmax(-1, keepdim=True)], None
+    q_draft = torch.softmax(logits.float() / temperature, -1)
+    draft_id = torch.multinomial(q_draft, 1, generator=generator)
+    q = torch.zeros(vocab_size, device=logits.device).scatter_add(0, target_ids, q_draft)
+    return target_ids[draft_id], q
+
 class Eagle3Drafter:
     def __init__(self, model: Eagle3Draft, feature_layers: tuple[int, ...]):
         self.model = model.eval()
@@ -64,15 +77,9 @@ class Eagle3Drafter:
         logits, hidden = self.logits, self.hidden
         tokens, qs = [], []
         for j in range(k):
-            if temperature <= 0:
-                draft_id = logits.argmax(-1, keepdim=True)
-            else:
-                q_draft = torch.softmax(logits.float() / temperature, -1)
-                draft_id = torch.multinomial(q_draft, 1, generator=generator)
-                # q over the target vocabulary: tokens outside the draft vocab get probability 0
-                q = torch.zeros(self.vocab_size, device=self.device)
-                qs.append(q.scatter_add(0, self.target_ids, q_draft))
-            token = self.target_ids[draft_id]
+            token, q = pick_draft_token(logits, temperature, generator, self.target_ids, self.vocab_size)
+            if q is not None:
+                qs.append(q)
             tokens.append(token)
             if j == k - 1:
                 break

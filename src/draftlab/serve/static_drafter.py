@@ -20,6 +20,7 @@ import torch
 from draftlab.model.draft import Eagle3Draft
 from draftlab.serve.cuda_graphs import StepGraph
 from draftlab.serve.draft_cache import StaticKVCache
+from draftlab.serve.eagle3_drafter import pick_draft_token
 from draftlab.serve.static_target import LENGTH_QUANTUM
 
 log = logging.getLogger("draftlab.serve")
@@ -88,14 +89,9 @@ class StaticEagle3Drafter:
         logits, hidden = self.logits, self.hidden
         tokens, qs = [], []
         for j in range(k):
-            if temperature <= 0:
-                draft_id = logits.argmax(-1, keepdim=True)
-            else:
-                q_draft = torch.softmax(logits.float() / temperature, -1)
-                draft_id = torch.multinomial(q_draft, 1, generator=generator)
-                q = torch.zeros(self.vocab_size, device=self.device)  # target vocabulary; outside draft vocab: 0
-                qs.append(q.scatter_add(0, self.target_ids, q_draft))
-            token = self.target_ids[draft_id]
+            token, q = pick_draft_token(logits, temperature, generator, self.target_ids, self.vocab_size)
+            if q is not None:
+                qs.append(q)
             tokens.append(token)
             if j == k - 1:
                 break
