@@ -98,7 +98,8 @@ class StaticTargetRunner:
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._keep_kw = "logits_to_keep" if "logits_to_keep" in params else None
-        # transformers < 5.24 derives cache_position from the cache's length on the host unless given one
+        # a forward that takes cache_position gets it explicitly, so nothing is derived on the host from the cache's
+        # length (Llama's takes none in transformers 5.17 or 5.24; other architectures may)
         self._position_kw = "cache_position" in params
         self.graphs = graphs
         self.cache = None
