@@ -31,6 +31,23 @@ def pick_draft_token(logits: torch.Tensor, temperature: float, generator: torch.
     q = torch.zeros(vocab_size, device=logits.device).scatter_add(0, target_ids, q_draft)
     return target_ids[draft_id], q
 
+
+def draft_chain(k: int, logits: torch.Tensor, hidden: torch.Tensor, step, temperature: float,
+                generator: torch.Generator | None, target_ids: torch.Tensor, vocab_size: int
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """k draft tokens (target ids) from the draft's state (logits, hidden), and their q when sampling.
+    `step(j, token, hidden) -> (logits, hidden)` runs draft step j+1 on the token just drafted; the dynamic and
+    the static drafter differ only in it."""
+    tokens, qs = [], []
+    for j in range(k):
+        token, q = pick_draft_token(logits, temperature, generator, target_ids, vocab_size)
+        tokens.append(token)
+        if q is not None:
+            qs.append(q)
+        if j < k - 1:
+            logits, hidden = step(j, token, hidden)
+    return torch.cat(tokens), (torch.stack(qs) if qs else None)
+
 class Eagle3Drafter:
     def __init__(self, model: Eagle3Draft, feature_layers: tuple[int, ...]):
         self.model = model.eval()
@@ -74,18 +91,13 @@ class Eagle3Drafter:
     @torch.inference_mode()
     def propose(self, k: int, temperature: float, generator: torch.Generator | None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        logits, hidden = self.logits, self.hidden
-        tokens, qs = [], []
-        for j in range(k):
-            token, q = pick_draft_token(logits, temperature, generator, self.target_ids, self.vocab_size)
-            if q is not None:
-                qs.append(q)
-            tokens.append(token)
-            if j == k - 1:
-                break
+        def step(j: int, token: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             # step j+1 at rope position (last extended position) + j + 1, on the draft's own hidden state
             position = torch.full((1, 1), self.length + j, dtype=torch.long, device=self.device)
             out, hidden = self.model(token.view(1, 1), hidden, position, self.cache)
-            logits = out[0, -1]
+            return out[0, -1], hidden
+
+        proposal = draft_chain(k, self.logits, self.hidden, step, temperature, generator, self.target_ids,
+                               self.vocab_size)
         self.cache.crop(self.length)  # drafted entries go; the next extend writes the real ones
-        return torch.cat(tokens), (torch.stack(qs) if qs else None)
+        return proposal

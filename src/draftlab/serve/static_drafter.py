@@ -20,7 +20,7 @@ import torch
 from draftlab.model.draft import Eagle3Draft
 from draftlab.serve.cuda_graphs import StepGraph
 from draftlab.serve.draft_cache import StaticKVCache
-from draftlab.serve.eagle3_drafter import pick_draft_token
+from draftlab.serve.eagle3_drafter import draft_chain
 from draftlab.serve.static_target import LENGTH_QUANTUM
 
 log = logging.getLogger("draftlab.serve")
@@ -86,18 +86,12 @@ class StaticEagle3Drafter:
 
     def _chain(self, k: int, temperature: float, generator):
         """k draft tokens from the current state; step j runs at position length + j on the draft's own hidden."""
-        logits, hidden = self.logits, self.hidden
-        tokens, qs = [], []
-        for j in range(k):
-            token, q = pick_draft_token(logits, temperature, generator, self.target_ids, self.vocab_size)
-            if q is not None:
-                qs.append(q)
-            tokens.append(token)
-            if j == k - 1:
-                break
+        def step(j: int, token: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             out, hidden = self._forward(token, hidden, (self._base + j).view(1), self._span(self.length + j + 1))
-            logits = out[0, -1]
-        return torch.cat(tokens), (torch.stack(qs) if qs else None)
+            return out[0, -1], hidden
+
+        return draft_chain(k, self.logits, self.hidden, step, temperature, generator, self.target_ids,
+                           self.vocab_size)
 
     # --- the Drafter protocol ------------------------------------------------------------------------------
 
