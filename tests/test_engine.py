@@ -227,7 +227,14 @@ def test_eagle3_drafter_state_equals_a_full_forward(target, references, sharp_fo
     assert got.tokens == ref[:MAX_NEW]
     n = drafter.length
     assert drafter.cache.length == n and len(ids) < n < len(ids) + len(got.tokens)
-    seq = torch.tensor([ids + got.tokens])
+    assert_drafter_state_is_a_full_forward(target, drafter, loaded, ids + got.tokens)
+
+
+def assert_drafter_state_is_a_full_forward(target, drafter, loaded, tokens: list[int]) -> None:
+    """The drafter's current logits equal one forward of the draft over its first drafter.length positions of
+    `tokens`, fed the target's features: what was committed step by step is what training computes at once."""
+    n = drafter.length
+    seq = torch.tensor([tokens])
     with torch.no_grad():
         hs = target.model(seq, output_hidden_states=True).hidden_states
         features = torch.cat([hs[k + 1] for k in loaded.feature_layers], -1)

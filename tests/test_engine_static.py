@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 from test_engine import (K, MAX_NEW, V_SMALL, BigramDrafter, ScriptDrafter, _chi2_pvalue, _exact_joint,
+                         assert_drafter_state_is_a_full_forward,
                          eagle3_folder, references, sharp_folder, small_model, target)  # noqa: F401
 
 from draftlab.serve import draft_cache, static_target
@@ -180,13 +181,7 @@ def _check_drafter_state(target, references, folder):
     got = SpecEngine(target.model, drafter, K, [], runner=StaticTargetRunner(target.model, drafter.feature_layers)
                      ).generate(ids, MAX_NEW)
     assert got.tokens == ref[:MAX_NEW]
-    n = drafter.length
-    seq = torch.tensor([ids + got.tokens])
-    with torch.no_grad():
-        hs = target.model(seq, output_hidden_states=True).hidden_states
-        features = torch.cat([hs[k + 1] for k in loaded.feature_layers], -1)
-        logits, _ = loaded.model(seq[:, 1: n + 1], features[:, :n], torch.arange(n)[None])
-    torch.testing.assert_close(drafter.logits, logits[0, -1], atol=1e-3, rtol=1e-4)
+    assert_drafter_state_is_a_full_forward(target, drafter, loaded, ids + got.tokens)
 
 
 def test_static_drafter_state_equals_a_full_forward(target, references, sharp_folder, span):

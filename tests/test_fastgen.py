@@ -193,6 +193,22 @@ def test_hardware_presets_compose():
     assert Path(__file__).parents[1].joinpath("conf", "hardware", "gpu.yaml").exists()
 
 
+def _capture_cpu_slots_as_if_on_a_gpu(monkeypatch) -> None:
+    """DecodeSlots.capture runs its GPU path (under FakeCuda) on slots that live on the CPU."""
+    from draftlab.decode_slots import DecodeSlots
+
+    capture_on_gpu = DecodeSlots.capture
+
+    def capture(self):
+        device, self.device = self.device, torch.device("cuda")
+        try:
+            capture_on_gpu(self)
+        finally:
+            self.device = device
+
+    monkeypatch.setattr(DecodeSlots, "capture", capture)
+
+
 def test_graphs_failed_capture_decodes_eagerly_on_the_callers_stream(monkeypatch, caplog):
     """A capture that fails (a host sync inside it) leaves torch.cuda.graph's capture stream current, since its
     exit raises before restoring it: the fallback must put the caller's stream back and still give plain's answers."""
@@ -211,16 +227,8 @@ def test_graphs_failed_capture_decodes_eagerly_on_the_callers_stream(monkeypatch
             raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
         step(self)
 
-    def capture(self):  # the CPU slots, captured as if on a GPU
-        device, self.device = self.device, torch.device("cuda")
-        try:
-            capture_on_gpu(self)
-        finally:
-            self.device = device
-
-    capture_on_gpu = DecodeSlots.capture
     monkeypatch.setattr(DecodeSlots, "step", syncing_step)
-    monkeypatch.setattr(DecodeSlots, "capture", capture)
+    _capture_cpu_slots_as_if_on_a_gpu(monkeypatch)
     with caplog.at_level(logging.WARNING, logger="draftlab.generate"):
         assert generate_graphs(target, prompts, max_new_tokens=8, slots=4, width=24) == plain
     assert fake.current == "default" and graphgen.decode_mode() == "eager"
@@ -233,22 +241,11 @@ def test_graphs_refuses_a_graph_that_replays_nothing(monkeypatch, caplog):
     eagerly when it does not."""
     from fake_cuda import FakeCuda
 
-    from draftlab.decode_slots import DecodeSlots
-
     target = tiny_target()
     prompts = _prompts(6, seed=3)
     plain = generate_batch(target, prompts, max_new_tokens=8, temperature=0.0)
     fake = FakeCuda(monkeypatch)  # its graphs record nothing and replay nothing
-    capture_on_gpu = DecodeSlots.capture
-
-    def capture(self):  # the CPU slots, captured as if on a GPU
-        device, self.device = self.device, torch.device("cuda")
-        try:
-            capture_on_gpu(self)
-        finally:
-            self.device = device
-
-    monkeypatch.setattr(DecodeSlots, "capture", capture)
+    _capture_cpu_slots_as_if_on_a_gpu(monkeypatch)
     monkeypatch.setattr(graphgen, "_slots", None)
     with caplog.at_level(logging.WARNING, logger="draftlab.generate"), torch.inference_mode(), \
             slot_attention(target.model):
