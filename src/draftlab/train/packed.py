@@ -104,13 +104,7 @@ def _step0(model: Eagle3Draft, ids: Tensor, feats: Tensor, positions: Tensor, ro
            cache: TTTCache) -> Tensor:
     """Step 0 (`Eagle3Draft.forward` over the sequence); returns the next hidden state [N, H] at the kept rows.
     Layers before the last run at every position: the next layer's keys need them all."""
-    emb = model.embed_tokens(ids)
-    hidden = feats
-    if not torch.is_autocast_enabled(hidden.device.type):
-        hidden = hidden.to(model.fc.weight.dtype)
-    if hidden.shape[-1] != model.cfg.hidden_size:
-        hidden = model.fc(hidden)
-    cos, sin = model.rope(positions, torch.float32)
+    emb, hidden, cos, sin = model.step_inputs(ids, feats, positions)
     x, residual = hidden, None
     for layer in model.layers[:-1]:
         x, residual = layer(x, residual, emb, cos, sin, cache)
