@@ -41,7 +41,7 @@ def read_samples(extract: Path, n: int) -> tuple[dict, list[dict]]:
     return manifest, samples
 
 
-def write_target(src: Path, out: Path) -> Path:
+def write_target(src: Path, out: Path) -> dict[str, torch.Tensor]:
     out.mkdir(parents=True, exist_ok=True)
     for f in src.iterdir():
         if f.suffix in (".json", ".jinja") and f.name != "model.safetensors.index.json":
@@ -51,7 +51,7 @@ def write_target(src: Path, out: Path) -> Path:
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     index = {"metadata": {}, "weight_map": {k: "model.safetensors" for k in weights}}
     (out / "model.safetensors.index.json").write_text(json.dumps(index))
-    return out
+    return weights
 
 
 def write_speculators(rows: list[dict], out: Path, norm_w: torch.Tensor, d2t, t2d, counts) -> None:
@@ -111,8 +111,8 @@ def main() -> None:
     d2t, t2d, counts = v["d2t"].long(), v["t2d"].bool(), v["counts"]
     train = [s for s in samples if not s["val"]]
     val = [s for s in samples if s["val"]]
-    tdir = write_target(target, out / "target")
-    norm_w = load_file(str(tdir / "model.safetensors"))["model.norm.weight"].float()
+    tdir = out / "target"
+    norm_w = write_target(target, tdir)["model.norm.weight"].float()
     write_speculators(train + val, out / "spec", norm_w, d2t, t2d, counts)  # it trains on the first rows
     write_specforge(train, val, out / "sf", d2t, t2d, json.loads((tdir / "config.json").read_text()), len(d2t))
     ratio = (len(train) + 0.5) / n  # int(n * ratio) == len(train): speculators' split is draftlab's

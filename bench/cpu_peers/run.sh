@@ -21,6 +21,7 @@ case $trainer in
     rm -rf "$DL_ROOT/train" "$DL_ROOT/train.lock"
     (cd "$DL_TREE" && PYTHONPATH="$DL_TREE/src" "${timed[@]}" "${DL_PYTHON:-$DL_TREE/.venv/bin/python}" \
       "$here/draftlab_timed.py" 'stages=[train]' data.samples=240 data.max_new_tokens=96 train.epochs=1 \
+      train.max_steps=null train.early_stop_patience=null \
       train.ttt_steps=3 train.batch_tokens=512 train.lr=1e-3 train.schedule=cosine train.warmup_ratio=0.05 \
       train.dtype=float32 train.device=cpu paths.root="$DL_ROOT" tracking.uri="sqlite:///$DL_ROOT/mlflow.db" \
       tracking.experiment=cpu-peers hydra.run.dir="$out/hydra") > "$out/log.txt" 2>&1 ;;

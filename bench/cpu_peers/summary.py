@@ -24,8 +24,9 @@ def load_runs(results: Path, tokens: int) -> dict[int, dict[str, dict]]:
             continue
         t = json.loads(timing.read_text())
         loads = re.findall(r"load average: ([\d.]+)", (folder / "load.txt").read_text())
-        wall = re.search(r"Elapsed \(wall clock\) time.*: (\S+)", (folder / "time.txt").read_text())
-        rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", (folder / "time.txt").read_text())
+        time_v = (folder / "time.txt").read_text()
+        wall = re.search(r"Elapsed \(wall clock\) time.*: (\S+)", time_v)
+        rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", time_v)
         rounds[int(match[1])][match[2]] = {
             "tok_s": tokens / t["train_s"], "tok_cpu_s": tokens / t["train_cpu_s"], "train_s": t["train_s"],
             "load": "/".join(loads), "wall": wall[1] if wall else "?", "rss_gb": int(rss[1]) / 2**20 if rss else 0}

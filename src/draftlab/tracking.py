@@ -182,6 +182,12 @@ def close_dead_sweeps(client, experiment: str) -> list[str]:
     return _close_dead(client, experiment, "tags.`draftlab.role` = 'sweep'", "a sweep's parent")
 
 
+def _owner_tags() -> dict[str, str]:
+    """The host and process a run is started by: what `_close_dead` reads to tell a dead owner from a live one."""
+    return {"draftlab.host": socket.gethostname(),
+            "draftlab.process": process_identity(os.getpid()) or str(os.getpid())}
+
+
 def _close_dead(client, experiment: str, which: str, what: str) -> list[str]:
     """RUNNING runs matching `which`, started on this host by a process that no longer lives, are closed as KILLED;
     returns their ids. Runs from other hosts, or without a process tag, are left alone (nothing here can tell
@@ -212,8 +218,7 @@ def tracked_run(cfg, parent_run_id: str | None = None, tags: dict[str, str] | No
     client = _client(uri)
     key = job_key(cfg)
     all_tags = {**git_state(repo_root()), **{f"version.{k}": v for k, v in package_versions().items()},
-                "command": " ".join(sys.argv)[:5000], "draftlab.job": key, "draftlab.host": socket.gethostname(),
-                "draftlab.process": process_identity(os.getpid()) or str(os.getpid()), **(tags or {})}
+                "command": " ".join(sys.argv)[:5000], "draftlab.job": key, **_owner_tags(), **(tags or {})}
     if parent_run_id:
         all_tags["mlflow.parentRunId"] = parent_run_id
     experiment = experiment_id(client, cfg.tracking.experiment, uri)
@@ -255,9 +260,8 @@ def start_parent_run(cfg, sweep_dir: Path, description: str, run_name: str | Non
     """Creates a sweep's parent run and leaves its id in the sweep folder for the jobs, whatever launches them."""
     uri = tracking_uri(cfg.tracking.uri)
     client = _client(uri)
-    process = process_identity(os.getpid()) or str(os.getpid())
     tags = {**git_state(repo_root()), "draftlab.sweep_dir": str(sweep_dir), "draftlab.role": "sweep",
-            "draftlab.host": socket.gethostname(), "draftlab.process": process}
+            **_owner_tags()}
     experiment = experiment_id(client, cfg.tracking.experiment, uri)
     close_dead_sweeps(client, experiment)  # a killed sweep's parent would otherwise stay RUNNING for good
     run = client.create_run(experiment, run_name=run_name or cfg.tracking.run_name or f"sweep-{Path(sweep_dir).name}",

@@ -323,14 +323,20 @@ class Eagle3Draft(nn.Module):
         emb = torch.cat([freqs, freqs], -1)[:, None]  # [B, 1, T, head_dim], broadcast over heads
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
-    def forward(self, input_ids: Tensor, hidden: Tensor, position_ids: Tensor,
-                cache: KVCache | TTTCache | None = None) -> tuple[Tensor, Tensor]:
+    def step_inputs(self, input_ids: Tensor, hidden: Tensor,
+                    position_ids: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """What a draft step's layers read: (token embedding, hidden state in the model's width, rope cos, sin)."""
         emb = self.embed_tokens(input_ids)
         if not torch.is_autocast_enabled(hidden.device.type):
             hidden = hidden.to(self.fc.weight.dtype)
         if hidden.shape[-1] != self.cfg.hidden_size:  # raw target features: project (SGLang's width test)
             hidden = self.fc(hidden)
         cos, sin = self.rope(position_ids, torch.float32)
+        return emb, hidden, cos, sin
+
+    def forward(self, input_ids: Tensor, hidden: Tensor, position_ids: Tensor,
+                cache: KVCache | TTTCache | None = None) -> tuple[Tensor, Tensor]:
+        emb, hidden, cos, sin = self.step_inputs(input_ids, hidden, position_ids)
         x, residual = hidden, None
         for layer in self.layers:
             x, residual = layer(x, residual, emb, cos, sin, cache)

@@ -350,7 +350,7 @@ class Trainer:
         epochs_seen = self.state["step"] / max(1, self.state["epoch_batches"] or 1)
         budget = {"train/steps": float(self.state["step"]), "train/epochs_seen": epochs_seen,
                   "train/stopped_early": float(bool(self.state["stopped_early"])),
-                  "train/new_steps": float(self.state["step"] - getattr(self, "start_step", 0))}
+                  "train/new_steps": float(self.state["step"] - self.start_step)}
         final.update(budget)
         self.reporter.metrics({**best_metrics, **budget}, step=self.state["step"])
         return TrainResult(final=final, best=best_metrics, history=list(self.state["history"]),

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from draftlab.model.draft import Eagle3Draft, TTTCache, _rotate_half
-from draftlab.train.ttt import _ROW, STATS, ttt_unroll, target_distribution
+from draftlab.train.ttt import STATS, record_step, step_loss, target_distribution, ttt_unroll
 
 
 class Rows:
@@ -104,13 +104,7 @@ def _step0(model: Eagle3Draft, ids: Tensor, feats: Tensor, positions: Tensor, ro
            cache: TTTCache) -> Tensor:
     """Step 0 (`Eagle3Draft.forward` over the sequence); returns the next hidden state [N, H] at the kept rows.
     Layers before the last run at every position: the next layer's keys need them all."""
-    emb = model.embed_tokens(ids)
-    hidden = feats
-    if not torch.is_autocast_enabled(hidden.device.type):
-        hidden = hidden.to(model.fc.weight.dtype)
-    if hidden.shape[-1] != model.cfg.hidden_size:
-        hidden = model.fc(hidden)
-    cos, sin = model.rope(positions, torch.float32)
+    emb, hidden, cos, sin = model.step_inputs(ids, feats, positions)
     x, residual = hidden, None
     for layer in model.layers[:-1]:
         x, residual = layer(x, residual, emb, cos, sin, cache)
@@ -172,24 +166,13 @@ def packed_unroll(model: Eagle3Draft, batch: dict[str, Tensor], lm_head: Tensor,
         b = rows.b[sel]
         p = targets.probs.index_select(0, targets.row[b, s])
         in_vocab = targets.in_vocab[b, s]
-        ce = torch.logsumexp(lg, -1) - (p * lg).sum(-1)  # as ttt_unroll: soft cross-entropy without a copy
-        n_loss = in_vocab.sum()
-        ce_sum = torch.where(in_vocab, ce, 0.0).sum()
-        denominator = n_loss if loss_norm is None else loss_norm[j]
-        loss = loss + decay**j * ce_sum / denominator.clamp(min=1)
+        term, ce_sum, n_loss = step_loss(lg, p, in_vocab, j, decay, loss_norm)
+        loss = loss + term
         with torch.no_grad():
             hit = model.draft_to_target(lg.argmax(-1)) == targets.top[b, s]
             correct = torch.zeros_like(m).index_fill(0, sel[hit], True)
             valid = valid & m
             prev = chain & valid
             chain = prev & correct
-            row = stats[:, j]
-            row[_ROW["ce"]] = ce_sum.detach().double()
-            row[_ROW["n_loss"]] = n_loss
-            row[_ROW["correct"]] = hit.sum()
-            row[_ROW["n"]] = len(sel)
-            row[_ROW["chain"]] = chain.sum()
-            row[_ROW["valid"]] = valid.sum()
-            row[_ROW["chain_prev"]] = prev.sum()
-            row[_ROW["oov"]] = (~in_vocab).sum()
+            record_step(stats[:, j], ce_sum, n_loss, hit.sum(), len(sel), chain, valid, prev, (~in_vocab).sum())
     return loss, stats

@@ -72,6 +72,31 @@ def draft_rows_distribution(last_hidden: Tensor, lm_head: Tensor, d2t: Tensor, t
     return Targets(torch.cat(probs).view(B, T, -1), top, t2d[top])
 
 
+def step_loss(lg: Tensor, p: Tensor, w: Tensor, j: int, decay: float,
+              loss_norm: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """Step j's share of the loss over logits `lg` [..., Vd] against soft targets `p` at the positions `w`;
+    returns (decay**j * ce_sum / positions, ce_sum, n_loss). `loss_norm[j]`, when given, is the denominator."""
+    # soft cross-entropy -sum p log softmax(lg) = logsumexp(lg) - sum p*lg (p sums to 1): no log_softmax copy
+    ce = torch.logsumexp(lg, -1) - (p * lg).sum(-1)
+    n_loss = w.sum()
+    ce_sum = torch.where(w, ce, 0.0).sum()  # where, not multiply: a NaN on a padded row stays out
+    denominator = n_loss if loss_norm is None else loss_norm[j]
+    return decay**j * ce_sum / denominator.clamp(min=1), ce_sum, n_loss
+
+
+def record_step(row: Tensor, ce_sum: Tensor, n_loss: Tensor, correct, n, chain: Tensor, valid: Tensor,
+                prev: Tensor, oov) -> None:
+    """Writes one step's sums into its column `row` of the stats tensor (chain/valid/prev: masks to count)."""
+    row[_ROW["ce"]] = ce_sum.detach().double()
+    row[_ROW["n_loss"]] = n_loss
+    row[_ROW["correct"]] = correct
+    row[_ROW["n"]] = n
+    row[_ROW["chain"]] = chain.sum()
+    row[_ROW["valid"]] = valid.sum()
+    row[_ROW["chain_prev"]] = prev.sum()
+    row[_ROW["oov"]] = oov
+
+
 def ttt_unroll(model: Eagle3Draft, batch: dict[str, Tensor], targets: Targets, steps: int, decay: float,
                return_logits: bool = False, loss_norm: Tensor | None = None):
     """Runs `steps` draft steps; returns (loss, stats [len(STATS), steps] float64[, per-step logits]).
@@ -103,26 +128,15 @@ def ttt_unroll(model: Eagle3Draft, batch: dict[str, Tensor], targets: Targets, s
         p = targets.probs[:, 1 + j : 1 + j + n]
         m = counted[:, 2 + j : 2 + j + n]
         w = m & targets.in_vocab[:, 1 + j : 1 + j + n]
-        # soft cross-entropy -sum p log softmax(lg) = logsumexp(lg) - sum p*lg (p sums to 1): no log_softmax copy
-        ce = torch.logsumexp(lg, -1) - (p * lg).sum(-1)
-        n_loss = w.sum()
-        ce_sum = torch.where(w, ce, 0.0).sum()  # where, not multiply: a NaN on a padded row stays out
-        denominator = n_loss if loss_norm is None else loss_norm[j]
-        loss = loss + decay**j * ce_sum / denominator.clamp(min=1)
+        term, ce_sum, n_loss = step_loss(lg, p, w, j, decay, loss_norm)
+        loss = loss + term
         with torch.no_grad():
             correct = model.draft_to_target(lg.argmax(-1)) == targets.top[:, 1 + j : 1 + j + n]
             valid = valid[:, :n] & m
             prev = chain[:, :n] & valid
             chain = prev & correct
-            row = stats[:, j]
-            row[_ROW["ce"]] = ce_sum.detach().double()
-            row[_ROW["n_loss"]] = n_loss
-            row[_ROW["correct"]] = (correct & m).sum()
-            row[_ROW["n"]] = m.sum()
-            row[_ROW["chain"]] = chain.sum()
-            row[_ROW["valid"]] = valid.sum()
-            row[_ROW["chain_prev"]] = prev.sum()
-            row[_ROW["oov"]] = (m & ~targets.in_vocab[:, 1 + j : 1 + j + n]).sum()
+            record_step(stats[:, j], ce_sum, n_loss, (correct & m).sum(), m.sum(), chain, valid, prev,
+                        (m & ~targets.in_vocab[:, 1 + j : 1 + j + n]).sum())
     if return_logits:
         return loss, stats, all_logits
     return loss, stats
