@@ -21,7 +21,7 @@ from draftlab.model.draft import Eagle3Draft
 from draftlab.serve.cuda_graphs import StepGraph
 from draftlab.serve.draft_cache import StaticKVCache
 from draftlab.serve.eagle3_drafter import draft_chain
-from draftlab.serve.static_target import LENGTH_QUANTUM
+from draftlab.serve.static_target import cache_length
 
 log = logging.getLogger("draftlab.serve")
 
@@ -62,8 +62,7 @@ class StaticEagle3Drafter:
         """Room for `tokens` positions; a larger cache means new buffers, so captured steps are dropped."""
         if self.cache is not None and tokens <= self.cache.max_len:
             return
-        size = max(LENGTH_QUANTUM, -(-tokens // LENGTH_QUANTUM) * LENGTH_QUANTUM)
-        self.cache = StaticKVCache(self.model.cfg.num_hidden_layers, size)
+        self.cache = StaticKVCache(self.model.cfg.num_hidden_layers, cache_length(tokens))
         self._extend, self._propose = {}, {}
 
     # --- the model calls (shared by the eager and the graphed paths) ---------------------------------------

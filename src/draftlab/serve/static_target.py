@@ -24,6 +24,11 @@ log = logging.getLogger("draftlab.serve")
 LENGTH_QUANTUM = 256  # cache lengths are rounded up to this, so requests of similar size share captured graphs
 
 
+def cache_length(tokens: int) -> int:
+    """The static cache length that holds `tokens` positions: a multiple of LENGTH_QUANTUM, at least one."""
+    return max(LENGTH_QUANTUM, -(-tokens // LENGTH_QUANTUM) * LENGTH_QUANTUM)
+
+
 def _slots(base: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     """Cache slots (= rope positions) of a step's tokens: base, base+1, ... (a function so a test can break it)."""
     return base + steps
@@ -112,7 +117,7 @@ class StaticTargetRunner:
         """Makes room for `tokens` positions; a larger cache means new buffers, so captured steps are dropped."""
         if self.cache is not None and tokens <= self.cache.max_len:
             return
-        size = max(LENGTH_QUANTUM, -(-tokens // LENGTH_QUANTUM) * LENGTH_QUANTUM)
+        size = cache_length(tokens)
         if self._steps:
             log.info("static KV cache grows to %d positions: its CUDA graphs are captured again", size)
         self.cache = _slot_cache_class()(self.model.config, size)
