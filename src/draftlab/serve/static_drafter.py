@@ -149,4 +149,4 @@ class StaticEagle3Drafter:
 
     def graph_report(self) -> dict[str, str]:
         steps = [s for s, *_ in self._extend.values()] + list(self._propose.values())
-        return {s.name: "graph" if s.captured else (s.failure or "eager") for s in steps}
+        return {s.name: s.state for s in steps}

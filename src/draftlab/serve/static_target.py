@@ -191,4 +191,4 @@ class StaticTargetRunner:
 
     def graph_report(self) -> dict[str, str]:
         """Each step's state: captured, eager, or why its capture failed."""
-        return {g.name: "graph" if g.captured else (g.failure or "eager") for g, _ in self._steps.values()}
+        return {g.name: g.state for g, _ in self._steps.values()}
