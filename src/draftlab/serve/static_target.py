@@ -51,6 +51,20 @@ def _full_attention_only(config) -> bool:
     return not getattr(config, "sliding_window", None) or getattr(config, "use_sliding_window", True) is False
 
 
+def _attention(config) -> str:
+    return getattr(config, "_attn_implementation", None) or "sdpa"
+
+
+def static_cache_obstacle(config) -> str | None:
+    """Why the static cache cannot serve a target of this config, or None: it masks full causal attention only
+    and passes its own 4D mask, which only sdpa and eager attention take as given."""
+    if not _full_attention_only(config):
+        return "the target has sliding-window layers"
+    if _attention(config) not in ("sdpa", "eager"):
+        return f"the target's attention is {_attention(config)} (the static cache needs sdpa or eager)"
+    return None
+
+
 def _slot_cache_class():
     from transformers import StaticCache
 
@@ -92,14 +106,11 @@ class StaticTargetRunner:
         num_layers = model.config.num_hidden_layers
         if any(not 0 <= k < num_layers for k in self.feature_layers):
             raise ValueError(f"feature layers {self.feature_layers} outside the target's 0..{num_layers - 1}")
-        if not _full_attention_only(model.config):
-            raise ValueError("the static KV cache masks full causal attention only; this target has sliding-window "
-                             "layers (serve it with bench.static_cache=false)")
-        attn = getattr(model.config, "_attn_implementation", None) or "sdpa"
-        if attn not in ("sdpa", "eager"):
-            raise ValueError(f"the static KV cache passes its own mask: it needs sdpa or eager attention, the "
-                             f"target uses {attn} (bench.static_cache=false serves it with the dynamic cache)")
-        self._additive = None if attn == "sdpa" else self.dtype
+        why = static_cache_obstacle(model.config)
+        if why:
+            raise ValueError(f"the static KV cache cannot serve this target: {why} (bench.static_cache=false serves "
+                             "it with the dynamic cache)")
+        self._additive = None if _attention(model.config) == "sdpa" else self.dtype
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._keep_kw = "logits_to_keep" if "logits_to_keep" in params else None
