@@ -73,9 +73,11 @@ def load_drafter(folder, target_model, mode: EngineMode, rules: str = "current",
                  max_len: int = 0):
     """(drafter, LoadedDraft): the exported draft as SGLang would load it, on this mode's cache."""
     if mode.static_cache:
+        from draftlab.serve.loader import load_draft_like_sglang
         from draftlab.serve.static_drafter import StaticEagle3Drafter
 
-        return StaticEagle3Drafter.from_folder(folder, target_model, rules, dtype, mode.cuda_graphs, max_len)
+        loaded = load_draft_like_sglang(folder, target_model, rules, dtype)
+        return StaticEagle3Drafter(loaded.model, loaded.feature_layers, mode.cuda_graphs, max_len), loaded
     from draftlab.serve.eagle3_drafter import Eagle3Drafter
 
     return Eagle3Drafter.from_folder(folder, target_model, rules, dtype)

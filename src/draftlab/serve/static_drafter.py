@@ -49,15 +49,6 @@ class StaticEagle3Drafter:
         self._propose: dict[int, StepGraph] = {}
         self.reserve(max_len)
 
-    @classmethod
-    def from_folder(cls, folder, target_model, rules: str = "current", dtype: torch.dtype | None = None,
-                    graphs: bool = False, max_len: int = 0):
-        """(drafter, LoadedDraft) for an exported draft folder, loaded as SGLang would load it."""
-        from draftlab.serve.loader import load_draft_like_sglang
-
-        loaded = load_draft_like_sglang(folder, target_model, rules, dtype)
-        return cls(loaded.model, loaded.feature_layers, graphs, max_len), loaded
-
     def reserve(self, tokens: int) -> None:
         """Room for `tokens` positions; a larger cache means new buffers, so captured steps are dropped."""
         if self.cache is not None and tokens <= self.cache.max_len:
