@@ -119,7 +119,6 @@ class StaticTargetRunner:
         self._position_kw = "cache_position" in params
         self.graphs = graphs
         self.cache = None
-        self.length = 0
         self._steps: dict[tuple[int, bool], tuple[StepGraph, torch.Tensor]] = {}
         self._base = torch.zeros((), dtype=torch.long, device=self.device)
         self.reserve(max_len)
@@ -136,6 +135,15 @@ class StaticTargetRunner:
 
     def reset(self) -> None:
         self.length = 0  # old entries stay in their slots, masked until overwritten
+
+    @property
+    def length(self) -> int:
+        """Positions in use; kept on the cache, whose get_seq_length reports it."""
+        return self.cache.host_length
+
+    @length.setter
+    def length(self, value: int) -> None:
+        self.cache.host_length = value
 
     @property
     def max_len(self) -> int:
@@ -191,14 +199,12 @@ class StaticTargetRunner:
             self._base.fill_(self.length)
             out = step()
         self.length += count
-        self.cache.host_length = self.length
         return out[0], (out[1] if len(out) > 1 else None)
 
     def crop(self, keep: int) -> None:
         if keep > self.length:
             raise RuntimeError(f"cannot grow a KV cache by cropping ({self.length} -> {keep})")
         self.length = keep
-        self.cache.host_length = keep
 
     def graph_report(self) -> dict[str, str]:
         """Each step's state: captured, eager, or why its capture failed."""
