@@ -86,8 +86,7 @@ def _decode_slots(target, batch: int, columns: int, max_new_tokens: int, compile
     eos, pad = list(target.eos_token_ids), target.tokenizer.pad_token_id
     shape = (batch, columns, max_new_tokens, sorted(set(eos)), pad, compile)
     if _slots is None or _slots.model is not target.model or _slots.key != shape:
-        _slots = None  # frees the previous cache and graph before the new ones are allocated
-        gc.collect()  # (they sit in a reference cycle, so only the collector frees them)
+        release()  # frees the previous cache and graph before the new ones are allocated
         state = DecodeSlots(target.model, batch, columns, max_new_tokens, eos, pad, compile)
         state.key = shape
         state.capture()

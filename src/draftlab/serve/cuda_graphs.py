@@ -67,6 +67,11 @@ class StepGraph:
     def captured(self) -> bool:
         return self.graph is not None
 
+    @property
+    def state(self) -> str:
+        """For the benchmark's report: 'graph' (captured), 'eager', or why its capture failed."""
+        return "graph" if self.captured else (self.failure or "eager")
+
     def __call__(self) -> tuple[torch.Tensor, ...]:
         if self.graph is not None:
             self.graph.replay()

@@ -10,16 +10,17 @@ the committed length hold drafted or padding entries that are masked until a lat
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from draftlab.model.draft import _repeat_kv
+from draftlab.serve.static_target import visible_mask
 
 
 def visible(slots: Tensor, max_len: int) -> Tensor:
-    """[1, 1, T, max_len] boolean: the query at position p sees slots 0..p (a function so a test can break it)."""
-    return (torch.arange(max_len, device=slots.device)[None, :] <= slots[:, None])[None, None]
+    """[1, 1, T, max_len] boolean: the target's mask (the query at position p sees slots 0..p), named here so a
+    test can break the draft's alone."""
+    return visible_mask(slots, max_len, None)
 
 
 class StaticKVCache:

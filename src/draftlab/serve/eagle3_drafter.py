@@ -18,7 +18,6 @@ import torch
 from draftlab.model.draft import Eagle3Draft, KVCache
 
 
-
 def pick_draft_token(logits: torch.Tensor, temperature: float, generator: torch.Generator | None,
                      target_ids: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One draft token ([1], a target id) from draft-vocabulary logits: the argmax when greedy, else a sample
@@ -47,6 +46,7 @@ def draft_chain(k: int, logits: torch.Tensor, hidden: torch.Tensor, step, temper
         if j < k - 1:
             logits, hidden = step(j, token, hidden)
     return torch.cat(tokens), (torch.stack(qs) if qs else None)
+
 
 class Eagle3Drafter:
     def __init__(self, model: Eagle3Draft, feature_layers: tuple[int, ...]):

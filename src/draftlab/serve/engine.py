@@ -184,6 +184,16 @@ class SpecEngine:
         self.num_steps = num_steps
         self.eos = set(int(e) for e in eos_token_ids)
 
+    def reserve(self, prompt_len: int, max_new_tokens: int) -> int:
+        """Sizes the target's and the drafter's KV caches for a request of this prompt and answer length (a static
+        cache preallocates, a dynamic one ignores it); returns the positions: the longest such a request can get,
+        prompt, answer, and one verify block past its last token."""
+        longest = prompt_len + max_new_tokens + self.num_steps + 1
+        self.target.reserve(longest)
+        if hasattr(self.drafter, "reserve"):
+            self.drafter.reserve(longest)
+        return longest
+
     @torch.inference_mode()
     def generate(self, prompt_ids: Sequence[int] | torch.Tensor, max_new_tokens: int, temperature: float = 0.0,
                  generator: torch.Generator | None = None) -> Generation:
@@ -194,11 +204,7 @@ class SpecEngine:
         started = time.perf_counter()
         ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=target.device).flatten()
         gen = Generation(prompt_len=int(ids.numel()), tokens=[], verify_steps=0)
-        # the longest this request can get: prompt, answer, and one verify block past its last token
-        longest = gen.prompt_len + max_new_tokens + k + 1
-        target.reserve(longest)
-        if hasattr(self.drafter, "reserve"):
-            self.drafter.reserve(longest)
+        self.reserve(gen.prompt_len, max_new_tokens)
         target.reset()
         logits, features = target.forward(ids, want, last_only=True)
         first = int(_sample(logits[-1], temperature, generator))

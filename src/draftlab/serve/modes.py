@@ -38,17 +38,14 @@ def engine_mode(static_cache: bool, cuda_graphs, device: torch.device, model=Non
     several devices (target.device_map), with sliding-window layers or with an attention other than sdpa/eager
     keeps the dynamic cache: the static one lives on one device, masks full causal attention only and passes its
     own 4D mask."""
-    from draftlab.serve.static_target import _full_attention_only
+    from draftlab.serve.static_target import static_cache_obstacle
 
     graphs = graphs_enabled(cuda_graphs, device)
     why = None
     if model is not None and static_cache and len({p.device for p in model.parameters()}) > 1:
         why = "the target spans several devices (target.device_map)"
-    elif static_cache and getattr(model, "config", None) is not None and not _full_attention_only(model.config):
-        why = "the target has sliding-window layers"
-    elif static_cache and (getattr(getattr(model, "config", None), "_attn_implementation", None) or "sdpa") not in (
-            "sdpa", "eager"):  # the static cache passes its own mask, which only these take as given
-        why = f"the target's attention is {model.config._attn_implementation} (the static cache needs sdpa or eager)"
+    elif static_cache and getattr(model, "config", None) is not None:
+        why = static_cache_obstacle(model.config)
     if why:
         if str(cuda_graphs).lower() == "true":
             raise ValueError(f"bench.cuda_graphs: true needs the static KV cache, and {why}")
@@ -76,9 +73,11 @@ def load_drafter(folder, target_model, mode: EngineMode, rules: str = "current",
                  max_len: int = 0):
     """(drafter, LoadedDraft): the exported draft as SGLang would load it, on this mode's cache."""
     if mode.static_cache:
+        from draftlab.serve.loader import load_draft_like_sglang
         from draftlab.serve.static_drafter import StaticEagle3Drafter
 
-        return StaticEagle3Drafter.from_folder(folder, target_model, rules, dtype, mode.cuda_graphs, max_len)
+        loaded = load_draft_like_sglang(folder, target_model, rules, dtype)
+        return StaticEagle3Drafter(loaded.model, loaded.feature_layers, mode.cuda_graphs, max_len), loaded
     from draftlab.serve.eagle3_drafter import Eagle3Drafter
 
     return Eagle3Drafter.from_folder(folder, target_model, rules, dtype)

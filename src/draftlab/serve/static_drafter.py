@@ -21,7 +21,7 @@ from draftlab.model.draft import Eagle3Draft
 from draftlab.serve.cuda_graphs import StepGraph
 from draftlab.serve.draft_cache import StaticKVCache
 from draftlab.serve.eagle3_drafter import draft_chain
-from draftlab.serve.static_target import LENGTH_QUANTUM
+from draftlab.serve.static_target import cache_length
 
 log = logging.getLogger("draftlab.serve")
 
@@ -49,21 +49,11 @@ class StaticEagle3Drafter:
         self._propose: dict[int, StepGraph] = {}
         self.reserve(max_len)
 
-    @classmethod
-    def from_folder(cls, folder, target_model, rules: str = "current", dtype: torch.dtype | None = None,
-                    graphs: bool = False, max_len: int = 0):
-        """(drafter, LoadedDraft) for an exported draft folder, loaded as SGLang would load it."""
-        from draftlab.serve.loader import load_draft_like_sglang
-
-        loaded = load_draft_like_sglang(folder, target_model, rules, dtype)
-        return cls(loaded.model, loaded.feature_layers, graphs, max_len), loaded
-
     def reserve(self, tokens: int) -> None:
         """Room for `tokens` positions; a larger cache means new buffers, so captured steps are dropped."""
         if self.cache is not None and tokens <= self.cache.max_len:
             return
-        size = max(LENGTH_QUANTUM, -(-tokens // LENGTH_QUANTUM) * LENGTH_QUANTUM)
-        self.cache = StaticKVCache(self.model.cfg.num_hidden_layers, size)
+        self.cache = StaticKVCache(self.model.cfg.num_hidden_layers, cache_length(tokens))
         self._extend, self._propose = {}, {}
 
     # --- the model calls (shared by the eager and the graphed paths) ---------------------------------------
@@ -150,4 +140,4 @@ class StaticEagle3Drafter:
 
     def graph_report(self) -> dict[str, str]:
         steps = [s for s, *_ in self._extend.values()] + list(self._propose.values())
-        return {s.name: "graph" if s.captured else (s.failure or "eager") for s in steps}
+        return {s.name: s.state for s in steps}

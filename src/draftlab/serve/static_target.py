@@ -24,6 +24,11 @@ log = logging.getLogger("draftlab.serve")
 LENGTH_QUANTUM = 256  # cache lengths are rounded up to this, so requests of similar size share captured graphs
 
 
+def cache_length(tokens: int) -> int:
+    """The static cache length that holds `tokens` positions: a multiple of LENGTH_QUANTUM, at least one."""
+    return max(LENGTH_QUANTUM, -(-tokens // LENGTH_QUANTUM) * LENGTH_QUANTUM)
+
+
 def _slots(base: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     """Cache slots (= rope positions) of a step's tokens: base, base+1, ... (a function so a test can break it)."""
     return base + steps
@@ -44,6 +49,20 @@ def _full_attention_only(config) -> bool:
     if types:
         return all(t == "full_attention" for t in types)
     return not getattr(config, "sliding_window", None) or getattr(config, "use_sliding_window", True) is False
+
+
+def _attention(config) -> str:
+    return getattr(config, "_attn_implementation", None) or "sdpa"
+
+
+def static_cache_obstacle(config) -> str | None:
+    """Why the static cache cannot serve a target of this config, or None: it masks full causal attention only
+    and passes its own 4D mask, which only sdpa and eager attention take as given."""
+    if not _full_attention_only(config):
+        return "the target has sliding-window layers"
+    if _attention(config) not in ("sdpa", "eager"):
+        return f"the target's attention is {_attention(config)} (the static cache needs sdpa or eager)"
+    return None
 
 
 def _slot_cache_class():
@@ -87,14 +106,11 @@ class StaticTargetRunner:
         num_layers = model.config.num_hidden_layers
         if any(not 0 <= k < num_layers for k in self.feature_layers):
             raise ValueError(f"feature layers {self.feature_layers} outside the target's 0..{num_layers - 1}")
-        if not _full_attention_only(model.config):
-            raise ValueError("the static KV cache masks full causal attention only; this target has sliding-window "
-                             "layers (serve it with bench.static_cache=false)")
-        attn = getattr(model.config, "_attn_implementation", None) or "sdpa"
-        if attn not in ("sdpa", "eager"):
-            raise ValueError(f"the static KV cache passes its own mask: it needs sdpa or eager attention, the "
-                             f"target uses {attn} (bench.static_cache=false serves it with the dynamic cache)")
-        self._additive = None if attn == "sdpa" else self.dtype
+        why = static_cache_obstacle(model.config)
+        if why:
+            raise ValueError(f"the static KV cache cannot serve this target: {why} (bench.static_cache=false serves "
+                             "it with the dynamic cache)")
+        self._additive = None if _attention(model.config) == "sdpa" else self.dtype
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._keep_kw = "logits_to_keep" if "logits_to_keep" in params else None
@@ -103,7 +119,6 @@ class StaticTargetRunner:
         self._position_kw = "cache_position" in params
         self.graphs = graphs
         self.cache = None
-        self.length = 0
         self._steps: dict[tuple[int, bool], tuple[StepGraph, torch.Tensor]] = {}
         self._base = torch.zeros((), dtype=torch.long, device=self.device)
         self.reserve(max_len)
@@ -112,7 +127,7 @@ class StaticTargetRunner:
         """Makes room for `tokens` positions; a larger cache means new buffers, so captured steps are dropped."""
         if self.cache is not None and tokens <= self.cache.max_len:
             return
-        size = max(LENGTH_QUANTUM, -(-tokens // LENGTH_QUANTUM) * LENGTH_QUANTUM)
+        size = cache_length(tokens)
         if self._steps:
             log.info("static KV cache grows to %d positions: its CUDA graphs are captured again", size)
         self.cache = _slot_cache_class()(self.model.config, size)
@@ -120,6 +135,15 @@ class StaticTargetRunner:
 
     def reset(self) -> None:
         self.length = 0  # old entries stay in their slots, masked until overwritten
+
+    @property
+    def length(self) -> int:
+        """Positions in use; kept on the cache, whose get_seq_length reports it."""
+        return self.cache.host_length
+
+    @length.setter
+    def length(self, value: int) -> None:
+        self.cache.host_length = value
 
     @property
     def max_len(self) -> int:
@@ -175,15 +199,13 @@ class StaticTargetRunner:
             self._base.fill_(self.length)
             out = step()
         self.length += count
-        self.cache.host_length = self.length
         return out[0], (out[1] if len(out) > 1 else None)
 
     def crop(self, keep: int) -> None:
         if keep > self.length:
             raise RuntimeError(f"cannot grow a KV cache by cropping ({self.length} -> {keep})")
         self.length = keep
-        self.cache.host_length = keep
 
     def graph_report(self) -> dict[str, str]:
         """Each step's state: captured, eager, or why its capture failed."""
-        return {g.name: "graph" if g.captured else (g.failure or "eager") for g, _ in self._steps.values()}
+        return {g.name: g.state for g, _ in self._steps.values()}

@@ -64,11 +64,10 @@ def measure(model, drafter, prompts: list[list[int]], num_steps: int, max_new_to
             mode: EngineMode = DYNAMIC) -> BenchRun:
     """Speculative and plain decoding of every prompt, alternating which goes first; both decoders use `mode`'s
     KV cache (and CUDA graphs), sized once for the longest prompt so every step keeps one shape."""
-    longest = max(len(p) for p in prompts) + max_new_tokens + num_steps + 1
     layers = tuple(getattr(drafter, "feature_layers", ()))
-    if hasattr(drafter, "reserve"):  # sized before the warm-up, so no step is captured again mid-measurement
-        drafter.reserve(longest)
-    engine = SpecEngine(model, drafter, num_steps, eos_token_ids, runner=target_runner(model, mode, layers, longest))
+    engine = SpecEngine(model, drafter, num_steps, eos_token_ids, runner=target_runner(model, mode, layers))
+    # sized before the warm-up, so no step is captured again mid-measurement
+    longest = engine.reserve(max(len(p) for p in prompts), max_new_tokens)
     runner = target_runner(model, mode, (), longest)
     device = runner.device
     gen = torch.Generator(device=device)
