@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 10, the real answer: SmolLM2 data sizes up to 25,600 samples, each trained to convergence, on one
-# nvidia-h200-x2 (2 GPUs, 3 jobs per GPU at most: the small draft saturates a GPU at about 12 steps/s).
+# nvidia-h200-x2 (2 GPUs, 3 jobs per GPU at most: the small draft saturates a GPU at about 12 steps/s), or on one
+# nvidia-h200 with JOBS_SET=single (both jobs on GPU 0).
 # Device calls, back to back on one machine (the carried paths are described in bench/h200x2_lead_session.sh):
 #   call 1 (carry .whl .gguf-a .speed/site .gpurun): bash .gpurun/lead.sh install
 #   call 2 (carry .gguf-b .whl-tf):                  bash .gpurun/lead.sh start
@@ -34,6 +35,12 @@ JOBS=(
   "n25600s0 1 40 data.samples=25600 train.seed=0"
   "n25600last 0 50 data.samples=25600 train.seed=0 extract.layers=last"
   "n25600L2 1 50 data.samples=25600 train.seed=0 draft.num_layers=2"
+)
+elif [ "${JOBS_SET:-next}" = single ]; then  # one nvidia-h200 (2026-12-01, session 2: no x2 lent): the size and
+# the ablation that shares its extraction; two jobs saturate the GPU, a third would leave all three unconverged
+JOBS=(
+  "n25600s0 0 0 data.samples=25600 train.seed=0"
+  "n25600L2 0 20 data.samples=25600 train.seed=0 draft.num_layers=2"
 )
 else  # the largest size alone on GPU 1 (it converges last); its two ablations share GPU 0
 JOBS=(
@@ -93,6 +100,9 @@ case "$step" in
 install)
   nvidia-smi -L; python3 -c 'import torch, transformers; print(torch.__version__, transformers.__version__, torch.cuda.device_count())'
   install_wheels .whl && keep_first_half && rm -rf $G && cp -r .gpurun $G
+  # where a SmolLM2-shaped training step spends its GPU time (the sweep's batch), before the jobs share the GPU
+  (cd $G/main && PYTHONPATH=/tmp/site:src timeout 120 python3 bench/train_throughput.py --preset smollm2 \
+    --batch-tokens 16384 --seq 512 --steps 5 --profile "$OUT"/profile_smollm2_16k.txt | tee "$OUT"/throughput.jsonl)
   setsid nohup sleep 1200 < /dev/null > /dev/null 2>&1 & echo $! > /tmp/probe.pid  # do detached jobs outlive a call?
   nproc; free -g | head -n 2; df -h /tmp | tail -n 1 ;;
 start)

@@ -156,6 +156,16 @@ def bench(name: str, args) -> dict:
         loss = step()
     sync()
     seconds = (time.perf_counter() - start) / args.steps
+    if args.profile:  # where a step's time goes: the top operators by device (or CPU) time over 3 steps
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if amp else [])
+        with profile(activities=acts) as prof:
+            for _ in range(3):
+                step()
+            sync()
+        key = "self_cuda_time_total" if amp else "self_cpu_time_total"
+        Path(args.profile).write_text(prof.key_averages().table(sort_by=key, row_limit=40, max_name_column_width=60))
     tokens = B * args.seq * world()  # every rank trains its own B x seq per step
     per_token, parts = flops_per_token(cfg, args.seq, args.ttt_steps)
     peak = args.peak if args.peak else (790.0 if amp else None)
@@ -192,6 +202,7 @@ def main() -> None:
     ap.add_argument("--prompt-frac", type=float, default=0.0, help="share of each row that is prompt (no loss)")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads")
     ap.add_argument("--strategy", choices=["ddp", "fsdp"], default="ddp", help="under torchrun")
+    ap.add_argument("--profile", default=None, help="write torch.profiler's top operators over 3 more steps here")
     args = ap.parse_args()
     if args.unroll == "packed" and world() > 1:
         ap.error("--unroll packed: single process only (train/distributed.py runs the padded unroll)")
