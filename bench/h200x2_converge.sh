@@ -4,8 +4,8 @@
 # nvidia-h200 with JOBS_SET=single (both jobs on GPU 0).
 # Device calls, back to back on one machine (the carried paths are described in bench/h200x2_lead_session.sh):
 #   call 1 (carry .whl .gguf-a .speed/site .gpurun): bash .gpurun/lead.sh install
-#   call 2 (carry .gguf-b .whl-tf):                  bash .gpurun/lead.sh start
-#   call 3.. (nothing carried):                       bash .gpurun/lead.sh watch
+#   call 2 (carry .gguf-b .whl-tf):                  bash /tmp/gpurun/lead.sh start
+#   call 3.. (nothing carried):                       BUDGET=560 bash /tmp/gpurun/lead.sh watch
 # .gpurun/lead.sh is this file; .gpurun/main is `git archive` of main (src conf bench) at the commit in
 # .gpurun/COMMIT; .gpurun/prompts.jsonl (sha256 09076a8a...) holds 32,000 ShareGPT prompts written so that
 # draftlab's seed-0 shuffle puts the 9,000 prompts of the 2026-11-30 runs first, in the same order: the pool's
@@ -24,31 +24,32 @@ BUDGET=${BUDGET:-570}   # seconds this call watches before it packs what it has
 START=$(date +%s)
 mkdir -p $ROOT/rc "$OUT"
 
-# name gpu delay overrides... (the pool is shared: the first jobs fill its prefix, larger ones extend it)
-# 2026-12-01 (session 1 of this script) ran the first five with a 6000-step cap: n6400s1 and n12800s0 converged;
-# the 25,600-sample jobs lost 9 minutes to a thread-starved vocabulary count (fixed: data/vocab.py) and ran out
-# of device time. The second list is what the next session runs: `bash .gpurun/lead.sh start` (JOBS_SET=first: the list that ran).
-if [ "${JOBS_SET:-next}" = first ]; then
-JOBS=(
+# name gpu delay overrides... (the pool is shared: the first jobs fill its prefix, larger ones extend it). A job's GPU
+# index is taken modulo the machine's GPU count, so every list runs on one GPU too.
+# 2026-12-01, session 1 (x2, JOBS_SET=first, 6000-step cap): n6400s1 and n12800s0 converged; the 25,600-sample jobs
+# lost 9 minutes to a thread-starved vocabulary count (fixed: data/vocab.py) and ran out of device time.
+# 2026-12-01, session 2 (one H200, JOBS_SET=single): n25600s0 converged (5,040 steps); n25600L2, sharing the GPU at
+# 3 steps/s, could not finish in the device time left and was stopped at step 850.
+# Next (the default): the two ablations at 25,600, with the compiled loss and the packed unroll on the GPU
+# (1.52x a step at 16,384 tokens: BENCHMARKS.md). Both fit one H200's 30 device minutes only at that speed.
+case "${JOBS_SET:-next}" in
+first) JOBS=(
   "n6400s1 0 0 data.samples=6400 train.seed=1"
   "n12800s0 0 25 data.samples=12800 train.seed=0"
   "n25600s0 1 40 data.samples=25600 train.seed=0"
   "n25600last 0 50 data.samples=25600 train.seed=0 extract.layers=last"
   "n25600L2 1 50 data.samples=25600 train.seed=0 draft.num_layers=2"
-)
-elif [ "${JOBS_SET:-next}" = single ]; then  # one nvidia-h200 (2026-12-01, session 2: no x2 lent): the size and
-# the ablation that shares its extraction; two jobs saturate the GPU, a third would leave all three unconverged
-JOBS=(
+) ;;
+single) JOBS=(  # the size and the ablation that shares its extraction
   "n25600s0 0 0 data.samples=25600 train.seed=0"
   "n25600L2 0 20 data.samples=25600 train.seed=0 draft.num_layers=2"
-)
-else  # the largest size alone on GPU 1 (it converges last); its two ablations share GPU 0
-JOBS=(
-  "n25600s0 1 0 data.samples=25600 train.seed=0"
-  "n25600last 0 20 data.samples=25600 train.seed=0 extract.layers=last"
-  "n25600L2 0 20 data.samples=25600 train.seed=0 draft.num_layers=2"
-)
-fi
+) ;;
+*) JOBS=(  # the slower job (two layers) first; the one-layer features are extracted while it trains
+  "n25600L2 0 0 data.samples=25600 train.seed=0 draft.num_layers=2"
+  "n25600last 1 20 data.samples=25600 train.seed=0 extract.layers=last"
+) ;;
+esac
+GPUS=$(nvidia-smi -L 2>/dev/null | wc -l); [ "$GPUS" -ge 1 ] || GPUS=1
 # CPU threads per job: torch defaults to every core in every process, and 5 jobs x 32 threads on 32 cores made
 # each small CPU op wait on the others (the jobs trained at 2.6-4 steps/s instead of ~6 with two per GPU).
 export OMP_NUM_THREADS=$(( $(nproc) / ${#JOBS[@]} ))
@@ -66,8 +67,10 @@ smollm2() {
 
 launch() {  # launch <first delay>: starts every job that is neither running nor finished
   local first=$1
+  DRAFTLAB_GIT_COMMIT=$(cat $G/COMMIT) && export DRAFTLAB_GIT_COMMIT  # the archive's commit, for every run's record
   for spec in "${JOBS[@]}"; do
     read -r name dev delay overrides <<< "$spec"
+    dev=$(( dev % GPUS ))
     [ -f $ROOT/rc/$name ] && continue
     [ -f $ROOT/pid-$name ] && kill -0 "$(cat $ROOT/pid-$name)" 2>/dev/null && continue
     [ "$first" = 1 ] || delay=0
@@ -100,9 +103,11 @@ case "$step" in
 install)
   nvidia-smi -L; python3 -c 'import torch, transformers; print(torch.__version__, transformers.__version__, torch.cuda.device_count())'
   install_wheels .whl && keep_first_half && rm -rf $G && cp -r .gpurun $G
-  # where a SmolLM2-shaped training step spends its GPU time (the sweep's batch), before the jobs share the GPU
-  (cd $G/main && PYTHONPATH=/tmp/site:src timeout 120 python3 bench/train_throughput.py --preset smollm2 \
-    --batch-tokens 16384 --seq 512 --steps 5 --profile "$OUT"/profile_smollm2_16k.txt | tee "$OUT"/throughput.jsonl)
+  # where a SmolLM2-shaped training step spends its GPU time (the sweep's batch and the trainer's GPU path: compiled
+  # loss, packed unroll, 40% prompt), before the jobs share the GPU
+  (cd $G/main && PYTHONPATH=/tmp/site:src timeout 150 python3 bench/train_throughput.py --preset smollm2 \
+    --batch-tokens 16384 --seq 512 --steps 5 --compile-loss --unroll packed --prompt-frac 0.4 \
+    --profile "$OUT"/profile_smollm2_16k.txt | tee "$OUT"/throughput.jsonl)
   setsid nohup sleep 1200 < /dev/null > /dev/null 2>&1 & echo $! > /tmp/probe.pid  # do detached jobs outlive a call?
   nproc; free -g | head -n 2; df -h /tmp | tail -n 1 ;;
 start)

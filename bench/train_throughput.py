@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from draftlab.model.draft import DraftModelConfig, Eagle3Draft  # noqa: E402
 from draftlab.train.loop import build_optimizer  # noqa: E402
 from draftlab.train.packed import packed_unroll  # noqa: E402
-from draftlab.train.ttt import target_distribution, ttt_unroll  # noqa: E402
+from draftlab.train.ttt import compiled_soft_ce, soft_ce, target_distribution, ttt_unroll  # noqa: E402
 
 PRESETS = {
     "smollm2": dict(hidden_size=576, intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3,
@@ -126,14 +126,16 @@ def bench(name: str, args) -> dict:
     # rows of lm_head only; full: today's full-vocabulary matmul per batch
     top = torch.randint(0, v, (B, args.seq), generator=g).to(device, torch.int32) if args.targets == "draft-rows" else None
 
+    ce = compiled_soft_ce() if args.compile_loss else soft_ce
+
     def step() -> float:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
             if args.unroll == "padded":
                 targets = target_distribution(batch["last_hidden"], lm_head, model.d2t, model.t2d, top=top)
             if args.unroll == "packed":
-                loss, _ = packed_unroll(model, {**batch, "target_top": top}, lm_head, args.ttt_steps, 0.8)
+                loss, _ = packed_unroll(model, {**batch, "target_top": top}, lm_head, args.ttt_steps, 0.8, ce=ce)
             elif unroll is None:
-                loss, _ = ttt_unroll(model, batch, targets, args.ttt_steps, 0.8)
+                loss, _ = ttt_unroll(model, batch, targets, args.ttt_steps, 0.8, ce=ce)
             else:
                 loss, _ = unroll(batch, targets, args.ttt_steps, 0.8, None)
         opt.zero_grad(set_to_none=True)
@@ -173,7 +175,7 @@ def bench(name: str, args) -> dict:
     return {
         "preset": name, "device": args.device, "gpus": world(), "strategy": args.strategy if world() > 1 else None,
         "seq": args.seq, "batch": B, "ttt_steps": args.ttt_steps,
-        "layers": args.layers, "compile": args.compile, "targets": args.targets, "unroll": args.unroll,
+        "layers": args.layers, "compile": args.compile, "compile_loss": args.compile_loss, "targets": args.targets, "unroll": args.unroll,
         "prompt_frac": args.prompt_frac, "step_s": round(seconds, 4),
         "tokens_per_s": round(tokens / seconds, 1), "gflop_per_token": round(per_token / 1e9, 3),
         "tflops": round(achieved, 3), "peak_tflops": peak, "mfu": round(achieved / peak, 4) if peak else None,
@@ -195,6 +197,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--peak", type=float, default=None, help="peak TFLOP/s for MFU (default 790 on CUDA: H200 bf16)")
     ap.add_argument("--compile", action="store_true", help="torch.compile the MLPs and norms")
+    ap.add_argument("--compile-loss", action="store_true", help="the soft cross-entropy under torch.compile")
     ap.add_argument("--targets", choices=["full", "draft-rows"], default="draft-rows",
                     help="soft targets from the full-vocab head (the old path) or its draft rows (target_top given)")
     ap.add_argument("--unroll", choices=["padded", "packed"], default="padded",

@@ -103,3 +103,13 @@ def test_an_extract_pool_made_by_other_code_starts_over(tmp_path, monkeypatch):
     assert run()["extract/new_samples"] == 0  # same code: the pool is complete
     monkeypatch.setattr(extract, "code_version", lambda name: "edited")
     assert run()["extract/new_samples"] == 10
+
+
+def test_a_copy_without_git_records_the_commit_its_launcher_names(tmp_path, monkeypatch):
+    """GPU machines run a `git archive` copy: DRAFTLAB_GIT_COMMIT names its commit, else it is 'unknown'."""
+    from draftlab.provenance import git_state
+
+    monkeypatch.delenv("DRAFTLAB_GIT_COMMIT", raising=False)
+    assert git_state(tmp_path) == {"git.commit": "unknown", "git.dirty": "unknown"}
+    monkeypatch.setenv("DRAFTLAB_GIT_COMMIT", "abc123\n")
+    assert git_state(tmp_path) == {"git.commit": "abc123", "git.dirty": "false"}

@@ -90,3 +90,16 @@ def test_packed_unroll_without_counted_positions_falls_back():
     batch["loss_mask"] = torch.zeros_like(batch["loss_mask"])
     loss, stats = packed_unroll(model, batch, lm_head, 3, 0.8)
     assert float(loss.detach()) == 0.0 and float(stats.sum()) == 0.0 and loss.requires_grad
+
+
+def test_packed_unroll_takes_the_padded_path_when_too_much_counts():
+    """max_kept: above that share of counted positions the result is the padded unroll's, bit for bit."""
+    model = _model(1)
+    batch, lm_head = _batch()
+    tg = target_distribution(batch["last_hidden"], lm_head, model.d2t, model.t2d, top=batch["target_top"])
+    want, want_stats = ttt_unroll(model, batch, tg, 3, 0.8)
+    got, got_stats = packed_unroll(model, batch, lm_head, 3, 0.8, max_kept=0.1)  # about half the positions count
+    assert torch.equal(got.detach(), want.detach()) and torch.equal(got_stats, want_stats)
+    packed, _ = packed_unroll(model, batch, lm_head, 3, 0.8, max_kept=0.9)
+    assert not torch.equal(packed.detach(), want.detach())  # the packed path ran: same value, other rounding
+    assert float(packed.detach()) == pytest.approx(float(want.detach()), rel=1e-5)

@@ -172,8 +172,8 @@ class _Unroll(torch.nn.Module):
         super().__init__()
         self.draft = draft
 
-    def forward(self, batch, targets, steps: int, decay: float, loss_norm):
-        return ttt_unroll(self.draft, batch, targets, steps, decay, loss_norm=loss_norm)
+    def forward(self, batch, targets, steps: int, decay: float, loss_norm, ce):
+        return ttt_unroll(self.draft, batch, targets, steps, decay, loss_norm=loss_norm, ce=ce)
 
 
 class DistributedTrainer(Trainer):
@@ -199,14 +199,14 @@ class DistributedTrainer(Trainer):
             self.unroll = DistributedDataParallel(_Unroll(self.model),
                                                   device_ids=[torch.cuda.current_device()] if cuda else None)
 
-    def _forward(self, batch: dict):
+    def _unroll(self, batch: dict):  # Trainer._forward calls it (and retries with the eager loss)
         m = self.model
         amp = torch.autocast(self.device.type, dtype=self.amp) if self.amp else contextlib.nullcontext()
         with amp:
             targets = target_distribution(batch["last_hidden"], self.lm_head, m.d2t, m.t2d, top=batch.get("target_top"))
             norm = loss_positions(batch, targets, self.s.ttt_steps)
             dist.all_reduce(norm)
-            loss, stats = self.unroll(batch, targets, self.s.ttt_steps, self.s.loss_decay, norm)
+            loss, stats = self.unroll(batch, targets, self.s.ttt_steps, self.s.loss_decay, norm, self.ce)
         dist.all_reduce(stats)  # every rank sees the whole batch's counts: metrics equal the one-process ones
         return loss * self.world, stats  # DDP/FSDP average gradients over ranks; the losses are shares of a sum
 

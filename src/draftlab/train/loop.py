@@ -42,9 +42,12 @@ from draftlab.train.checkpoint import (load_trainable, latest_checkpoint, read_c
                                        trainable_state, write_checkpoint)
 from draftlab.train.packed import packed_unroll
 from draftlab.train.schedule import budget_steps, lr_factor, watch_plateau
-from draftlab.train.ttt import STATS, summarize, target_distribution, ttt_unroll
+from draftlab.train.ttt import STATS, compiled_soft_ce, soft_ce, summarize, target_distribution, ttt_unroll
 
 log = logging.getLogger("draftlab")
+# a GPU batch takes the packed unroll while at most this share of its positions count: measured 1.13x at 60%
+# (40% prompt), 0.90x at 100%; the break-even between them was not measured
+PACKED_MAX_KEPT = 0.8
 
 
 @dataclass
@@ -88,6 +91,16 @@ def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, devi
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type in ("cuda", "cpu"))
 
 
+def soft_ce_for(compile_loss: str, device: torch.device):
+    """train.compile_loss: auto = the compiled soft cross-entropy on CUDA (1.27x a SmolLM2-shaped step on an H200,
+    BENCHMARKS.md), the eager one elsewhere (a CPU step is matmul-bound, and compiling costs seconds)."""
+    choice = str(compile_loss).lower()  # a YAML true arrives as "True" in the str field
+    if choice not in ("auto", "true", "false"):
+        raise ValueError(f"train.compile_loss: {compile_loss!r}; expected auto, true or false")
+    on = device.type == "cuda" if choice == "auto" else choice == "true"
+    return compiled_soft_ce() if on else soft_ce
+
+
 def _batches_per_epoch(source, s: LoopSettings) -> int:
     counter = getattr(source, "num_batches", None)
     if counter is not None:
@@ -115,9 +128,13 @@ class Trainer:
         self.reporter = reporter or NullReporter()
         self.on_step = on_step
         self.opt = build_optimizer(self.model, settings.lr, settings.weight_decay, self.device)
-        # On the CPU the step is matmul-bound, so computing only the positions that count pays (train/packed.py:
-        # same loss and gradients); on a GPU a SmolLM2-sized step is launch-bound and the padded unroll stays.
-        self.packed = self.device.type == "cpu"
+        # Computing only the positions that count (train/packed.py: same loss and gradients) pays on the CPU, where
+        # the step is matmul-bound, and on an H200 when a batch is about 40% prompt (ShareGPT's share: 1.13x at
+        # 16,384 tokens); with every position counted it was 0.90x there, so a GPU batch where more than
+        # PACKED_MAX_KEPT of the positions count takes the padded unroll (BENCHMARKS.md, issue 11).
+        self.packed = True
+        self.max_kept = 1.0 if self.device.type == "cpu" else PACKED_MAX_KEPT
+        self.ce = soft_ce_for(settings.compile_loss, self.device)
         self.state: dict[str, Any] = {"epoch": 0, "batch": 0, "step": 0, "history": [], "best": None,
                                       "window": None, "total_steps": None, **self._fresh_horizon()}
 
@@ -136,13 +153,25 @@ class Trainer:
         return out
 
     def _forward(self, batch: dict):
+        try:
+            return self._unroll(batch)
+        except torch._dynamo.exc.TorchDynamoException as error:  # torch.compile could not build the fused loss
+            if self.ce is soft_ce:
+                raise
+            log.warning("train: torch.compile of the loss failed (%s: %s); training with the eager loss "
+                        "(train.compile_loss=false skips the attempt)", type(error).__name__, str(error)[:200])
+            self.ce = soft_ce
+            return self._unroll(batch)
+
+    def _unroll(self, batch: dict):
         m = self.model
         amp = torch.autocast(self.device.type, dtype=self.amp) if self.amp else contextlib.nullcontext()
         with amp:
             if self.packed:
-                return packed_unroll(m, batch, self.lm_head, self.s.ttt_steps, self.s.loss_decay)
+                return packed_unroll(m, batch, self.lm_head, self.s.ttt_steps, self.s.loss_decay, ce=self.ce,
+                                     max_kept=self.max_kept)
             targets = target_distribution(batch["last_hidden"], self.lm_head, m.d2t, m.t2d, top=batch.get("target_top"))
-            return ttt_unroll(m, batch, targets, self.s.ttt_steps, self.s.loss_decay)
+            return ttt_unroll(m, batch, targets, self.s.ttt_steps, self.s.loss_decay, ce=self.ce)
 
     def evaluate(self, split: str = "val") -> dict[str, float] | None:
         self.model.eval()

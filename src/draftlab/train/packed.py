@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from draftlab.model.draft import Eagle3Draft, TTTCache, _rotate_half
-from draftlab.train.ttt import STATS, record_step, step_loss, target_distribution, ttt_unroll
+from draftlab.train.ttt import STATS, record_step, soft_ce, step_loss, target_distribution, ttt_unroll
 
 
 class Rows:
@@ -124,9 +124,11 @@ def _step(model: Eagle3Draft, ids: Tensor, hidden: Tensor, positions: Tensor, ro
 
 
 def packed_unroll(model: Eagle3Draft, batch: dict[str, Tensor], lm_head: Tensor, steps: int, decay: float,
-                  loss_norm: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                  loss_norm: Tensor | None = None, ce=soft_ce, max_kept: float = 1.0) -> tuple[Tensor, Tensor]:
     """`ttt_unroll(model, batch, target_distribution(...), steps, decay)` at the positions that count;
-    returns (loss, stats [len(STATS), steps] float64). `lm_head` is the target head (the teacher)."""
+    returns (loss, stats [len(STATS), steps] float64). `lm_head` is the target head (the teacher), `ce` the soft
+    cross-entropy. When more than `max_kept` of the batch's positions count, the padded unroll runs instead: the
+    gathers and scatters then cost more than the positions they save (on a GPU; BENCHMARKS.md)."""
     ids, feats = batch["input_ids"], batch["features"]
     B, T = ids.shape
     dev = ids.device
@@ -137,9 +139,10 @@ def packed_unroll(model: Eagle3Draft, batch: dict[str, Tensor], lm_head: Tensor,
     for j in range(steps):
         kept |= counted[:, 2 + j : 2 + j + T]
     rows = Rows(kept)
-    if len(rows) == 0:  # nothing counts in this batch: the padded unroll gives the (zero) loss its graph
+    # nothing counts (the padded unroll gives the zero loss its graph), or too much counts for packing to pay
+    if len(rows) == 0 or len(rows) > max_kept * B * T:
         targets = target_distribution(batch["last_hidden"], lm_head, model.d2t, model.t2d, top=batch.get("target_top"))
-        return ttt_unroll(model, batch, targets, steps, decay, loss_norm=loss_norm)
+        return ttt_unroll(model, batch, targets, steps, decay, loss_norm=loss_norm, ce=ce)
     targets = RowTargets(batch["last_hidden"], lm_head, model.d2t, model.t2d, counted[:, 1 : T + 1],
                          top=batch.get("target_top"))
     ids_ext = torch.cat([ids, ids.new_zeros(B, steps + 1)], 1)
@@ -160,13 +163,13 @@ def packed_unroll(model: Eagle3Draft, batch: dict[str, Tensor], lm_head: Tensor,
         picked.append(hidden.index_select(0, sel))
         counts.append((m, sel))
     # the next step never reads a step's logits: one head matmul (and one in backward) for all steps
-    logits = model.lm_head(model.norm(torch.cat(picked))).float().split([len(sel) for _, sel in counts])
+    logits = model.lm_head(model.norm(torch.cat(picked))).split([len(sel) for _, sel in counts])
     for j, ((m, sel), lg) in enumerate(zip(counts, logits)):
         s = rows.t[sel] + 1 + j  # the position whose target distribution it is trained against
         b = rows.b[sel]
         p = targets.probs.index_select(0, targets.row[b, s])
         in_vocab = targets.in_vocab[b, s]
-        term, ce_sum, n_loss = step_loss(lg, p, in_vocab, j, decay, loss_norm)
+        term, ce_sum, n_loss = step_loss(lg, p, in_vocab, j, decay, loss_norm, ce)
         loss = loss + term
         with torch.no_grad():
             hit = model.draft_to_target(lg.argmax(-1)) == targets.top[b, s]

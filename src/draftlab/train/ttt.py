@@ -72,14 +72,34 @@ def draft_rows_distribution(last_hidden: Tensor, lm_head: Tensor, d2t: Tensor, t
     return Targets(torch.cat(probs).view(B, T, -1), top, t2d[top])
 
 
-def step_loss(lg: Tensor, p: Tensor, w: Tensor, j: int, decay: float,
-              loss_norm: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-    """Step j's share of the loss over logits `lg` [..., Vd] against soft targets `p` at the positions `w`;
-    returns (decay**j * ce_sum / positions, ce_sum, n_loss). `loss_norm[j]`, when given, is the denominator."""
-    # soft cross-entropy -sum p log softmax(lg) = logsumexp(lg) - sum p*lg (p sums to 1): no log_softmax copy
+def soft_ce(lg: Tensor, p: Tensor, w: Tensor) -> Tensor:
+    """The soft cross-entropy -sum_v p log softmax(lg), summed over the positions `w`, in fp32 whatever lg's
+    dtype. Written as logsumexp(lg) - sum p*lg (p sums to 1): no log_softmax copy."""
+    lg = lg.float()
     ce = torch.logsumexp(lg, -1) - (p * lg).sum(-1)
+    return torch.where(w, ce, 0.0).sum()  # where, not multiply: a NaN on a padded row stays out
+
+
+_compiled_soft_ce = None
+
+
+def compiled_soft_ce():
+    """`soft_ce` under torch.compile (one per process, shapes dynamic). On a GPU the loss over [positions, draft
+    vocab] is a chain of memory-bound passes in eager mode (upcast, max, exp, sum, product, and as many in
+    backward): fused, it reads the logits and soft targets about once each way (BENCHMARKS.md, issue 11)."""
+    global _compiled_soft_ce
+    if _compiled_soft_ce is None:
+        _compiled_soft_ce = torch.compile(soft_ce, dynamic=True)
+    return _compiled_soft_ce
+
+
+def step_loss(lg: Tensor, p: Tensor, w: Tensor, j: int, decay: float, loss_norm: Tensor | None,
+              ce=soft_ce) -> tuple[Tensor, Tensor, Tensor]:
+    """Step j's share of the loss over logits `lg` [..., Vd] against soft targets `p` at the positions `w`;
+    returns (decay**j * ce_sum / positions, ce_sum, n_loss). `loss_norm[j]`, when given, is the denominator;
+    `ce` is `soft_ce` or its compiled form."""
     n_loss = w.sum()
-    ce_sum = torch.where(w, ce, 0.0).sum()  # where, not multiply: a NaN on a padded row stays out
+    ce_sum = ce(lg, p, w)
     denominator = n_loss if loss_norm is None else loss_norm[j]
     return decay**j * ce_sum / denominator.clamp(min=1), ce_sum, n_loss
 
@@ -98,10 +118,11 @@ def record_step(row: Tensor, ce_sum: Tensor, n_loss: Tensor, correct, n, chain: 
 
 
 def ttt_unroll(model: Eagle3Draft, batch: dict[str, Tensor], targets: Targets, steps: int, decay: float,
-               return_logits: bool = False, loss_norm: Tensor | None = None):
+               return_logits: bool = False, loss_norm: Tensor | None = None, ce=soft_ce):
     """Runs `steps` draft steps; returns (loss, stats [len(STATS), steps] float64[, per-step logits]).
     `loss_norm` [steps]: the loss positions per step to divide by (default: this batch's own); data-parallel
-    training passes the count over all ranks' shares, so that the ranks' losses add up to the whole batch's."""
+    training passes the count over all ranks' shares, so that the ranks' losses add up to the whole batch's.
+    `ce`: the soft cross-entropy (`soft_ce` or `compiled_soft_ce()`)."""
     ids, feats = batch["input_ids"], batch["features"]
     B, T = ids.shape
     dev = ids.device
@@ -124,11 +145,11 @@ def ttt_unroll(model: Eagle3Draft, batch: dict[str, Tensor], targets: Targets, s
             all_logits.append(logits)
         if n <= 0:
             continue
-        lg = logits[:, :n].float()
+        lg = logits[:, :n]  # in the autocast dtype: soft_ce upcasts, and the argmax of the upcast is the same
         p = targets.probs[:, 1 + j : 1 + j + n]
         m = counted[:, 2 + j : 2 + j + n]
         w = m & targets.in_vocab[:, 1 + j : 1 + j + n]
-        term, ce_sum, n_loss = step_loss(lg, p, w, j, decay, loss_norm)
+        term, ce_sum, n_loss = step_loss(lg, p, w, j, decay, loss_norm, ce)
         loss = loss + term
         with torch.no_grad():
             correct = model.draft_to_target(lg.argmax(-1)) == targets.top[:, 1 + j : 1 + j + n]
