@@ -30,8 +30,10 @@ mkdir -p $ROOT/rc "$OUT"
 # lost 9 minutes to a thread-starved vocabulary count (fixed: data/vocab.py) and ran out of device time.
 # 2026-12-01, session 2 (one H200, JOBS_SET=single): n25600s0 converged (5,040 steps); n25600L2, sharing the GPU at
 # 3 steps/s, could not finish in the device time left and was stopped at step 850.
-# Next (the default): the two ablations at 25,600, with the compiled loss and the packed unroll on the GPU
-# (1.52x a step at 16,384 tokens: BENCHMARKS.md). Both fit one H200's 30 device minutes only at that speed.
+# Next (the default): the two ablations at 25,600, with the compiled loss and the packed unroll on the GPU (1.5x a
+# one-layer step and 1.23x a two-layer step at 16,384 tokens: BENCHMARKS.md). On one H200 that is an estimated
+# 25 minutes in all, tight for 30: if one job is far from its plateau at about 20 minutes, stop it (kill its
+# process group, write its rc file) so that the other converges, as the 2026-12-01 session did.
 case "${JOBS_SET:-next}" in
 first) JOBS=(
   "n6400s1 0 0 data.samples=6400 train.seed=1"
@@ -49,7 +51,7 @@ single) JOBS=(  # the size and the ablation that shares its extraction
   "n25600last 1 20 data.samples=25600 train.seed=0 extract.layers=last"
 ) ;;
 esac
-GPUS=$(nvidia-smi -L 2>/dev/null | wc -l); [ "$GPUS" -ge 1 ] || GPUS=1
+GPUS=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l); [ "$GPUS" -ge 1 ] || GPUS=1
 # CPU threads per job: torch defaults to every core in every process, and 5 jobs x 32 threads on 32 cores made
 # each small CPU op wait on the others (the jobs trained at 2.6-4 steps/s instead of ~6 with two per GPU).
 export OMP_NUM_THREADS=$(( $(nproc) / ${#JOBS[@]} ))

@@ -137,7 +137,7 @@ def bench(name: str, args) -> dict:
             elif unroll is None:
                 loss, _ = ttt_unroll(model, batch, targets, args.ttt_steps, 0.8, ce=ce)
             else:
-                loss, _ = unroll(batch, targets, args.ttt_steps, 0.8, None)
+                loss, _ = unroll(batch, targets, args.ttt_steps, 0.8, None, ce)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 0.5)

@@ -106,10 +106,11 @@ def test_an_extract_pool_made_by_other_code_starts_over(tmp_path, monkeypatch):
 
 
 def test_a_copy_without_git_records_the_commit_its_launcher_names(tmp_path, monkeypatch):
-    """GPU machines run a `git archive` copy: DRAFTLAB_GIT_COMMIT names its commit, else it is 'unknown'."""
+    """GPU machines run a `git archive` copy: DRAFTLAB_GIT_COMMIT names its commit, else it is 'unknown'; whether the
+    copy was edited is unknown either way."""
     from draftlab.provenance import git_state
 
     monkeypatch.delenv("DRAFTLAB_GIT_COMMIT", raising=False)
     assert git_state(tmp_path) == {"git.commit": "unknown", "git.dirty": "unknown"}
     monkeypatch.setenv("DRAFTLAB_GIT_COMMIT", "abc123\n")
-    assert git_state(tmp_path) == {"git.commit": "abc123", "git.dirty": "false"}
+    assert git_state(tmp_path) == {"git.commit": "abc123", "git.dirty": "unknown"}

@@ -183,7 +183,7 @@ def test_hardware_presets_compose():
     cpu = validate(compose_config())
     assert cpu.hardware.name == "cpu" and cpu.data.generator == "plain" and cpu.train.batch_tokens == 4096
     gpu = validate(compose_config(["hardware=gpu", "data.samples=50000"]))
-    assert gpu.hardware.name == "gpu" and gpu.data.generator == "static" and gpu.data.samples == 50000
+    assert gpu.hardware.name == "gpu" and gpu.data.generator == "graphs" and gpu.data.samples == 50000
     assert gpu.target.dtype == "bfloat16" and gpu.data.shard_size % gpu.data.batch_size == 0
     assert gpu.train.batch_tokens > cpu.train.batch_tokens
     # the GPU recipe trains to convergence (issue 10): early stopping, with max_steps only as a cap

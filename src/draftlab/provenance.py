@@ -43,10 +43,10 @@ def _git(args: list[str], cwd: Path) -> str | None:
 def git_state(cwd: Path) -> dict[str, str]:
     commit = _git(["rev-parse", "HEAD"], cwd)
     if commit is None:
-        # a copy without .git, e.g. the `git archive` a GPU machine gets: its launcher names the commit, and an
-        # archive of a commit holds exactly that commit's files
+        # a copy without .git, e.g. the `git archive` a GPU machine gets: its launcher names the commit. Whether
+        # the copy was edited since cannot be known here, so dirty stays unknown.
         named = os.environ.get("DRAFTLAB_GIT_COMMIT", "").strip()
-        return {"git.commit": named or "unknown", "git.dirty": "false" if named else "unknown"}
+        return {"git.commit": named or "unknown", "git.dirty": "unknown"}
     status = _git(["status", "--porcelain", "--untracked-files=no"], cwd)
     return {"git.commit": commit, "git.dirty": str(bool(status)).lower()}
 

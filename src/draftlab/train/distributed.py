@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from draftlab import fsutil
 from draftlab.train.loop import Trainer, build_optimizer
-from draftlab.train.ttt import target_distribution, ttt_unroll
+from draftlab.train.ttt import soft_ce, target_distribution, ttt_unroll
 
 log = logging.getLogger("draftlab")
 _CONTROL = None  # the gloo group that carries the JSON messages (NCCL needs CUDA tensors)
@@ -183,6 +183,11 @@ class DistributedTrainer(Trainer):
         super().__init__(*args, **kwargs)
         self.rank, self.world, self.strategy = rank(), world_size(), strategy
         self.group = None
+        # every rank must run the same loss (the compiled one, or the eager fallback after a failed compile)
+        compiled = torch.tensor([0.0 if self.ce is soft_ce else 1.0], device=self.device)
+        dist.all_reduce(compiled, op=dist.ReduceOp.MIN)
+        if float(compiled) == 0.0:
+            self.ce = soft_ce
         cuda = self.device.type == "cuda"
         if strategy == "fsdp":
             from torch.distributed.fsdp import fully_shard
@@ -199,7 +204,7 @@ class DistributedTrainer(Trainer):
             self.unroll = DistributedDataParallel(_Unroll(self.model),
                                                   device_ids=[torch.cuda.current_device()] if cuda else None)
 
-    def _unroll(self, batch: dict):  # Trainer._forward calls it (and retries with the eager loss)
+    def _forward(self, batch: dict):
         m = self.model
         amp = torch.autocast(self.device.type, dtype=self.amp) if self.amp else contextlib.nullcontext()
         with amp:

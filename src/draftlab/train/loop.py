@@ -91,14 +91,32 @@ def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, devi
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type in ("cuda", "cpu"))
 
 
-def soft_ce_for(compile_loss: str, device: torch.device):
+def soft_ce_for(compile_loss: str, device: torch.device, dtype: torch.dtype):
     """train.compile_loss: auto = the compiled soft cross-entropy on CUDA (1.27x a SmolLM2-shaped step on an H200,
-    BENCHMARKS.md), the eager one elsewhere (a CPU step is matmul-bound, and compiling costs seconds)."""
+    BENCHMARKS.md), the eager one elsewhere (a CPU step is matmul-bound, and compiling costs seconds).
+
+    The compiled loss is built here, on tiny logits of the training dtype, forward and backward, with and without
+    grad (the evaluation pass): a machine where torch.compile cannot build it (no Triton, no C++ compiler) trains
+    with the eager loss and says so, before the first batch rather than in the middle of a step."""
     choice = str(compile_loss).lower()  # a YAML true arrives as "True" in the str field
     if choice not in ("auto", "true", "false"):
         raise ValueError(f"train.compile_loss: {compile_loss!r}; expected auto, true or false")
-    on = device.type == "cuda" if choice == "auto" else choice == "true"
-    return compiled_soft_ce() if on else soft_ce
+    if not (device.type == "cuda" if choice == "auto" else choice == "true"):
+        return soft_ce
+    fused = compiled_soft_ce()
+    try:
+        for rows in (3, 5):  # two sizes: the dynamic-shape graph, not one specialised to the first
+            lg = torch.randn(2, rows, 16, device=device).to(dtype).requires_grad_(True)
+            p = torch.rand(2, rows, 16, device=device).softmax(-1)
+            w = torch.ones(2, rows, dtype=torch.bool, device=device)
+            fused(lg, p, w).backward()
+            with torch.no_grad():
+                fused(lg, p, w)
+    except Exception as error:  # any failure to build or run it: the eager loss gives the same values
+        log.warning("train: torch.compile of the loss failed (%s: %s); training with the eager loss "
+                    "(train.compile_loss=false skips the attempt)", type(error).__name__, str(error)[:300])
+        return soft_ce
+    return fused
 
 
 def _batches_per_epoch(source, s: LoopSettings) -> int:
@@ -134,7 +152,7 @@ class Trainer:
         # PACKED_MAX_KEPT of the positions count takes the padded unroll (BENCHMARKS.md, issue 11).
         self.packed = True
         self.max_kept = 1.0 if self.device.type == "cpu" else PACKED_MAX_KEPT
-        self.ce = soft_ce_for(settings.compile_loss, self.device)
+        self.ce = soft_ce_for(settings.compile_loss, self.device, self.amp or torch.float32)
         self.state: dict[str, Any] = {"epoch": 0, "batch": 0, "step": 0, "history": [], "best": None,
                                       "window": None, "total_steps": None, **self._fresh_horizon()}
 
@@ -153,17 +171,6 @@ class Trainer:
         return out
 
     def _forward(self, batch: dict):
-        try:
-            return self._unroll(batch)
-        except torch._dynamo.exc.TorchDynamoException as error:  # torch.compile could not build the fused loss
-            if self.ce is soft_ce:
-                raise
-            log.warning("train: torch.compile of the loss failed (%s: %s); training with the eager loss "
-                        "(train.compile_loss=false skips the attempt)", type(error).__name__, str(error)[:200])
-            self.ce = soft_ce
-            return self._unroll(batch)
-
-    def _unroll(self, batch: dict):
         m = self.model
         amp = torch.autocast(self.device.type, dtype=self.amp) if self.amp else contextlib.nullcontext()
         with amp:
