@@ -258,6 +258,7 @@ def test_init_from_continues_for_more_epochs(tmp_path):
     cont = trainer.run(init_from=tmp_path / "short")
     assert cont.steps == longer.steps  # same number of batches: continued, not restarted
     assert len(cont.history) == 2 and cont.history[0] == short.history[0]
+    assert cont.best_weights.exists() and not list((tmp_path / "cont").glob(".*.tmp"))  # no copy left half-done
 
 
 def _install_fake_features(monkeypatch, source):

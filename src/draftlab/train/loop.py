@@ -283,8 +283,9 @@ class Trainer:
             source_ckpt = resolve_checkpoint(init_from)
             self.load(source_ckpt, full=False)
             if self.state["best"]:  # bring the best weights along so export works from this folder alone
-                self.ckpt_dir.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(source_ckpt.parent / self.state["best"]["file"], self.ckpt_dir / self.state["best"]["file"])
+                # atomically: under torchrun every rank copies, and no rank may see another's half-written file
+                best = self.state["best"]["file"]
+                fsutil.atomic_write_with(self.ckpt_dir / best, lambda tmp: shutil.copy2(source_ckpt.parent / best, tmp))
         else:
             torch.manual_seed(s.seed)
             random.seed(s.seed)
