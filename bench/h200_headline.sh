@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Issue 11 part 6, the headline run: `python src/run.py hardware=gpu data.samples=50000`, timed end to end on one
+# nvidia-h200 (estimated about 10 minutes: BENCHMARKS.md "Left to run"). A call runs at most 10 minutes and
+# carries at most 64 MiB, so the run starts detached and later calls watch it; relaunched, it resumes where it
+# stopped (every stage resumes). Prepare here, from a clean main:
+#   mkdir -p .headline/main && git archive HEAD src conf bench | tar -x -C .headline/main
+#   git rev-parse HEAD > .headline/COMMIT
+#   python bench/export_prompts.py .headline/prompts.jsonl --count 51325 --max-chars 1500   # every such prompt
+# Calls, back to back on one machine (.gguf-a/.gguf-b: SmolLM2's GGUF in halves, see bench/gpu_machine.sh):
+#   call 1 (carry .whl .gguf-a .speed/site .headline): bash .headline/main/bench/h200_headline.sh install
+#   call 2 (carry .gguf-b .whl-tf):                     bash /tmp/headline/main/bench/h200_headline.sh start
+#   call 3.. (nothing carried):             BUDGET=560 bash /tmp/headline/main/bench/h200_headline.sh watch
+# What comes back: $OUT/headline.tgz (the job's results.json with every stage's seconds, and its log). The end-to-end
+# time is the log's first to last timestamp; import the job with `python -m draftlab import-runs`.
+set -uo pipefail
+step=${1:?usage: h200_headline.sh install|start|watch}
+export PYTHONUNBUFFERED=1 SITE=/tmp/site
+ROOT=${ROOT:-/tmp/dl}; H=/tmp/headline; BUDGET=${BUDGET:-570}; START=$(date +%s)
+mkdir -p "$ROOT" "$OUT"
+
+launch() {  # starts the run unless it is running or finished
+  [ -f $ROOT/headline.rc ] && return 0
+  [ -f $ROOT/headline.pid ] && kill -0 "$(cat $ROOT/headline.pid)" 2>/dev/null && return 0
+  DRAFTLAB_GIT_COMMIT=$(cat $H/COMMIT) && export DRAFTLAB_GIT_COMMIT
+  setsid nohup bash -c "cd $H/main && PYTHONPATH=$SITE:$H/main/src python3 src/run.py hardware=gpu \
+    data.samples=50000 data.source=jsonl data.path=$ROOT/headline_prompts.jsonl paths.root=$ROOT \
+    tracking.enabled=false hydra.run.dir=$ROOT/e2e >> $ROOT/headline.log 2>&1; echo \$? > $ROOT/headline.rc" \
+    < /dev/null > /dev/null 2>&1 &
+  echo $! > $ROOT/headline.pid
+  echo "launched the headline run at $(date -u +%T)"
+}
+
+watch() {  # until the run has an exit code or this call's budget is spent, then pack what there is
+  while [ $(( $(date +%s) - START )) -lt "$BUDGET" ] && [ ! -f $ROOT/headline.rc ]; do
+    sleep 20
+    tail -c 400 $ROOT/headline.log | tr '\r' '\n' | grep . | tail -n 1 | cut -c1-160
+  done
+  [ -f $ROOT/headline.rc ] && echo "headline rc=$(cat $ROOT/headline.rc)"
+  grep -h "stage \|Error\|error" $ROOT/headline.log | cut -c1-200 | tail -n 20
+  df -h /tmp | tail -n 1
+  (cd $ROOT && tar czf "$OUT"/headline.tgz headline.log e2e/results.json e2e/.hydra 2>/dev/null)
+}
+
+case "$step" in
+install)
+  nvidia-smi -L
+  . .headline/main/bench/gpu_machine.sh  # install_wheels, keep_first_half, smollm2_gguf
+  install_wheels .whl && keep_first_half && rm -rf $H && cp -r .headline $H
+  cp $H/prompts.jsonl $ROOT/headline_prompts.jsonl && wc -l $ROOT/headline_prompts.jsonl
+  df -h /tmp | tail -n 1 ;;  # 50,000 samples take about 39 GB of shards
+start)
+  . $H/main/bench/gpu_machine.sh
+  install_wheels .whl-tf && smollm2_gguf || exit 1
+  launch
+  watch ;;
+watch)
+  launch  # a run that died without an exit code starts again and resumes
+  watch ;;
+esac
