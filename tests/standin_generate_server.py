@@ -34,6 +34,8 @@ def main() -> None:
     p.add_argument("--delay-ms", type=float, default=0.0)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)  # 0 = a free one, printed as PORT <n>
+    p.add_argument("--model", default="tiny", help="the model path it says it serves")
+    p.add_argument("--id-offset", type=int, default=0, help="added to every answered id (a model with more ids)")
     args, _ = p.parse_known_args()  # launched as `python -m sglang.launch_server ...`: other flags ignored
     torch.set_num_threads(1)
     target = tiny_target()
@@ -46,16 +48,16 @@ def main() -> None:
             torch.manual_seed(seed)
             answer = generate_batch(target, [ids], max_new, temperature)[0]
         time.sleep(args.delay_ms / 1000)
-        return answer
+        return [t + args.id_offset for t in answer]
 
     class Handler(JsonHandler):
         def do_GET(self):
             if self.path == "/health":
                 self.reply(200, {})
             elif args.api == "sglang" and self.path == "/model_info":
-                self.reply(200, {"model_path": "tiny", "is_generation": True})
+                self.reply(200, {"model_path": args.model, "is_generation": True})
             elif args.api == "vllm" and self.path == "/v1/models":
-                self.reply(200, {"object": "list", "data": [{"id": "tiny", "object": "model"}]})
+                self.reply(200, {"object": "list", "data": [{"id": args.model, "object": "model"}]})
             else:
                 self.reply(404, {"detail": "Not Found"})
 

@@ -52,6 +52,7 @@ class TokenizerSide:
     name: str
     fingerprint: str
     eos_token_ids: list[int]
+    vocab_size: int  # the model's (embedding rows): every answered token id must be below it
 
     def chat_ids(self, prompt: str) -> list[int]:
         from draftlab.target import Target
@@ -65,7 +66,7 @@ def tokenizer_side(target_cfg, cache_dir: Path) -> TokenizerSide:
 
     if target_cfg.name == "tiny":
         t = tiny_target(target_cfg.tiny)
-        return TokenizerSide(t.tokenizer, t.name, t.fingerprint, t.eos_token_ids)
+        return TokenizerSide(t.tokenizer, t.name, t.fingerprint, t.eos_token_ids, t.model.config.vocab_size)
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     from draftlab.target import _prepare_tokenizer
@@ -82,7 +83,7 @@ def tokenizer_side(target_cfg, cache_dir: Path) -> TokenizerSide:
     eos = eos if eos is not None else (config.eos_token_id if config.eos_token_id is not None else tokenizer.eos_token_id)
     name = "smollm2" if target_cfg.name == "smollm2" else target_cfg.path
     return TokenizerSide(tokenizer, name, config_fingerprint(name, config.to_dict()),
-                         sorted({eos} if isinstance(eos, int) else set(eos)))
+                         sorted({eos} if isinstance(eos, int) else set(eos)), int(config.vocab_size))
 
 
 def trim_answer(ids: list[int], eos: set[int]) -> list[int]:
@@ -142,6 +143,7 @@ class RemoteGenerator:
         self.url = url.rstrip("/")
         self.eos, self.concurrency, self.retries = list(eos), int(concurrency), int(retries)
         self.timeout_s, self.model, self.backoff_s = float(timeout_s), model, backoff_s
+        self.served: str | None = None  # the model the server says it serves (found by detection)
         self.api = self._detect() if api == "auto" else api
 
     # ------------------------------------------------------------------ HTTP
@@ -162,13 +164,16 @@ class RemoteGenerator:
     def _detect(self) -> str:
         """Fails fast (one try each, short timeout) on a dead URL or a server that is neither SGLang nor vLLM."""
         try:
-            status, _ = self._call("/model_info", None, 10.0)  # SGLang only
+            status, info = self._call("/model_info", None, 10.0)  # SGLang only
             if status == 200:
+                self.served = info.get("model_path") if isinstance(info, dict) else None
                 return "sglang"
             status, models = self._call("/v1/models", None, 10.0)
         except _Transient as err:
             raise ServerError(f"data.server.url: no server answers at {self.url} ({err})") from None
         if status == 200 and isinstance(models, dict) and "data" in models:
+            first = models["data"][0] if models["data"] and isinstance(models["data"][0], dict) else {}
+            self.served = first.get("root") or first.get("id")  # root: the path behind a --served-model-name
             return "vllm"
         raise ServerError(f"data.server.url: {self.url} is neither SGLang (/model_info) nor vLLM (/v1/models); "
                           f"/v1/models answered {status}")
@@ -208,6 +213,18 @@ class RemoteGenerator:
             return list(pool.map(one, range(len(prompts))))
 
 
+def warn_if_not_the_target(served: str | None, target: str, url: str) -> None:
+    """A server serves the target when one name contains the other (its model path's last part against the
+    target's, case aside): `/models/Llama-3.1-8B-Instruct` serves `meta-llama/Llama-3.1-8B-Instruct`. A warning,
+    not an error: a server started with another name can still serve the same weights."""
+    if not served:
+        return
+    have, want = Path(str(served)).name.lower(), Path(str(target)).name.lower()
+    if have and want and have not in want and want not in have:
+        log.warning("generate: %s serves %r, but the target is %r: the answers must come from the model whose "
+                    "hidden states extract reads (check data.server.url and target.path)", url, served, target)
+
+
 class ServerEngine:
     """data.engine=server for the generate stage: a client, plus the SGLang server it started when no URL was
     given (launched with the existing launch builder and start-up monitor; stopped by close())."""
@@ -238,9 +255,18 @@ class ServerEngine:
             self.close()
             raise
         log.info("generate: answering through %s (%s, %d in flight)", url, self.client.api, server_cfg.concurrency)
+        if self.server is None:  # a server someone else started: is it serving the target?
+            warn_if_not_the_target(self.client.served, cfg.target.path or self.target.name, url)
 
     def answer(self, prompts: list[list[int]], first: int, data) -> list[list[int]]:
-        return self.client.answer(prompts, first, data)
+        answers = self.client.answer(prompts, first, data)
+        for k, ids in enumerate(answers):  # a bigger model's ids would index past the features' vocabulary
+            bad = [t for t in ids if not 0 <= t < self.target.vocab_size]
+            if bad:
+                raise ServerError(f"data.server.url: {self.client.url} answered token id {bad[0]} for sample "
+                                  f"{first + k}, outside the vocabulary of target {self.target.name} "
+                                  f"({self.target.vocab_size}): it does not serve the target")
+        return answers
 
     def close(self) -> None:
         if self.server is not None:
