@@ -48,3 +48,19 @@ def test_names_match_on_the_last_part_either_way(caplog):
     with caplog.at_level(logging.WARNING, logger="draftlab"):
         warn_if_not_the_target("/models/Llama-3.1-70B-Instruct", "meta-llama/Llama-3.1-8B-Instruct", "u")
     assert "Llama-3.1-70B-Instruct" in caplog.text
+
+
+def test_the_launch_settings_key_the_pool_only_when_generate_starts_the_server(tmp_path):
+    """data.engine=server without a URL: draftlab launches SGLang with serve.dtype/tp_size/extra_args, which can
+    change the answers, so they name the pool; with a URL, or generating locally, they do not."""
+    from conftest import compose_config
+    from draftlab.stage_keys import plan
+
+    def key(*overrides: str) -> str:
+        return plan(compose_config([f"paths.root={tmp_path}", *overrides]))["generate"].folder_key
+
+    own = ("data.engine=server",)
+    assert key(*own) != key(*own, "serve.dtype=float16") != key(*own, "serve.tp_size=2")
+    url = (*own, "data.server.url=http://127.0.0.1:30000")
+    assert key(*url) == key(*url, "serve.dtype=float16")
+    assert key() == key("serve.dtype=float16") and key() != key(*own)

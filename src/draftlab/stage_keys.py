@@ -76,6 +76,17 @@ def fingerprinted(key: str) -> bool:
     return any(_covers(read, key) for spec in STAGES.values() for read in spec.reads + spec.grows_with)
 
 
+# When generate starts SGLang itself (data.engine=server, no data.server.url), the serve.* launch settings that can
+# change its answers: the dtype, the tensor-parallel split (another reduction order) and free-form flags (a
+# --quantization, say). Only then are they part of the pool's key, so that other configs keep their pools.
+SERVER_LAUNCH_READS = ("serve.dtype", "serve.tp_size", "serve.extra_args")
+
+
+def _starts_its_own_server(cfg) -> bool:
+    data = cfg.data
+    return OmegaConf.select(data, "engine") == "server" and not OmegaConf.select(data, "server.url")
+
+
 @dataclass
 class PlannedStage:
     spec: StageSpec
@@ -131,6 +142,8 @@ def plan(cfg, package_root: Path | None = None) -> dict[str, PlannedStage]:
                  "code": cached_code_version(name, root / ".cache", package_root)}
         if "data.path" in spec.reads:
             reads["data.sha256"] = data_sha
+        if name == "generate" and _starts_its_own_server(cfg):
+            reads["server_launch"] = _values(cfg, SERVER_LAUNCH_READS)
         folder_key = fingerprint(reads)
         full_key = fingerprint({"folder": folder_key, "grows": _values(cfg, spec.grows_with), "inputs": upstream_full})
         planned[name] = PlannedStage(spec, root / name / folder_key[:16], folder_key[:16], full_key)
