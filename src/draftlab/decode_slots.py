@@ -27,7 +27,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from draftlab.serve.cuda_graphs import capture_into, refuse_after_a_broken_capture
+from draftlab.serve.cuda_graphs import recover, refuse_after_a_broken_capture, warm_up_and_capture
 
 log = logging.getLogger("draftlab.generate")
 
@@ -114,16 +114,7 @@ class DecodeSlots:
         try:
             refuse_after_a_broken_capture()  # (torch < 2.12 cannot capture again after a failed capture)
             with torch.cuda.device(self.device):  # a capture records the kernels of its own device's stream only
-                side = torch.cuda.Stream(self.device)
-                side.wait_stream(stream)
-                with torch.cuda.stream(side):
-                    for _ in range(WARMUP_STEPS):
-                        self.step()
-                stream.wait_stream(side)
-                graph = torch.cuda.CUDAGraph()
-                # this device's own capture stream (torch.cuda.graph's default one belongs to whichever device was
-                # current at its first use); capture_into restores `stream` if the capture fails
-                capture_into(graph, self.step, stream=torch.cuda.Stream(self.device), capture_error_mode="thread_local")
+                graph, _, _ = warm_up_and_capture(self.step, WARMUP_STEPS)
                 column = int(self.column)
                 graph.replay()  # one step from here must move the ring on: an empty graph would decode forever
                 if int(self.column) != (column + 1) % self.columns:
@@ -133,10 +124,7 @@ class DecodeSlots:
                      self.batch, self.columns)
         except Exception as error:  # any capture failure: the eager step gives the same answers, only slower
             torch.cuda.set_stream(stream)
-            try:
-                torch.cuda.synchronize(self.device)
-            except Exception as sync_error:  # noqa: BLE001 - the eager step will raise the real error if any
-                log.warning("generate: graphs: CUDA state after the failed capture: %s", sync_error)
+            recover(self.device)
             self.graph = None
             log.warning("generate: graphs: CUDA graph capture failed (%s: %s); decoding EAGERLY, one launch per "
                         "kernel (slow)", type(error).__name__, str(error).splitlines()[0] if str(error) else "")

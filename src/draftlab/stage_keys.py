@@ -83,8 +83,7 @@ SERVER_LAUNCH_READS = ("serve.dtype", "serve.tp_size", "serve.extra_args")
 
 
 def _starts_its_own_server(cfg) -> bool:
-    data = cfg.data
-    return OmegaConf.select(data, "engine") == "server" and not OmegaConf.select(data, "server.url")
+    return cfg.data.engine == "server" and not cfg.data.server.url
 
 
 @dataclass

@@ -84,17 +84,8 @@ class StepGraph:
         try:
             refuse_after_a_broken_capture()
             with torch.cuda.device(self.device):
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    for _ in range(WARMUP_RUNS):
-                        expected = tuple(t.clone() for t in self.fn())
-                torch.cuda.current_stream().wait_stream(side)
-                graph = torch.cuda.CUDAGraph()
-                # on this device's own capture stream: torch.cuda.graph's default one belongs to whichever device
-                # was current at its first use
-                outputs = capture_into(graph, lambda: tuple(self.fn()), stream=torch.cuda.Stream(),
-                                       capture_error_mode="thread_local")  # other threads (a writer) may use CUDA
+                graph, outputs, expected = warm_up_and_capture(lambda: tuple(self.fn()), WARMUP_RUNS,
+                                                               warm=lambda: tuple(t.clone() for t in self.fn()))
                 for out in outputs:  # so that a replay that does nothing (an empty graph) cannot pass the check
                     out.fill_(float("nan") if out.is_floating_point() else -1)
                 graph.replay()
@@ -104,11 +95,28 @@ class StepGraph:
         except Exception as err:  # noqa: BLE001 - any capture failure means: run this step eagerly
             self.enabled, self.failure = False, f"{type(err).__name__}: {err}".splitlines()[0][:300]
             log.warning("CUDA graph for %s not used, it runs eagerly: %s", self.name, self.failure)
-            _recover()
+            recover()
             return self.fn()
         self.graph, self.outputs = graph, outputs
         log.info("CUDA graph captured for %s", self.name)
         return outputs
+
+
+def warm_up_and_capture(fn: Callable, runs: int, warm: Callable | None = None):
+    """On the current CUDA device: `warm` (default: fn) `runs` times on a side stream, so that lazy allocations,
+    cuBLAS handles and kernel choices happen outside the capture; then one call of fn captured into a new graph on
+    this device's own capture stream (torch.cuda.graph's default one belongs to whichever device was current at
+    its first use), in thread-local error mode (other threads, a shard writer say, may use CUDA meanwhile).
+    Returns (graph, fn's captured outputs, warm's last result). Raises as `capture_into` does."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(runs):
+            warmed = (warm or fn)()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    outputs = capture_into(graph, fn, stream=torch.cuda.Stream(), capture_error_mode="thread_local")
+    return graph, outputs, warmed
 
 
 def capture_into(graph: torch.cuda.CUDAGraph, fn: Callable[[], tuple[torch.Tensor, ...]], **kwargs):
@@ -137,10 +145,10 @@ def refuse_after_a_broken_capture() -> None:
                            "recover from one: no more captures")
 
 
-def _recover() -> None:
+def recover(device=None) -> None:
     """After a failed capture, leave no capture half-open on the device (later eager work must run)."""
     if torch.cuda.is_available():
         try:
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(device)
         except Exception as err:  # noqa: BLE001 - the eager fallback will raise the real error if any
             log.warning("CUDA state after the failed capture: %s", err)

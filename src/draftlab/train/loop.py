@@ -105,10 +105,12 @@ def soft_ce_for(compile_loss: str, device: torch.device, dtype: torch.dtype):
         return soft_ce
     fused = compiled_soft_ce()
     try:
-        for rows in (3, 5):  # two sizes: the dynamic-shape graph, not one specialised to the first
-            lg = torch.randn(2, rows, 16, device=device).to(dtype).requires_grad_(True)
-            p = torch.rand(2, rows, 16, device=device).softmax(-1)
-            w = torch.ones(2, rows, dtype=torch.bool, device=device)
+        # [rows, vocab] as the packed unroll (the trainer's path) passes them, so the graphs built here are the
+        # ones training replays; two sizes: the dynamic-shape graph, not one specialised to the first
+        for rows in (3, 5):
+            lg = torch.randn(rows, 16, device=device).to(dtype).requires_grad_(True)
+            p = torch.rand(rows, 16, device=device).softmax(-1)
+            w = torch.ones(rows, dtype=torch.bool, device=device)
             fused(lg, p, w).backward()
             with torch.no_grad():
                 fused(lg, p, w)
