@@ -15,6 +15,7 @@
 set -uo pipefail
 step=${1:?usage: h200_headline.sh install|start|watch}
 export PYTHONUNBUFFERED=1 SITE=/tmp/site
+. "$(dirname "$0")/gpu_machine.sh"  # install_wheels, keep_first_half, smollm2_gguf
 ROOT=${ROOT:-/tmp/dl}; H=/tmp/headline; BUDGET=${BUDGET:-570}; START=$(date +%s)
 mkdir -p "$ROOT" "$OUT"
 
@@ -44,12 +45,10 @@ watch() {  # until the run has an exit code or this call's budget is spent, then
 case "$step" in
 install)
   nvidia-smi -L
-  . .headline/main/bench/gpu_machine.sh  # install_wheels, keep_first_half, smollm2_gguf
   install_wheels .whl && keep_first_half && rm -rf $H && cp -r .headline $H
   cp $H/prompts.jsonl $ROOT/headline_prompts.jsonl && wc -l $ROOT/headline_prompts.jsonl
   df -h /tmp | tail -n 1 ;;  # 50,000 samples take about 39 GB of shards
 start)
-  . $H/main/bench/gpu_machine.sh
   install_wheels .whl-tf && smollm2_gguf || exit 1
   launch
   watch ;;

@@ -12,8 +12,8 @@
 # first 6,400 samples, and so the 1,600 and 6,400 points measured then, keep their prompts and validation split:
 #   python bench/export_prompts.py p9k.jsonl --count 9000 --max-chars 1500
 #   python bench/export_prompts.py .gpurun/prompts.jsonl --count 32000 --max-chars 1500 --keep-first p9k.jsonl
-# Jobs start detached (setsid) so that they outlive a call if the machine allows; `watch` relaunches any job
-# that died without an exit code, and a relaunched job resumes from its last checkpoint.
+# Jobs start detached (setsid): they outlive a call on a warm machine (seen 2026-12-01); `watch` relaunches any
+# job that died without an exit code, and a relaunched job resumes from its last checkpoint.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 step=$1
@@ -113,15 +113,12 @@ install)
    # and whether compiling the MLP and norms too pays at this batch (it did not at 4,096 tokens, launch-bound)
    PYTHONPATH=/tmp/site:src timeout 150 python3 bench/train_throughput.py --preset smollm2 --batch-tokens 16384 \
     --seq 512 --steps 10 --compile --compile-loss --unroll packed --prompt-frac 0.4 | tee -a "$OUT"/throughput.jsonl)
-  setsid nohup sleep 1200 < /dev/null > /dev/null 2>&1 & echo $! > /tmp/probe.pid  # do detached jobs outlive a call?
   nproc; free -g | head -n 2; df -h /tmp | tail -n 1 ;;
 start)
-  kill -0 "$(cat /tmp/probe.pid)" 2>/dev/null && echo "probe: detached processes outlive a call" || echo "probe: they do not"
   smollm2
   launch 1
   watch ;;
 watch)
-  kill -0 "$(cat /tmp/probe.pid)" 2>/dev/null && echo "probe alive" || echo "probe gone"
   launch 0
   watch ;;
 esac

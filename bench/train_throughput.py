@@ -130,14 +130,14 @@ def bench(name: str, args) -> dict:
 
     def step() -> float:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-            if args.unroll == "padded":
-                targets = target_distribution(batch["last_hidden"], lm_head, model.d2t, model.t2d, top=top)
             if args.unroll == "packed":
                 loss, _ = packed_unroll(model, {**batch, "target_top": top}, lm_head, args.ttt_steps, 0.8, ce=ce)
-            elif unroll is None:
-                loss, _ = ttt_unroll(model, batch, targets, args.ttt_steps, 0.8, ce=ce)
             else:
-                loss, _ = unroll(batch, targets, args.ttt_steps, 0.8, None, ce)
+                targets = target_distribution(batch["last_hidden"], lm_head, model.d2t, model.t2d, top=top)
+                if unroll is None:
+                    loss, _ = ttt_unroll(model, batch, targets, args.ttt_steps, 0.8, ce=ce)
+                else:
+                    loss, _ = unroll(batch, targets, args.ttt_steps, 0.8, None, ce)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 0.5)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -46,3 +48,24 @@ def tiny_cfg(tmp_path):
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+
+GENERATE_STANDIN = Path(__file__).with_name("standin_generate_server.py")
+
+
+@pytest.fixture
+def standin():
+    """Starts tests/standin_generate_server.py with the given flags and returns its URL; stopped after the test."""
+    procs = []
+
+    def start(*flags: str) -> str:
+        proc = subprocess.Popen([sys.executable, str(GENERATE_STANDIN), *flags], stdout=subprocess.PIPE, text=True)
+        procs.append(proc)
+        line = proc.stdout.readline()
+        assert line.startswith("PORT "), line
+        return f"http://127.0.0.1:{int(line.split()[1])}"
+
+    yield start
+    for proc in procs:
+        proc.kill()
+        proc.wait()

@@ -72,16 +72,3 @@ def test_a_resumed_job_is_priced_by_the_steps_its_own_process_took():
     # a resumed job that found its run finished trained nothing: it prices nothing
     runs, _ = normalise([_costed(1000, 3.0, **{"train/new_steps": 0})])
     assert "train_s_per_step" not in stage_costs(runs)
-
-
-def test_a_resumed_or_continued_run_counts_only_the_steps_it_took(tmp_path):
-    from test_train_loop import _Kill, _run
-
-    ref, _ = _run(tmp_path / "ref", epochs=3)
-    assert ref.final["train/new_steps"] == ref.steps
-    with pytest.raises(_Kill):
-        _run(tmp_path / "killed", kill_at=11, epochs=3)  # the last checkpoint is at step 10
-    again, _ = _run(tmp_path / "killed", epochs=3)
-    assert again.steps == ref.steps and again.final["train/new_steps"] == ref.steps - 10
-    done, _ = _run(tmp_path / "killed", epochs=3)  # found finished: no new steps
-    assert done.final["train/new_steps"] == 0

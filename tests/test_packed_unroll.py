@@ -5,24 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from draftlab.model.draft import DraftModelConfig, Eagle3Draft
+from draftlab.model.draft import Eagle3Draft
 from draftlab.train.packed import packed_unroll
 from draftlab.train.ttt import STATS, target_distribution, ttt_unroll
 
-H, HT, V, VD, T = 32, 16, 50, 30, 15
+from test_ttt import HT, V, _model  # the same tiny draft (layers= picks the depth)
 
-
-def _model(layers: int, seed: int = 0) -> Eagle3Draft:
-    torch.manual_seed(seed)
-    cfg = DraftModelConfig(hidden_size=H, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
-                           head_dim=8, target_hidden_size=HT, aux_layer_ids=[0, 1, 2], vocab_size=V,
-                           draft_vocab_size=VD, num_hidden_layers=layers)
-    model = Eagle3Draft(cfg)
-    used = torch.randperm(V, generator=torch.Generator().manual_seed(5))[:VD].sort().values
-    t2d = torch.zeros(V, dtype=torch.bool)
-    t2d[used] = True
-    model.init_from_target(torch.randn(V, H), None, used - torch.arange(VD), t2d)
-    return model
+T = 15
 
 
 def _batch(seed: int = 1, with_top: bool = True) -> tuple[dict, torch.Tensor]:
@@ -53,7 +42,7 @@ def _run(fn, model: Eagle3Draft) -> tuple[torch.Tensor, torch.Tensor, dict[str, 
 @pytest.mark.parametrize("layers", [1, 2])
 @pytest.mark.parametrize("with_top", [True, False])
 def test_packed_unroll_equals_padded_unroll(layers, with_top):
-    model = _model(layers)
+    model = _model(layers=layers)
     batch, lm_head = _batch(with_top=with_top)
     steps = 3
 
@@ -75,7 +64,7 @@ def test_packed_unroll_equals_padded_unroll(layers, with_top):
 
 def test_packed_unroll_with_a_shared_loss_norm_and_decay():
     """The data-parallel denominator and the step decay enter exactly as in the padded unroll."""
-    model = _model(1)
+    model = _model(layers=1)
     batch, lm_head = _batch(seed=3)
     norm = torch.tensor([40.0, 30.0, 20.0])
     tg = target_distribution(batch["last_hidden"], lm_head, model.d2t, model.t2d, top=batch["target_top"])
@@ -85,7 +74,7 @@ def test_packed_unroll_with_a_shared_loss_norm_and_decay():
 
 
 def test_packed_unroll_without_counted_positions_falls_back():
-    model = _model(1)
+    model = _model(layers=1)
     batch, lm_head = _batch()
     batch["loss_mask"] = torch.zeros_like(batch["loss_mask"])
     loss, stats = packed_unroll(model, batch, lm_head, 3, 0.8)
@@ -94,7 +83,7 @@ def test_packed_unroll_without_counted_positions_falls_back():
 
 def test_packed_unroll_takes_the_padded_path_when_too_much_counts():
     """max_kept: above that share of counted positions the result is the padded unroll's, bit for bit."""
-    model = _model(1)
+    model = _model(layers=1)
     batch, lm_head = _batch()
     tg = target_distribution(batch["last_hidden"], lm_head, model.d2t, model.t2d, top=batch["target_top"])
     want, want_stats = ttt_unroll(model, batch, tg, 3, 0.8)

@@ -14,7 +14,7 @@ from threading import Thread
 import pytest
 from unittest.mock import ANY
 
-from conftest import REPO
+from conftest import GENERATE_STANDIN as STANDIN, REPO
 from draftlab.config import validate
 from draftlab.data.samples import count_samples
 from draftlab.reporting import RecordingReporter
@@ -22,29 +22,6 @@ from draftlab.serve.remote import RemoteGenerator, ServerError
 from draftlab.sglang.monitor import free_port
 from draftlab.stages import generate
 
-STANDIN = Path(__file__).with_name("standin_generate_server.py")
-
-
-def start_standin(*flags: str):
-    proc = subprocess.Popen([sys.executable, str(STANDIN), *flags], stdout=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    assert line.startswith("PORT "), line
-    return proc, f"http://127.0.0.1:{int(line.split()[1])}"
-
-
-@pytest.fixture
-def standin():
-    procs = []
-
-    def start(*flags):
-        proc, url = start_standin(*flags)
-        procs.append(proc)
-        return url
-
-    yield start
-    for proc in procs:
-        proc.kill()
-        proc.wait()
 
 
 def folder_bytes(folder: Path) -> dict[str, bytes]:

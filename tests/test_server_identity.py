@@ -10,7 +10,6 @@ from draftlab.config import validate
 from draftlab.reporting import RecordingReporter
 from draftlab.serve.remote import ServerError, warn_if_not_the_target
 from draftlab.stages import generate
-from test_server_generate import standin  # noqa: F401  (the fixture)
 
 
 def _cfg(tiny_cfg, url: str):
@@ -19,21 +18,21 @@ def _cfg(tiny_cfg, url: str):
 
 
 @pytest.mark.parametrize("api", ["sglang", "vllm"])
-def test_a_server_of_another_model_is_named(api, standin, tiny_cfg, tmp_path, caplog):  # noqa: F811
+def test_a_server_of_another_model_is_named(api, standin, tiny_cfg, tmp_path, caplog):
     url = standin("--api", api, "--model", "/models/Qwen2.5-7B-Instruct")
     with caplog.at_level(logging.WARNING, logger="draftlab"):
         generate.run(_cfg(tiny_cfg, url), tmp_path / "pool", {}, RecordingReporter())
     assert f"{url} serves '/models/Qwen2.5-7B-Instruct', but the target is 'tiny'" in caplog.text
 
 
-def test_the_targets_own_server_is_not_warned_about(standin, tiny_cfg, tmp_path, caplog):  # noqa: F811
+def test_the_targets_own_server_is_not_warned_about(standin, tiny_cfg, tmp_path, caplog):
     url = standin("--api", "sglang", "--model", "/data/ckpt/TINY")
     with caplog.at_level(logging.WARNING, logger="draftlab"):
         generate.run(_cfg(tiny_cfg, url), tmp_path / "pool", {}, RecordingReporter())
     assert "serves" not in caplog.text
 
 
-def test_ids_outside_the_vocabulary_stop_the_stage(standin, tiny_cfg, tmp_path):  # noqa: F811
+def test_ids_outside_the_vocabulary_stop_the_stage(standin, tiny_cfg, tmp_path):
     url = standin("--api", "vllm", "--id-offset", "100000")
     with pytest.raises(ServerError, match=rf"{url} answered token id \d+ for sample 0, outside the vocabulary"):
         generate.run(_cfg(tiny_cfg, url), tmp_path / "pool", {}, RecordingReporter())
@@ -49,18 +48,3 @@ def test_names_match_on_the_last_part_either_way(caplog):
         warn_if_not_the_target("/models/Llama-3.1-70B-Instruct", "meta-llama/Llama-3.1-8B-Instruct", "u")
     assert "Llama-3.1-70B-Instruct" in caplog.text
 
-
-def test_the_launch_settings_key_the_pool_only_when_generate_starts_the_server(tmp_path):
-    """data.engine=server without a URL: draftlab launches SGLang with serve.dtype/tp_size/extra_args, which can
-    change the answers, so they name the pool; with a URL, or generating locally, they do not."""
-    from conftest import compose_config
-    from draftlab.stage_keys import plan
-
-    def key(*overrides: str) -> str:
-        return plan(compose_config([f"paths.root={tmp_path}", *overrides]))["generate"].folder_key
-
-    own = ("data.engine=server",)
-    assert key(*own) != key(*own, "serve.dtype=float16") != key(*own, "serve.tp_size=2")
-    url = (*own, "data.server.url=http://127.0.0.1:30000")
-    assert key(*url) == key(*url, "serve.dtype=float16")
-    assert key() == key("serve.dtype=float16") and key() != key(*own)

@@ -4,8 +4,9 @@ key accessed, and nothing outside its declared `reads` (or the settings that nev
 import pytest
 from omegaconf import DictConfig
 
+from conftest import compose_config
 from draftlab import stages
-from draftlab.stage_keys import NOT_FINGERPRINTED, NOT_OUTPUT_SETTINGS, STAGES
+from draftlab.stage_keys import NOT_FINGERPRINTED, NOT_OUTPUT_SETTINGS, STAGES, plan
 from draftlab.task import run_task
 
 
@@ -85,3 +86,17 @@ def test_the_recorder_sees_a_read(tiny_cfg, accessed, monkeypatch):
     run_task(tiny_cfg("data.samples=8", "stages=[generate]", "tracking.enabled=false"))
     assert "train.lr" in accessed["generate"]
     assert not _covered("train.lr", set(STAGES["generate"].reads))
+
+
+def test_the_launch_settings_key_the_pool_only_when_generate_starts_the_server(tmp_path):
+    """data.engine=server without a URL: draftlab launches SGLang with serve.dtype/tp_size/extra_args, which can
+    change the answers, so they name the pool; with a URL, or generating locally, they do not."""
+
+    def key(*overrides: str) -> str:
+        return plan(compose_config([f"paths.root={tmp_path}", *overrides]))["generate"].folder_key
+
+    own = ("data.engine=server",)
+    assert key(*own) != key(*own, "serve.dtype=float16") != key(*own, "serve.tp_size=2")
+    url = (*own, "data.server.url=http://127.0.0.1:30000")
+    assert key(*url) == key(*url, "serve.dtype=float16")
+    assert key() == key("serve.dtype=float16") and key() != key(*own)

@@ -78,19 +78,18 @@ def test_a_job_that_reuses_a_stage_repeats_its_warnings(tiny_cfg, caplog, tmp_pa
 
 
 def test_a_stage_record_keeps_the_stages_warnings_not_the_stores():
-    import logging as logging_
 
     from draftlab.summary import STAGE_WARNINGS_EXCLUDE, collect_warnings, repeat_stage_warnings, stage_warnings
 
     with collect_warnings(exclude=STAGE_WARNINGS_EXCLUDE) as warned:
-        logging_.getLogger("draftlab.tracking").warning("tracking: could not log to run r1")
+        logging.getLogger("draftlab.tracking").warning("tracking: could not log to run r1")
         for i in range(25):
-            logging_.getLogger("draftlab").warning("bench: weak draft %d", i)
+            logging.getLogger("draftlab").warning("bench: weak draft %d", i)
     kept = stage_warnings(warned)
     assert not any("tracking" in w for w in kept)
     assert len(kept) == 21 and kept[-1].startswith("... and 5 more warnings")
     with collect_warnings() as again:
-        repeat_stage_warnings(logging_.getLogger("draftlab.pipeline"), "bench", {"warnings": kept[:1],
+        repeat_stage_warnings(logging.getLogger("draftlab.pipeline"), "bench", {"warnings": kept[:1],
                                                                                   "produced_by": "abc"})
     assert again.messages == ["bench: weak draft 0 [repeated from the cached bench stage, produced by commit abc]"]
 

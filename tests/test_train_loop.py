@@ -220,10 +220,12 @@ def _comparable(metrics: dict) -> dict:
 def test_kill_and_resume_matches_uninterrupted_run(tmp_path):
     ref, ref_trainer = _run(tmp_path / "ref", epochs=3)
     assert ref.steps > 12
+    assert ref.final["train/new_steps"] == ref.steps
     with pytest.raises(_Kill):
         _run(tmp_path / "killed", kill_at=11, epochs=3)  # mid-epoch 1; last checkpoint at step 10
     again, trainer = _run(tmp_path / "killed", epochs=3)
     assert again.steps == ref.steps
+    assert again.final["train/new_steps"] == ref.steps - 10  # what this process trained: it prices the job
     assert _comparable(again.final) == _comparable(ref.final)
     assert again.best == ref.best
     assert again.history == ref.history
@@ -234,6 +236,7 @@ def test_kill_and_resume_matches_uninterrupted_run(tmp_path):
     # a resumed run that finds a finished folder trains no more
     done, _ = _run(tmp_path / "killed", epochs=3)
     assert done.steps == ref.steps
+    assert done.final["train/new_steps"] == 0
 
 
 def test_resume_sensitivity(tmp_path):
