@@ -7,7 +7,7 @@ EXTRACT_DIR is outputs/extract/<key> (layers [1, 14, 26] = HF hidden_states [2, 
 SmolLM2 folder (outputs/models/smollm2-<key>). Writes OUT/target (the target with an explicit lm_head and a
 safetensors index: SpecForge's TargetHead needs both; SmolLM2 ties its head), OUT/spec (speculators' offline
 format), OUT/sf/{train,eval} + vocab_mapping.pt + draft_config.json (SpecForge's), and OUT/split.json (counts).
-Runs in the speculators venv (it needs `datasets`); it does not import draftlab.
+Runs in the speculators venv (it needs `datasets`); of draftlab it imports the shard reader only.
 """
 
 import json
@@ -20,6 +20,9 @@ import torch
 from datasets import Dataset
 from safetensors.torch import load_file, save_file
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+from draftlab.data.samples import unpack  # noqa: E402  (torch, safetensors and the stdlib only)
+
 
 def read_samples(extract: Path, n: int) -> tuple[dict, list[dict]]:
     manifest = json.loads((extract / "manifest.json").read_text())
@@ -28,11 +31,9 @@ def read_samples(extract: Path, n: int) -> tuple[dict, list[dict]]:
         if shard["first"] >= n:
             break
         t = load_file(str(extract / f"{shard['name']}.safetensors"))
-        off = t["offsets"].tolist()
-        for i, index in enumerate(t["sample_index"].tolist()):
+        for index, split, span in unpack(t):  # draftlab's own reader of a packed shard
             if index < n:
-                span = slice(off[i], off[i + 1])
-                samples.append({"index": index, "val": bool(t["split"][i]), "ids": t["input_ids"][span].long(),
+                samples.append({"index": index, "val": split == "val", "ids": t["input_ids"][span].long(),
                                 "loss": t["loss_mask"][span].long(), "feats": t["features"][span],
                                 "last": t["last_hidden"][span]})
     samples.sort(key=lambda s: s["index"])
