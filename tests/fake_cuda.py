@@ -1,11 +1,34 @@
-"""A stand-in for the torch.cuda calls that a CUDA graph capture makes, so the CPU tests can check what happens to
-the caller's stream when a capture fails (serve/cuda_graphs.py, decode_slots.py)."""
+"""What the CPU tests of CUDA graph capture use (serve/cuda_graphs.py, decode_slots.py): a stand-in for the
+torch.cuda calls a capture makes, to check what happens to the caller's stream when a capture fails, and a
+recorder of the ops a step dispatches, to check what a capture would freeze."""
 
 from __future__ import annotations
 
 import contextlib
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map
+
+
+class Dispatched(TorchDispatchMode):
+    """Records each op dispatched under it: its name (`ops`), each call with its shapes, dtypes and host-side
+    (non-tensor) arguments (`calls`: what a CUDA graph capture freezes), and, in order, the names among `watch`
+    that ran (`seen`)."""
+
+    def __init__(self, watch: frozenset[str] = frozenset()):
+        super().__init__()
+        self.watch, self.ops, self.calls, self.seen = watch, set(), [], []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        self.ops.add(name)
+        if name in self.watch:
+            self.seen.append(name)
+        shown = tree_map(lambda a: ("tensor", tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else repr(a),
+                         (args, kwargs or {}))
+        self.calls.append((str(func), shown))
+        return func(*args, **(kwargs or {}))
 
 
 class FakeCuda:

@@ -12,9 +12,8 @@ import logging
 import pytest
 import torch
 from test_engine import K, eagle3_folder, references, target  # noqa: F401
-from fake_cuda import FakeCuda
+from fake_cuda import Dispatched, FakeCuda
 
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from draftlab.serve import static_target
 from draftlab.serve.cuda_graphs import StepGraph, graphs_enabled
@@ -114,18 +113,9 @@ HOST_READS = {"item", "_local_scalar_dense", "is_nonzero", "equal", "nonzero", "
               "_unique2", "unique_consecutive", "unique_dim", "repeat_interleave"}
 
 
-class HostReads(TorchDispatchMode):
-    """Records the host-reading ops run under it."""
-
-    def __init__(self):
-        super().__init__()
-        self.seen: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func._schema.name.split("::")[-1]
-        if name in HOST_READS:
-            self.seen.append(name)
-        return func(*args, **(kwargs or {}))
+def HostReads() -> Dispatched:
+    """Records the host-reading ops run under it (`seen`)."""
+    return Dispatched(frozenset(HOST_READS))
 
 
 def _fixed_shape_steps(target, references, folder):
@@ -156,22 +146,6 @@ def test_fixed_shape_steps_never_read_device_values_on_the_host(target, referenc
         assert reads.seen and set(reads.seen) <= {"item", "_local_scalar_dense"}
 
 
-class _Calls(TorchDispatchMode):
-    """Records each op with its shapes, dtypes and host-side (non-tensor) arguments: what a CUDA graph freezes."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        from torch.utils._pytree import tree_map
-
-        shown = tree_map(lambda a: ("tensor", tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else repr(a),
-                         (args, kwargs or {}))
-        self.calls.append((str(func), shown))
-        return func(*args, **(kwargs or {}))
-
-
 def _calls_at(steps, runner, drafter, position: int) -> dict[str, list]:
     """Each fixed-shape step's dispatched calls with the request at `position` (host lengths and device bases)."""
     runner.length = drafter.length = position
@@ -180,7 +154,7 @@ def _calls_at(steps, runner, drafter, position: int) -> dict[str, list]:
     seen = {}
     with torch.inference_mode():
         for name, fn in steps.items():
-            with _Calls() as calls:
+            with Dispatched() as calls:
                 fn()
             seen[name] = calls.calls
     return seen

@@ -7,8 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_map
 
 from draftlab.config import ConfigError, validate
 from draftlab.data.samples import read_samples
@@ -21,6 +19,7 @@ from draftlab.stages import generate
 from draftlab.stages.generate import generate_batch
 from draftlab.target import tiny_target
 from conftest import compose_config
+from fake_cuda import Dispatched, FakeCuda
 
 
 def _prompts(n=10, seed=0):
@@ -107,21 +106,6 @@ def test_graphs_first_token_ends_and_single_token_answers():
         generate_graphs(target, prompts, 8, slots=4, width=24)
 
 
-class _Dispatched(TorchDispatchMode):
-    """Records each op the step dispatches, with its shapes and its host-side (non-tensor) arguments."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops, self.calls = set(), []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.add(func.overloadpacket.__name__)
-        shown = tree_map(lambda a: ("tensor", tuple(a.shape)) if isinstance(a, torch.Tensor) else repr(a),
-                         (args, kwargs or {}))
-        self.calls.append((str(func), shown))
-        return func(*args, **(kwargs or {}))
-
-
 # ops that read a device value back to the host, or copy host data in: either one breaks a CUDA graph capture
 HOST_ROUND_TRIPS = {"_local_scalar_dense", "item", "is_nonzero", "nonzero", "equal", "masked_select", "lift_fresh",
                     "lift_fresh_copy", "_unique2", "unique_consecutive", "tolist"}
@@ -134,7 +118,7 @@ def test_graphs_decode_step_never_reads_back_to_the_host():
     buffers = [t.data_ptr() for t in (state.tokens, state.positions, state.mask, state.out, state.done,
                                       state.cache.layers[0].keys)]
     with torch.inference_mode(), slot_attention(target.model):
-        with _Dispatched() as seen:
+        with Dispatched() as seen:
             state.step()
         assert {"scaled_dot_product_attention", "index_copy_", "argmax"} <= seen.ops  # the mode saw the step
         assert not seen.ops & HOST_ROUND_TRIPS, seen.ops & HOST_ROUND_TRIPS
@@ -142,10 +126,10 @@ def test_graphs_decode_step_never_reads_back_to_the_host():
         # host values that change from step to step (ring column, positions, step count)
         state.load([1], [[5, 6, 7, 8, 9]])
         state.advance(5)
-        with _Dispatched() as later:
+        with Dispatched() as later:
             state.step()
         assert later.calls == seen.calls
-        with _Dispatched() as check:  # and it does see a read-back where there is one
+        with Dispatched() as check:  # and it does see a read-back where there is one
             state.done.any().item()
         assert check.ops & HOST_ROUND_TRIPS
     # the step writes into its static buffers in place: a graph replays the same addresses
@@ -212,8 +196,6 @@ def _capture_cpu_slots_as_if_on_a_gpu(monkeypatch) -> None:
 def test_graphs_failed_capture_decodes_eagerly_on_the_callers_stream(monkeypatch, caplog):
     """A capture that fails (a host sync inside it) leaves torch.cuda.graph's capture stream current, since its
     exit raises before restoring it: the fallback must put the caller's stream back and still give plain's answers."""
-    from fake_cuda import FakeCuda
-
     from draftlab.decode_slots import DecodeSlots
 
     target = tiny_target()
@@ -239,8 +221,6 @@ def test_graphs_refuses_a_graph_that_replays_nothing(monkeypatch, caplog):
     """A capture on another device than the model's records nothing (the step's kernels run eagerly, outside the
     graph); replaying it would never finish a slot. The capture checks that a replay moves the ring on, and decodes
     eagerly when it does not."""
-    from fake_cuda import FakeCuda
-
     target = tiny_target()
     prompts = _prompts(6, seed=3)
     plain = generate_batch(target, prompts, max_new_tokens=8, temperature=0.0)
