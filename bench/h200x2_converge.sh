@@ -30,10 +30,9 @@ mkdir -p $ROOT/rc "$OUT"
 # lost 9 minutes to a thread-starved vocabulary count (fixed: data/vocab.py) and ran out of device time.
 # 2026-12-01, session 2 (one H200, JOBS_SET=single): n25600s0 converged (5,040 steps); n25600L2, sharing the GPU at
 # 3 steps/s, could not finish in the device time left and was stopped at step 850.
-# Next (the default): the two ablations at 25,600, with the compiled loss and the packed unroll on the GPU (1.5x a
-# one-layer step and 1.23x a two-layer step at 16,384 tokens: BENCHMARKS.md). On one H200 that is an estimated
-# 25 minutes in all, tight for 30: if one job is far from its plateau at about 20 minutes, stop it (kill its
-# process group, write its rc file) so that the other converges, as the 2026-12-01 session did.
+# Next (the default): the two ablations at 25,600, one after the other on one H200, with the compiled loss and the
+# packed unroll on the GPU (1.5x a one-layer step and 1.23x a two-layer step at 16,384 tokens: BENCHMARKS.md); an
+# estimated 25 minutes in all, tight for 30 (call 1 with PROFILE=0). On two GPUs, JOBS_SET=pair runs them side by side.
 case "${JOBS_SET:-next}" in
 first) JOBS=(
   "n6400s1 0 0 data.samples=6400 train.seed=1"
@@ -46,9 +45,13 @@ single) JOBS=(  # the size and the ablation that shares its extraction
   "n25600s0 0 0 data.samples=25600 train.seed=0"
   "n25600L2 0 20 data.samples=25600 train.seed=0 draft.num_layers=2"
 ) ;;
-*) JOBS=(  # the slower job (two layers) first; the one-layer features are extracted while it trains
+pair) JOBS=(  # both ablations side by side (two GPUs); on one GPU they share it and neither may converge in time
   "n25600L2 0 0 data.samples=25600 train.seed=0 draft.num_layers=2"
   "n25600last 1 20 data.samples=25600 train.seed=0 extract.layers=last"
+) ;;
+*) JOBS=(  # one GPU: one after the other, so that the first surely converges; the faster one-layer job first
+  "n25600last 0 0 data.samples=25600 train.seed=0 extract.layers=last"
+  "n25600L2 0 after:n25600last data.samples=25600 train.seed=0 draft.num_layers=2"
 ) ;;
 esac
 GPUS=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l); [ "$GPUS" -ge 1 ] || GPUS=1
@@ -75,13 +78,15 @@ launch() {  # launch <first delay>: starts every job that is neither running nor
     dev=$(( dev % GPUS ))
     [ -f $ROOT/rc/$name ] && continue
     [ -f $ROOT/pid-$name ] && kill -0 "$(cat $ROOT/pid-$name)" 2>/dev/null && continue
-    [ "$first" = 1 ] || delay=0
+    # a delay is seconds (waited on the first launch only) or after:JOB (wait for that job's exit code)
+    if [[ $delay == after:* ]]; then wait_for="until [ -f $ROOT/rc/${delay#after:} ]; do sleep 5; done"
+    elif [ "$first" = 1 ]; then wait_for="sleep $delay"; else wait_for=true; fi
     # shellcheck disable=SC2086  # overrides are whitespace-separated words by design
-    setsid nohup bash -c "sleep $delay; cd $G/main; CUDA_VISIBLE_DEVICES=$dev PYTHONPATH=/tmp/site:$G/main/src \
+    setsid nohup bash -c "$wait_for; cd $G/main; CUDA_VISIBLE_DEVICES=$dev PYTHONPATH=/tmp/site:$G/main/src \
       python3 src/run.py -m experiment=data_scaling $(printf '%q ' "${COMMON[@]}") $overrides hydra.sweep.dir=$ROOT/steps/$name \
       >> $ROOT/log-$name.txt 2>&1; echo \$? > $ROOT/rc/$name" < /dev/null > /dev/null 2>&1 &
     echo $! > $ROOT/pid-$name
-    echo "launched $name on GPU $dev (delay $delay s)"
+    echo "launched $name on GPU $dev ($wait_for)"
   done
 }
 
@@ -105,6 +110,7 @@ case "$step" in
 install)
   nvidia-smi -L; python3 -c 'import torch, transformers; print(torch.__version__, transformers.__version__, torch.cuda.device_count())'
   install_wheels .whl && keep_first_half && rm -rf $G && cp -r .gpurun $G
+  [ "${PROFILE:-1}" = 1 ] || { nproc; df -h /tmp | tail -n 1; exit 0; }  # PROFILE=0: no device time on the profile
   # where a SmolLM2-shaped training step spends its GPU time (the sweep's batch and the trainer's GPU path: compiled
   # loss, packed unroll, 40% prompt), before the jobs share the GPU
   (cd $G/main && PYTHONPATH=/tmp/site:src timeout 150 python3 bench/train_throughput.py --preset smollm2 \
