@@ -8,9 +8,8 @@ import logging
 import pytest
 import torch
 
-from draftlab.train import loop
-from draftlab.train.loop import soft_ce_for
-from draftlab.train.ttt import compiled_soft_ce, soft_ce
+from draftlab.train import ttt
+from draftlab.train.ttt import compiled_soft_ce, soft_ce, soft_ce_for
 
 
 def _inputs(dtype: torch.dtype, rows: int = 37, vocab: int = 64):
@@ -59,7 +58,7 @@ def test_compile_loss_choice(monkeypatch):
     def _counted(lg, p, w):
         return soft_ce(lg, p, w)
 
-    monkeypatch.setattr(loop, "compiled_soft_ce", fake_compiled)
+    monkeypatch.setattr(ttt, "compiled_soft_ce", fake_compiled)
     cpu = torch.device("cpu")
     assert soft_ce_for("auto", cpu, torch.float32) is soft_ce and soft_ce_for("false", cpu, torch.float32) is soft_ce
     assert built == []  # not built, not probed
@@ -74,7 +73,7 @@ def test_a_loss_that_cannot_be_compiled_falls_back_before_training(monkeypatch, 
     def broken(lg, p, w):
         raise RuntimeError("Cannot find a working triton installation")  # what torch says without Triton
 
-    monkeypatch.setattr(loop, "compiled_soft_ce", lambda: broken)
+    monkeypatch.setattr(ttt, "compiled_soft_ce", lambda: broken)
     with caplog.at_level(logging.WARNING, logger="draftlab"):
         assert soft_ce_for("true", torch.device("cpu"), torch.float32) is soft_ce
     assert "torch.compile of the loss failed" in caplog.text and "triton" in caplog.text

@@ -26,7 +26,7 @@ STAGES = ["generate", "extract", "train", "bench"]
 SEED = int(os.environ.get("DRAFTLAB_CRASH_SEED", "0"))
 # Timings differ between runs by nature, and how much work a run found already done is its history, not its
 # output (a rerun after a kill finds some); everything else must be equal.
-TIMING = ("seconds", "per_s", "speedup", "wall", "time", "new_samples", "new_steps", "cached")
+TIMING = ("seconds", "per_s", "wait", "speedup", "wall", "time", "new_samples", "new_steps", "cached")
 # Not outputs: which commit produced a stage (a commit made while the test runs must not fail it).
 PROVENANCE = ("produced_by",)
 SKIP = (".lock", ".png")  # locks; plots embed nothing but what the JSON next to them holds

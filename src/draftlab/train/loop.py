@@ -42,7 +42,7 @@ from draftlab.train.checkpoint import (load_trainable, latest_checkpoint, read_c
                                        trainable_state, write_checkpoint)
 from draftlab.train.packed import packed_unroll
 from draftlab.train.schedule import budget_steps, lr_factor, watch_plateau
-from draftlab.train.ttt import STATS, compiled_soft_ce, soft_ce, summarize, target_distribution, ttt_unroll
+from draftlab.train.ttt import STATS, soft_ce_for, summarize, target_distribution, ttt_unroll
 
 log = logging.getLogger("draftlab")
 # a GPU batch takes the packed unroll while at most this share of its positions count: measured 1.13x at 60%
@@ -91,36 +91,6 @@ def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, devi
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type in ("cuda", "cpu"))
 
 
-def soft_ce_for(compile_loss: str, device: torch.device, dtype: torch.dtype):
-    """train.compile_loss: auto = the compiled soft cross-entropy on CUDA (1.27x a SmolLM2-shaped step on an H200,
-    BENCHMARKS.md), the eager one elsewhere (a CPU step is matmul-bound, and compiling costs seconds).
-
-    The compiled loss is built here, on tiny logits of the training dtype, forward and backward, with and without
-    grad (the evaluation pass): a machine where torch.compile cannot build it (no Triton, no C++ compiler) trains
-    with the eager loss and says so, before the first batch rather than in the middle of a step."""
-    choice = str(compile_loss).lower()  # a YAML true arrives as "True" in the str field
-    if choice not in ("auto", "true", "false"):
-        raise ValueError(f"train.compile_loss: {compile_loss!r}; expected auto, true or false")
-    if not (device.type == "cuda" if choice == "auto" else choice == "true"):
-        return soft_ce
-    fused = compiled_soft_ce()
-    try:
-        # [rows, vocab] as the packed unroll (the trainer's path) passes them, so the graphs built here are the
-        # ones training replays; two sizes: the dynamic-shape graph, not one specialised to the first
-        for rows in (3, 5):
-            lg = torch.randn(rows, 16, device=device).to(dtype).requires_grad_(True)
-            p = torch.rand(rows, 16, device=device).softmax(-1)
-            w = torch.ones(rows, dtype=torch.bool, device=device)
-            fused(lg, p, w).backward()
-            with torch.no_grad():
-                fused(lg, p, w)
-    except Exception as error:  # any failure to build or run it: the eager loss gives the same values
-        log.warning("train: torch.compile of the loss failed (%s: %s); training with the eager loss "
-                    "(train.compile_loss=false skips the attempt)", type(error).__name__, str(error)[:300])
-        return soft_ce
-    return fused
-
-
 def _batches_per_epoch(source, s: LoopSettings) -> int:
     counter = getattr(source, "num_batches", None)
     if counter is not None:
@@ -155,6 +125,7 @@ class Trainer:
         self.packed = True
         self.max_kept = 1.0 if self.device.type == "cpu" else PACKED_MAX_KEPT
         self.ce = soft_ce_for(settings.compile_loss, self.device, self.amp or torch.float32)
+        self._data_wait = 0.0  # seconds this log window waited for batches (train/data_wait_frac)
         self.state: dict[str, Any] = {"epoch": 0, "batch": 0, "step": 0, "history": [], "best": None,
                                       "window": None, "total_steps": None, **self._fresh_horizon()}
 
@@ -234,6 +205,8 @@ class Trainer:
         metrics = {f"train/{k}": v for k, v in summarize(stats, self.s.loss_decay, self.s.num_steps).items()}
         elapsed = max(time.perf_counter() - t0, 1e-9)
         metrics["train/tokens_per_s"] = window["tokens"] / elapsed
+        metrics["train/data_wait_frac"] = min(self._data_wait / elapsed, 1.0)
+        self._data_wait = 0.0
         metrics["lr"] = self.opt.param_groups[0]["lr"]
         metrics["train/grad_norm"] = window["grad_norm"] / max(window["batches"], 1)
         metrics["epoch"] = float(self.state["epoch"])
@@ -250,6 +223,11 @@ class Trainer:
         if val is not None:
             entry.update({f"val/{k}": v for k, v in val.items()})
             self.reporter.metrics(entry, step=step)
+            best = self.state["best"]
+            # in the log too: a job killed before its results are written still shows its curve
+            log.info("train: step %d val/loss %.4f val/acc_0 %.4f val/predicted_tau %.3f (best so far %s)", step,
+                     val["loss"], val["acc_0"], val["predicted_tau"],
+                     "-" if best is None else f"{best['score']:.4f} at step {int(best['metrics']['step'])}")
         self.state["history"].append(entry)
         self.state["last_eval_step"] = step
         score = entry.get("val/loss", self.state.get("last_train", {}).get("train/loss", math.inf))
@@ -302,10 +280,11 @@ class Trainer:
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.model.train()
-        self._t0 = time.perf_counter()
+        self._t0, self._data_wait = time.perf_counter(), 0.0
         while st["step"] < st["stop_at"]:
             epoch, skip, stepped = st["epoch"], st["batch"], False
-            for index, batch in enumerate(self.source.batches("train", epoch, s.batch_tokens, s.max_seq_len, s.seed, True)):
+            batches = self.source.batches("train", epoch, s.batch_tokens, s.max_seq_len, s.seed, True)
+            for index, batch in enumerate(self._timed(batches)):
                 if index < skip:
                     continue
                 self._train_step(batch, index, params)
@@ -323,6 +302,18 @@ class Trainer:
         self._save()
         self._prune_best()
         return self._result()
+
+    def _timed(self, batches):
+        """The batches, with the time spent waiting for each added to the log window's data wait: a trainer whose
+        train/data_wait_frac is high is fed too slowly (reads, collation), not computing too slowly."""
+        batches = iter(batches)
+        while True:
+            t = time.perf_counter()
+            batch = next(batches, None)
+            self._data_wait += time.perf_counter() - t
+            if batch is None:
+                return
+            yield batch
 
     def _train_step(self, batch: dict, index: int, params: list) -> None:
         s, st = self.s, self.state

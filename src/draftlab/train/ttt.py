@@ -17,6 +17,7 @@ Metrics (numerators and denominators are summed over batches before any ratio is
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +28,7 @@ from draftlab.model.draft import Eagle3Draft, TTTCache
 # rows of the stats tensor [len(STATS), steps]; all are sums over positions
 STATS = ("ce", "n_loss", "correct", "n", "chain", "valid", "chain_prev", "oov")
 _ROW = {name: i for i, name in enumerate(STATS)}
+log = logging.getLogger("draftlab")
 
 
 @dataclass
@@ -91,6 +93,36 @@ def compiled_soft_ce():
     if _compiled_soft_ce is None:
         _compiled_soft_ce = torch.compile(soft_ce, dynamic=True)
     return _compiled_soft_ce
+
+
+def soft_ce_for(compile_loss: str, device: torch.device, dtype: torch.dtype):
+    """train.compile_loss: auto = the compiled soft cross-entropy on CUDA (1.27x a SmolLM2-shaped step on an H200,
+    BENCHMARKS.md), the eager one elsewhere (a CPU step is matmul-bound, and compiling costs seconds).
+
+    The compiled loss is built here, on tiny logits of the training dtype, forward and backward, with and without
+    grad (the evaluation pass): a machine where torch.compile cannot build it (no Triton, no C++ compiler) trains
+    with the eager loss and says so, before the first batch rather than in the middle of a step."""
+    choice = str(compile_loss).lower()  # a YAML true arrives as "True" in the str field
+    if choice not in ("auto", "true", "false"):
+        raise ValueError(f"train.compile_loss: {compile_loss!r}; expected auto, true or false")
+    if not (device.type == "cuda" if choice == "auto" else choice == "true"):
+        return soft_ce
+    fused = compiled_soft_ce()
+    try:
+        # [rows, vocab] as the packed unroll (the trainer's path) passes them, so the graphs built here are the
+        # ones training replays; two sizes: the dynamic-shape graph, not one specialised to the first
+        for rows in (3, 5):
+            lg = torch.randn(rows, 16, device=device).to(dtype).requires_grad_(True)
+            p = torch.rand(rows, 16, device=device).softmax(-1)
+            w = torch.ones(rows, dtype=torch.bool, device=device)
+            fused(lg, p, w).backward()
+            with torch.no_grad():
+                fused(lg, p, w)
+    except Exception as error:  # any failure to build or run it: the eager loss gives the same values
+        log.warning("train: torch.compile of the loss failed (%s: %s); training with the eager loss "
+                    "(train.compile_loss=false skips the attempt)", type(error).__name__, str(error)[:300])
+        return soft_ce
+    return fused
 
 
 def step_loss(lg: Tensor, p: Tensor, w: Tensor, j: int, decay: float, loss_norm: Tensor | None,
