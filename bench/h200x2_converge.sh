@@ -30,9 +30,10 @@ mkdir -p $ROOT/rc "$OUT"
 # lost 9 minutes to a thread-starved vocabulary count (fixed: data/vocab.py) and ran out of device time.
 # 2026-12-01, session 2 (one H200, JOBS_SET=single): n25600s0 converged (5,040 steps); n25600L2, sharing the GPU at
 # 3 steps/s, could not finish in the device time left and was stopped at step 850.
-# Next (the default): the two ablations at 25,600, one after the other on one H200, with the compiled loss and the
-# packed unroll on the GPU (1.5x a one-layer step and 1.23x a two-layer step at 16,384 tokens: BENCHMARKS.md); an
-# estimated 25 minutes in all, tight for 30 (call 1 with PROFILE=0). On two GPUs, JOBS_SET=pair runs them side by side.
+# 2026-12-01, session 3 (one H200, JOBS_SET=ablations): n25600last converged (5,880 steps); n25600L2, started
+# beside it once it was clear the trainer ran host-bound (5.5 steps/s alone, GPU 45% busy; two jobs kept their
+# rates), reached step 4,398 unconverged when the device time ran out.
+# Next (the default): n25600L2 alone, about 5 min generating, 0.5 extracting, 10-16 training.
 case "${JOBS_SET:-next}" in
 first) JOBS=(
   "n6400s1 0 0 data.samples=6400 train.seed=1"
@@ -49,9 +50,12 @@ pair) JOBS=(  # both ablations side by side (two GPUs); on one GPU they share it
   "n25600L2 0 0 data.samples=25600 train.seed=0 draft.num_layers=2"
   "n25600last 1 20 data.samples=25600 train.seed=0 extract.layers=last"
 ) ;;
-*) JOBS=(  # one GPU: one after the other, so that the first surely converges; the faster one-layer job first
+ablations) JOBS=(  # one GPU: one after the other, so that the first surely converges; the faster one first
   "n25600last 0 0 data.samples=25600 train.seed=0 extract.layers=last"
   "n25600L2 0 after:n25600last data.samples=25600 train.seed=0 draft.num_layers=2"
+) ;;
+*) JOBS=(  # what is left: the two-layer ablation, alone on the GPU
+  "n25600L2 0 0 data.samples=25600 train.seed=0 draft.num_layers=2"
 ) ;;
 esac
 GPUS=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l); [ "$GPUS" -ge 1 ] || GPUS=1
@@ -111,11 +115,12 @@ install)
   nvidia-smi -L; python3 -c 'import torch, transformers; print(torch.__version__, transformers.__version__, torch.cuda.device_count())'
   install_wheels .whl && keep_first_half && rm -rf $G && cp -r .gpurun $G
   [ "${PROFILE:-1}" = 1 ] || { nproc; df -h /tmp | tail -n 1; exit 0; }  # PROFILE=0: no device time on the profile
-  # where a SmolLM2-shaped training step spends its GPU time (the sweep's batch and the trainer's GPU path: compiled
-  # loss, packed unroll, 40% prompt), before the jobs share the GPU
-  (cd $G/main && PYTHONPATH=/tmp/site:src timeout 150 python3 bench/train_throughput.py --preset smollm2 \
-    --batch-tokens 16384 --seq 512 --steps 5 --compile-loss --unroll packed --prompt-frac 0.4 \
-    --profile "$OUT"/profile_smollm2_16k.txt | tee "$OUT"/throughput.jsonl
+  # the whole trainer (reads, packed unroll, compiled loss, logging) against its step alone: the sweep's trainer
+  # ran at a third of the step's rate on 2026-12-01 (BENCHMARKS.md); train/data_wait_frac says how much is reads
+  (cd $G/main && PYTHONPATH=/tmp/site:src timeout 150 python3 bench/trainer_speed.py --batch-tokens 16384 --samples 1024 \
+    --steps 300 | tee "$OUT"/trainer_speed.jsonl
+   PYTHONPATH=/tmp/site:src timeout 150 python3 bench/train_throughput.py --preset smollm2 \
+    --batch-tokens 16384 --seq 512 --steps 10 --compile-loss --unroll packed --prompt-frac 0.4 | tee "$OUT"/throughput.jsonl
    # and whether compiling the MLP and norms too pays at this batch (it did not at 4,096 tokens, launch-bound)
    PYTHONPATH=/tmp/site:src timeout 150 python3 bench/train_throughput.py --preset smollm2 --batch-tokens 16384 \
     --seq 512 --steps 10 --compile --compile-loss --unroll packed --prompt-frac 0.4 | tee -a "$OUT"/throughput.jsonl)

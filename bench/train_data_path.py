@@ -31,7 +31,10 @@ from draftlab.train.ttt import target_distribution, ttt_unroll  # noqa: E402
 H, V, VD = 576, 49152, 8192
 
 
-def synthetic_source(folder: Path, samples: int, seq: int, per_shard: int = 1024) -> FeatureSource:
+def synthetic_source(folder: Path, samples: int, seq: int, per_shard: int = 1024,
+                     prompt_frac: float = 0.0, val_every: int = 0) -> FeatureSource:
+    """`prompt_frac` of each sample (its start) is prompt: outside the loss, as a ShareGPT turn's prompt is;
+    every `val_every`-th sample goes to the validation split (0: none)."""
     g = torch.Generator().manual_seed(0)
     shards, entries = [], []
     for number, first in enumerate(range(0, samples, per_shard)):
@@ -39,8 +42,9 @@ def synthetic_source(folder: Path, samples: int, seq: int, per_shard: int = 1024
         lengths = torch.randint(seq // 2, seq + 1, (n,), generator=g).tolist()
         T = sum(lengths)
         name = f"shard-{number:05d}"
+        loss_mask = torch.cat([(torch.arange(n) >= int(prompt_frac * n)).to(torch.uint8) for n in lengths])
         save_file({"input_ids": torch.randint(0, V, (T,), generator=g, dtype=torch.int32),
-                   "loss_mask": torch.ones(T, dtype=torch.uint8),
+                   "loss_mask": loss_mask,
                    "features": torch.randn(T, 3 * H, generator=g).to(torch.bfloat16),
                    "last_hidden": torch.randn(T, H, generator=g).to(torch.bfloat16),
                    "target_top": torch.randint(0, V, (T,), generator=g, dtype=torch.int32)},
@@ -48,9 +52,10 @@ def synthetic_source(folder: Path, samples: int, seq: int, per_shard: int = 1024
         shards.append({"name": name})
         start = 0
         for i, length in enumerate(lengths):
-            entries.append(_Entry(first + i, "train", length, number, start))
+            split = "val" if val_every and (first + i) % val_every == val_every - 1 else "train"
+            entries.append(_Entry(first + i, split, length, number, start))
             start += length
-    manifest = {"format": FORMAT, "shapes": {"features": [-1, 3 * H], "last_hidden": [-1, H]}, "target_top": True,
+    manifest = {"format": FORMAT, "dtype": "bfloat16", "shapes": {"features": [-1, 3 * H], "last_hidden": [-1, H]}, "target_top": True,
                 "shards": shards, "layer_ids": [1, 14, 26]}
     return FeatureSource(manifest, entries, folder, samples, VD)
 

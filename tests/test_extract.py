@@ -206,9 +206,11 @@ def test_batches_contract(pool):
     assert set(source.head()) == {"embed_tokens.weight", "lm_head.weight"}
 
 
-def test_online_and_offline_give_the_same_batches(pool):
-    offline_cfg = config(pool, samples=12, batch_size=4)
-    online_cfg = config(pool, samples=12, mode="online")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_online_and_offline_give_the_same_batches(pool, dtype):
+    """Same tensors, same dtype: both come in the pool's extract.dtype (online rounds as offline stored)."""
+    offline_cfg = config(pool, samples=12, batch_size=4, dtype=dtype)
+    online_cfg = config(pool, samples=12, mode="online", dtype=dtype)
     run(pool, offline_cfg, folder="offline")
     metrics = run(pool, online_cfg, folder="online")
     assert not list((pool / "online").glob("shard-*")) and metrics["extract/bytes"] == 0
@@ -226,6 +228,23 @@ def test_online_and_offline_give_the_same_batches(pool):
                 assert a[key].dtype == b[key].dtype and a[key].shape == b[key].shape, key
                 assert torch.allclose(a[key].float(), b[key].float(), atol=1e-5), key
     assert [torch.equal(x, y) for x, y in zip(offline.vocab(), online.vocab())] == [True, True]
+
+
+def test_batches_pad_with_zeros_whatever_the_buffers_held(pool, monkeypatch):
+    """The wide tensors are not zero-filled whole (features.py): each row's padding must still come out zero."""
+    cfg = config(pool, samples=12, batch_size=3, dtype="bfloat16")
+    run(pool, cfg)
+    source = open_source(cfg, {"extract": pool / "extract"})
+    empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *shape, dtype=None, pin_memory=False: empty(*shape, dtype=dtype).fill_(7))
+    padded = 0
+    for batch in source.batches("train", 0, 64, 24, seed=1):
+        assert batch["features"].dtype == batch["last_hidden"].dtype == torch.bfloat16
+        pad = ~batch["attention_mask"]
+        assert (batch["features"][pad] == 0).all() and (batch["last_hidden"][pad] == 0).all()
+        assert (batch["features"][~pad] != 7).any()  # the real rows were read over the fill
+        padded += int(pad.sum())
+    assert padded > 0
 
 
 def test_a_pool_made_with_other_layers_starts_over(pool):

@@ -170,6 +170,13 @@ class FeatureSource:
         return self.target is not None
 
     @property
+    def batch_dtype(self) -> torch.dtype:
+        """`features` and `last_hidden` come in the pool's `extract.dtype`: widening bf16 to fp32 on the reading
+        thread doubled the bytes it wrote and moved to the device, for values the bf16 autocast rounds back
+        (the trainer widens them on the device for fp32 training)."""
+        return getattr(torch, self.manifest.get("dtype", "float32"))
+
+    @property
     def layer_ids(self) -> list[int]:
         return list(self.manifest["layer_ids"])
 
@@ -228,7 +235,7 @@ class FeatureSource:
         use_mask = model_mask(seqs, mask) is not None
         device = self.target.device
         ids, mask, loss = ids.to(device), mask.to(device), loss.to(device)
-        features, last = self._tap(ids, mask if use_mask else None, torch.float32)
+        features, last = self._tap(ids, mask if use_mask else None, self.batch_dtype)  # rounded as offline
         features = features.masked_fill(~mask[..., None], 0.0)  # padding positions are zero, as offline
         last = last.masked_fill(~mask[..., None], 0.0)
         top = head_top1(last, self._tap.head_weight)
@@ -245,8 +252,10 @@ class FeatureSource:
         width = self.manifest["shapes"]["features"][1]
         hidden = self.manifest["shapes"]["last_hidden"][1]
         pin = torch.cuda.is_available()  # pinned: the trainer's .to(device, non_blocking=True) is then asynchronous
-        out = {"input_ids": torch.zeros(B, T, dtype=torch.long), "features": torch.zeros(B, T, width, pin_memory=pin),
-               "last_hidden": torch.zeros(B, T, hidden, pin_memory=pin), "loss_mask": torch.zeros(B, T, dtype=torch.bool),
+        # the wide tensors are not zero-filled whole (that was 80% of reading a batch): each row's padding is, below
+        wide = {"dtype": self.batch_dtype, "pin_memory": pin}
+        out = {"input_ids": torch.zeros(B, T, dtype=torch.long), "features": torch.empty(B, T, width, **wide),
+               "last_hidden": torch.empty(B, T, hidden, **wide), "loss_mask": torch.zeros(B, T, dtype=torch.bool),
                "attention_mask": torch.zeros(B, T, dtype=torch.bool)}
         with_top = bool(self.manifest.get("target_top"))  # pools made before target_top: the plain path
         if with_top:
@@ -258,6 +267,8 @@ class FeatureSource:
             out["loss_mask"][i, :n] = shard.get_slice("loss_mask")[span].bool()
             out["features"][i, :n] = shard.get_slice("features")[span]  # reads only these rows (mmap)
             out["last_hidden"][i, :n] = shard.get_slice("last_hidden")[span]
+            out["features"][i, n:] = 0
+            out["last_hidden"][i, n:] = 0
             out["attention_mask"][i, :n] = True
             if with_top:
                 out["target_top"][i, :n] = shard.get_slice("target_top")[span]

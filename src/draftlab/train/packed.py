@@ -152,14 +152,17 @@ def packed_unroll(model: Eagle3Draft, batch: dict[str, Tensor], lm_head: Tensor,
     loss = torch.zeros((), device=dev)
     valid = torch.ones(len(rows), dtype=torch.bool, device=dev)
     chain = torch.ones(len(rows), dtype=torch.bool, device=dev)
+    # [steps, N]: step j's prediction at each kept row counts; the rows each step trains on are known before any
+    # step runs, so one nonzero (one host sync on a GPU, not one per step) lists them all
+    masks = torch.stack([counted[rows.b, rows.t + 2 + j] for j in range(steps)])
+    step_of, row_of = masks.nonzero().unbind(1)
+    sels = row_of.split(torch.bincount(step_of, minlength=steps).tolist())
     hidden, picked, counts = None, [], []
-    for j in range(steps):
+    for j, (m, sel) in enumerate(zip(masks, sels)):
         if j == 0:
             hidden = _step0(model, ids_ext[:, 1 : 1 + T], feats, positions, rows, cache)
         else:
             hidden = _step(model, ids_ext[rows.b, rows.t + 1 + j], hidden, positions + j, rows, cache)
-        m = counted[rows.b, rows.t + 2 + j]  # [N]: this step's prediction at the row counts
-        sel = m.nonzero().squeeze(1)
         picked.append(hidden.index_select(0, sel))
         counts.append((m, sel))
     # the next step never reads a step's logits: one head matmul (and one in backward) for all steps

@@ -1,0 +1,113 @@
+"""The real trainer (train/loop.py's Trainer: reads, packed unroll, loss, optimizer, validation, checkpoints) on
+synthetic SmolLM2-shaped shards, with its time broken down, against the time it takes only to read its batches.
+
+bench/train_throughput.py times the step alone on tensors already on the device. On the H200 the sweep's
+trainer ran well below that (5.5 steps/s against 17 for the step alone at 16,384 tokens; BENCHMARKS.md), so
+this runs the whole trainer with the sweep's settings (validation and a checkpoint every 100 steps, 1 in 8
+samples held out) and says where its wall time went: waiting for batches (train/data_wait_frac), validation
+passes, checkpoint writes, and the rest (the steps, logging).
+
+    python bench/trainer_speed.py --device cuda --batch-tokens 16384 --samples 1024 --steps 300
+    python bench/trainer_speed.py --device cpu --batch-tokens 2048 --samples 300 --steps 12 --log-every 4 \
+        --eval-every 6 --checkpoint-every 6
+
+Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from train_data_path import H, V, VD, synthetic_source  # noqa: E402
+
+from draftlab.model.draft import DraftModelConfig, Eagle3Draft  # noqa: E402
+from draftlab.reporting import RecordingReporter  # noqa: E402
+from draftlab.train.loop import LoopSettings, Trainer  # noqa: E402
+
+
+def timed(totals: dict, name: str, fn):
+    """`fn`, adding its wall time to totals[name]."""
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            totals[name] += time.perf_counter() - start
+    return wrapper
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--samples", type=int, default=1024)
+    ap.add_argument("--seq", type=int, default=340, help="longest sample; lengths are uniform in [seq/2, seq]")
+    ap.add_argument("--prompt-frac", type=float, default=0.4, help="share of each sample outside the loss (ShareGPT: ~0.4)")
+    ap.add_argument("--batch-tokens", type=int, default=16384)
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--log-every", type=int, default=10)
+    ap.add_argument("--eval-every", type=int, default=100)
+    ap.add_argument("--checkpoint-every", type=int, default=100)
+    ap.add_argument("--compile-loss", default="auto")
+    ap.add_argument("--read-batches", type=int, default=20, help="batches timed for the read-only pass")
+    args = ap.parse_args()
+
+    cfg = DraftModelConfig(hidden_size=H, intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3,
+                           head_dim=64, target_hidden_size=H, vocab_size=V, draft_vocab_size=VD,
+                           aux_layer_ids=[1, 14, 26], num_hidden_layers=1, max_position_embeddings=4096)
+    torch.manual_seed(0)
+    model = Eagle3Draft(cfg)
+    model.d2t.zero_()
+    model.t2d[:VD] = True
+    lm_head = torch.randn(V, H) * 0.02
+    settings = LoopSettings(max_steps=args.steps, epochs=None, eval_every=args.eval_every, early_stop_patience=None,
+                            batch_tokens=args.batch_tokens, log_every=args.log_every,
+                            checkpoint_every=args.checkpoint_every, device=args.device, compile_loss=args.compile_loss)
+    totals = {"data_wait_s": 0.0, "validation_s": 0.0, "checkpoint_s": 0.0}
+    with tempfile.TemporaryDirectory(prefix="trainer-speed-") as tmp:
+        source = synthetic_source(Path(tmp), args.samples, args.seq, prompt_frac=args.prompt_frac, val_every=8)
+        plan = source._plan("train", 0, args.batch_tokens, settings.max_seq_len, 0, True)[: args.read_batches]
+        for group in plan[:2]:  # warm the page cache and the pinned allocator
+            source._offline_batch(group, settings.max_seq_len)
+        start = time.perf_counter()
+        for group in plan[2:]:
+            source._offline_batch(group, settings.max_seq_len)
+        read_s = (time.perf_counter() - start) / max(len(plan) - 2, 1)
+
+        trainer = Trainer(model, source, lm_head, settings, Path(tmp) / "ckpt", RecordingReporter())
+        log_window = trainer._log_window
+
+        def counting_log_window(t0):  # the window resets the trainer's data wait: take it first
+            totals["data_wait_s"] += trainer._data_wait
+            return log_window(t0)
+
+        trainer._log_window = counting_log_window
+        trainer._validate = timed(totals, "validation_s", trainer._validate)
+        trainer._save = timed(totals, "checkpoint_s", trainer._save)
+        start = time.perf_counter()
+        result = trainer.run()
+        wall = time.perf_counter() - start
+    tokens = source.num_tokens("train") * result.final["train/epochs_seen"]
+    rest = wall - sum(totals.values())
+    print(json.dumps({
+        "device": args.device, "batch_tokens": args.batch_tokens, "prompt_frac": args.prompt_frac,
+        "compile_loss": args.compile_loss, "packed": trainer.packed, "threads": torch.get_num_threads(),
+        "eval_every": args.eval_every, "checkpoint_every": args.checkpoint_every, "steps": result.steps,
+        "read_only_s_per_batch": round(read_s, 4), "wall_s": round(wall, 2),
+        "steps_per_s": round(result.steps / wall, 2), "tokens_per_s": round(tokens / wall, 1),
+        **{k: round(v, 2) for k, v in totals.items()}, "rest_s": round(rest, 2),
+        "rest_s_per_step": round(rest / max(result.steps, 1), 4),
+    }), flush=True)
+
+
+if __name__ == "__main__":
+    main()
