@@ -27,3 +27,32 @@ smollm2_gguf() {  # call 2: the whole GGUF where draftlab looks for the llm-smol
   [ -f /tmp/gg.aa ] && [ -f .gguf-b/gg.ab ] || { echo "no SmolLM2 GGUF halves: /tmp/gg.aa (call 1) and .gguf-b/gg.ab (this call)"; return 1; }
   cat /tmp/gg.aa .gguf-b/gg.ab > "$pkg/.gguf.tmp" && mv "$pkg/.gguf.tmp" "$pkg/SmolLM2-135M-Instruct.Q4_1.gguf"
 }
+
+# Detached jobs. A device call runs at most 10 minutes, so a long job starts detached (setsid: it outlives the call
+# on a warm machine, seen 2026-12-01), logs to $ROOT/log-NAME.txt and writes its exit code to $ROOT/rc/NAME; a later
+# call relaunches a job that died without one, and the job resumes (every stage does). The caller sets ROOT, and
+# START and BUDGET for watch_jobs.
+job_pending() {  # job_pending NAME: true when NAME has no exit code and no live process
+  [ ! -f "$ROOT/rc/$1" ] && ! { [ -f "$ROOT/pid-$1" ] && kill -0 "$(cat "$ROOT/pid-$1")" 2>/dev/null; }
+}
+
+start_detached() {  # start_detached NAME COMMAND: COMMAND (one bash string; its last part's output is logged)
+  mkdir -p "$ROOT/rc"
+  setsid nohup bash -c "$2 >> $ROOT/log-$1.txt 2>&1; echo \$? > $ROOT/rc/$1" < /dev/null > /dev/null 2>&1 &
+  echo $! > "$ROOT/pid-$1"
+}
+
+watch_jobs() {  # watch_jobs COUNT: until COUNT jobs have exit codes or BUDGET seconds from START; progress each 2 min
+  mkdir -p "$ROOT/rc"
+  while [ $(( $(date +%s) - START )) -lt "$BUDGET" ] && [ "$(ls "$ROOT/rc" | wc -l)" -lt "$1" ]; do
+    sleep 20
+    if [ $(( ($(date +%s) - START) % 120 )) -lt 20 ]; then
+      for f in "$ROOT"/log-*.txt; do
+        echo "$(basename "$f"): $(tail -c 600 "$f" | tr '\r' '\n' | grep . | tail -n 1 | cut -c1-150)"
+      done
+      nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader
+    fi
+  done
+  for f in "$ROOT"/rc/*; do [ -f "$f" ] && echo "$(basename "$f") rc=$(cat "$f")"; done
+  return 0
+}

@@ -10,36 +10,29 @@
 #   call 1 (carry .whl .gguf-a .speed/site .headline): bash .headline/main/bench/h200_headline.sh install
 #   call 2 (carry .gguf-b .whl-tf):                     bash /tmp/headline/main/bench/h200_headline.sh start
 #   call 3.. (nothing carried):             BUDGET=560 bash /tmp/headline/main/bench/h200_headline.sh watch
-# What comes back: $OUT/headline.tgz (the job's results.json with every stage's seconds, and its log). The end-to-end
+# What comes back: $OUT/headline.tgz (the job's results.json with every stage's seconds, and log-headline.txt). The end-to-end
 # time is the log's first to last timestamp; import the job with `python -m draftlab import-runs`.
 set -uo pipefail
 step=${1:?usage: h200_headline.sh install|start|watch}
 export PYTHONUNBUFFERED=1 SITE=/tmp/site
-. "$(dirname "$0")/gpu_machine.sh"  # install_wheels, keep_first_half, smollm2_gguf
+. "$(dirname "$0")/gpu_machine.sh"  # install_wheels, keep_first_half, smollm2_gguf, start_detached, watch_jobs
 ROOT=${ROOT:-/tmp/dl}; H=/tmp/headline; BUDGET=${BUDGET:-570}; START=$(date +%s)
 mkdir -p "$ROOT" "$OUT"
 
 launch() {  # starts the run unless it is running or finished
-  [ -f $ROOT/headline.rc ] && return 0
-  [ -f $ROOT/headline.pid ] && kill -0 "$(cat $ROOT/headline.pid)" 2>/dev/null && return 0
+  job_pending headline || return 0
   DRAFTLAB_GIT_COMMIT=$(cat $H/COMMIT) && export DRAFTLAB_GIT_COMMIT
-  setsid nohup bash -c "cd $H/main && PYTHONPATH=$SITE:$H/main/src python3 src/run.py hardware=gpu \
+  start_detached headline "cd $H/main && PYTHONPATH=$SITE:$H/main/src python3 src/run.py hardware=gpu \
     data.samples=50000 data.source=jsonl data.path=$ROOT/headline_prompts.jsonl paths.root=$ROOT \
-    tracking.enabled=false hydra.run.dir=$ROOT/e2e >> $ROOT/headline.log 2>&1; echo \$? > $ROOT/headline.rc" \
-    < /dev/null > /dev/null 2>&1 &
-  echo $! > $ROOT/headline.pid
+    tracking.enabled=false hydra.run.dir=$ROOT/e2e"
   echo "launched the headline run at $(date -u +%T)"
 }
 
 watch() {  # until the run has an exit code or this call's budget is spent, then pack what there is
-  while [ $(( $(date +%s) - START )) -lt "$BUDGET" ] && [ ! -f $ROOT/headline.rc ]; do
-    sleep 20
-    tail -c 400 $ROOT/headline.log | tr '\r' '\n' | grep . | tail -n 1 | cut -c1-160
-  done
-  [ -f $ROOT/headline.rc ] && echo "headline rc=$(cat $ROOT/headline.rc)"
-  grep -h "stage \|Error\|error" $ROOT/headline.log | cut -c1-200 | tail -n 20
+  watch_jobs 1
+  grep -h "stage \|Error\|error" $ROOT/log-headline.txt | cut -c1-200 | tail -n 20
   df -h /tmp | tail -n 1
-  (cd $ROOT && tar czf "$OUT"/headline.tgz headline.log e2e/results.json e2e/.hydra 2>/dev/null)
+  (cd $ROOT && tar czf "$OUT"/headline.tgz log-headline.txt e2e/results.json e2e/.hydra 2>/dev/null)
 }
 
 case "$step" in

@@ -17,7 +17,7 @@
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 step=$1
-. bench/gpu_machine.sh  # install_wheels, keep_first_half, smollm2_gguf
+. bench/gpu_machine.sh  # install_wheels, keep_first_half, smollm2_gguf, start_detached, watch_jobs
 ROOT=${ROOT:-/tmp/dl}
 G=${G:-/tmp/gpurun}
 BUDGET=${BUDGET:-570}   # seconds this call watches before it packs what it has
@@ -80,30 +80,19 @@ launch() {  # launch <first delay>: starts every job that is neither running nor
   for spec in "${JOBS[@]}"; do
     read -r name dev delay overrides <<< "$spec"
     dev=$(( dev % GPUS ))
-    [ -f $ROOT/rc/$name ] && continue
-    [ -f $ROOT/pid-$name ] && kill -0 "$(cat $ROOT/pid-$name)" 2>/dev/null && continue
+    job_pending "$name" || continue
     # a delay is seconds (waited on the first launch only) or after:JOB (wait for that job's exit code)
     if [[ $delay == after:* ]]; then wait_for="until [ -f $ROOT/rc/${delay#after:} ]; do sleep 5; done"
     elif [ "$first" = 1 ]; then wait_for="sleep $delay"; else wait_for=true; fi
     # shellcheck disable=SC2086  # overrides are whitespace-separated words by design
-    setsid nohup bash -c "$wait_for; cd $G/main; CUDA_VISIBLE_DEVICES=$dev PYTHONPATH=/tmp/site:$G/main/src \
-      python3 src/run.py -m experiment=data_scaling $(printf '%q ' "${COMMON[@]}") $overrides hydra.sweep.dir=$ROOT/steps/$name \
-      >> $ROOT/log-$name.txt 2>&1; echo \$? > $ROOT/rc/$name" < /dev/null > /dev/null 2>&1 &
-    echo $! > $ROOT/pid-$name
+    start_detached "$name" "$wait_for; cd $G/main; CUDA_VISIBLE_DEVICES=$dev PYTHONPATH=/tmp/site:$G/main/src \
+      python3 src/run.py -m experiment=data_scaling $(printf '%q ' "${COMMON[@]}") $overrides hydra.sweep.dir=$ROOT/steps/$name"
     echo "launched $name on GPU $dev ($wait_for)"
   done
 }
 
 watch() {  # until every job has an exit code or this call's budget is spent, then pack the results
-  while [ $(( $(date +%s) - START )) -lt "$BUDGET" ]; do
-    [ "$(ls $ROOT/rc | wc -l)" -ge ${#JOBS[@]} ] && break
-    sleep 20
-    if [ $(( ($(date +%s) - START) % 120 )) -lt 20 ]; then
-      for f in $ROOT/log-*.txt; do echo "$(basename $f): $(grep -o 'train: [^\r]*' $f | tail -n 1 | cut -c1-150)"; done
-      nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader
-    fi
-  done
-  for f in $ROOT/rc/*; do [ -f "$f" ] && echo "$(basename $f) rc=$(cat $f)"; done
+  watch_jobs ${#JOBS[@]}
   grep -h "plateau\|resuming\|Error\|error" $ROOT/log-*.txt | cut -c1-200 | tail -n 30
   for f in $ROOT/log-*.txt; do echo "== $f"; tail -c 600 $f | tr '\r' '\n' | tail -n 3; done
   df -h /tmp | tail -n 1
