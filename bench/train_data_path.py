@@ -60,6 +60,18 @@ def synthetic_source(folder: Path, samples: int, seq: int, per_shard: int = 1024
     return FeatureSource(manifest, entries, folder, samples, VD)
 
 
+def smollm2_draft() -> Eagle3Draft:
+    """The SmolLM2-shaped one-layer draft on the synthetic shards' layers, its vocabulary the first VD ids."""
+    cfg = DraftModelConfig(hidden_size=H, intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3,
+                           head_dim=64, target_hidden_size=H, vocab_size=V, draft_vocab_size=VD,
+                           aux_layer_ids=[1, 14, 26], num_hidden_layers=1, max_position_embeddings=4096)
+    torch.manual_seed(0)
+    model = Eagle3Draft(cfg)
+    model.d2t.zero_()
+    model.t2d[:VD] = True
+    return model
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -71,14 +83,7 @@ def main() -> None:
     args = ap.parse_args()
     device = torch.device(args.device)
     amp = device.type == "cuda"
-    cfg = DraftModelConfig(hidden_size=H, intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3,
-                           head_dim=64, target_hidden_size=H, vocab_size=V, draft_vocab_size=VD,
-                           aux_layer_ids=[1, 14, 26], num_hidden_layers=1, max_position_embeddings=4096)
-    torch.manual_seed(0)
-    model = Eagle3Draft(cfg)
-    model.d2t.zero_()
-    model.t2d[:VD] = True
-    model.to(device)
+    model = smollm2_draft().to(device)
     opt = build_optimizer(model, 1e-4, 0.0, device)
     params = [p for p in model.parameters() if p.requires_grad]
     lm_head = (torch.randn(V, H, device=device) * 0.02).to(torch.bfloat16 if amp else torch.float32)

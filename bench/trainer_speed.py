@@ -28,9 +28,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from train_data_path import H, V, VD, synthetic_source  # noqa: E402
+from train_data_path import H, V, smollm2_draft, synthetic_source  # noqa: E402
 
-from draftlab.model.draft import DraftModelConfig, Eagle3Draft  # noqa: E402
 from draftlab.reporting import RecordingReporter  # noqa: E402
 from draftlab.train.loop import LoopSettings, Trainer  # noqa: E402
 
@@ -61,13 +60,7 @@ def main() -> None:
     ap.add_argument("--read-batches", type=int, default=20, help="batches timed for the read-only pass")
     args = ap.parse_args()
 
-    cfg = DraftModelConfig(hidden_size=H, intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3,
-                           head_dim=64, target_hidden_size=H, vocab_size=V, draft_vocab_size=VD,
-                           aux_layer_ids=[1, 14, 26], num_hidden_layers=1, max_position_embeddings=4096)
-    torch.manual_seed(0)
-    model = Eagle3Draft(cfg)
-    model.d2t.zero_()
-    model.t2d[:VD] = True
+    model = smollm2_draft()
     lm_head = torch.randn(V, H) * 0.02
     settings = LoopSettings(max_steps=args.steps, epochs=None, eval_every=args.eval_every, early_stop_patience=None,
                             batch_tokens=args.batch_tokens, log_every=args.log_every,
