@@ -283,8 +283,7 @@ class Trainer:
         self._t0, self._data_wait = time.perf_counter(), 0.0
         while st["step"] < st["stop_at"]:
             epoch, skip, stepped = st["epoch"], st["batch"], False
-            batches = self.source.batches("train", epoch, s.batch_tokens, s.max_seq_len, s.seed, True)
-            for index, batch in enumerate(self._timed(batches)):
+            for index, batch in enumerate(self._train_batches(epoch)):
                 if index < skip:
                     continue
                 self._train_step(batch, index, params)
@@ -303,10 +302,12 @@ class Trainer:
         self._prune_best()
         return self._result()
 
-    def _timed(self, batches):
-        """The batches, with the time spent waiting for each added to the log window's data wait: a trainer whose
-        train/data_wait_frac is high is fed too slowly (reads, collation), not computing too slowly."""
-        batches = iter(batches)
+    def _train_batches(self, epoch: int):
+        """The epoch's batches, with the time spent waiting for each added to the log window's data wait: a trainer
+        whose train/data_wait_frac is high is fed too slowly (reads, collation), not computing too slowly. The
+        caller's loop holds the only reference, so leaving it early closes the source's read-ahead at once."""
+        s = self.s
+        batches = iter(self.source.batches("train", epoch, s.batch_tokens, s.max_seq_len, s.seed, True))
         while True:
             t = time.perf_counter()
             batch = next(batches, None)
