@@ -42,9 +42,14 @@ start_detached() {  # start_detached NAME COMMAND: COMMAND (one bash string; its
   echo $! > "$ROOT/pid-$1"
 }
 
-watch_jobs() {  # watch_jobs COUNT: until COUNT jobs have exit codes or BUDGET seconds from START; progress each 2 min
+jobs_done() {  # jobs_done NAME...: true when every NAME has an exit code
+  local name
+  for name in "$@"; do [ -f "$ROOT/rc/$name" ] || return 1; done
+}
+
+watch_jobs() {  # watch_jobs NAME...: until they all have exit codes or BUDGET seconds from START; progress each 2 min
   mkdir -p "$ROOT/rc"
-  while [ $(( $(date +%s) - START )) -lt "$BUDGET" ] && [ "$(ls "$ROOT/rc" | wc -l)" -lt "$1" ]; do
+  while [ $(( $(date +%s) - START )) -lt "$BUDGET" ] && ! jobs_done "$@"; do
     sleep 20
     if [ $(( ($(date +%s) - START) % 120 )) -lt 20 ]; then
       for f in "$ROOT"/log-*.txt; do
@@ -53,6 +58,6 @@ watch_jobs() {  # watch_jobs COUNT: until COUNT jobs have exit codes or BUDGET s
       nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader
     fi
   done
-  for f in "$ROOT"/rc/*; do [ -f "$f" ] && echo "$(basename "$f") rc=$(cat "$f")"; done
+  for name in "$@"; do [ -f "$ROOT/rc/$name" ] && echo "$name rc=$(cat "$ROOT/rc/$name")"; done
   return 0
 }

@@ -29,7 +29,7 @@ launch() {  # starts the run unless it is running or finished
 }
 
 watch() {  # until the run has an exit code or this call's budget is spent, then pack what there is
-  watch_jobs 1
+  watch_jobs headline
   grep -h "stage \|Error\|error" $ROOT/log-headline.txt | cut -c1-200 | tail -n 20
   df -h /tmp | tail -n 1
   (cd $ROOT && tar czf "$OUT"/headline.tgz log-headline.txt e2e/results.json e2e/.hydra 2>/dev/null)

@@ -31,8 +31,8 @@ mkdir -p $ROOT/rc "$OUT"
 # 2026-12-01, session 2 (one H200, JOBS_SET=single): n25600s0 converged (5,040 steps); n25600L2, sharing the GPU at
 # 3 steps/s, could not finish in the device time left and was stopped at step 850.
 # 2026-12-01, session 3 (one H200, JOBS_SET=ablations): n25600last converged (5,880 steps); n25600L2, started
-# beside it once it was clear the trainer ran host-bound (5.5 steps/s alone, GPU 45% busy; two jobs kept their
-# rates), reached step 4,398 unconverged when the device time ran out.
+# beside it once it was clear the trainer left the GPU idle (5.5 steps/s alone, GPU 45% busy; side by side
+# 5.5 + 3.7 steps/s), reached step 4,398 unconverged when the device time ran out.
 # Next (the default): n25600L2 alone, about 5 min generating, 0.5 extracting, 10-16 training.
 case "${JOBS_SET:-next}" in
 first) JOBS=(
@@ -92,7 +92,7 @@ launch() {  # launch <first delay>: starts every job that is neither running nor
 }
 
 watch() {  # until every job has an exit code or this call's budget is spent, then pack the results
-  watch_jobs ${#JOBS[@]}
+  watch_jobs $(printf '%s\n' "${JOBS[@]}" | cut -d' ' -f1)
   grep -h "plateau\|resuming\|Error\|error" $ROOT/log-*.txt | cut -c1-200 | tail -n 30
   for f in $ROOT/log-*.txt; do echo "== $f"; tail -c 600 $f | tr '\r' '\n' | tail -n 3; done
   df -h /tmp | tail -n 1
@@ -103,10 +103,10 @@ case "$step" in
 install)
   nvidia-smi -L; python3 -c 'import torch, transformers; print(torch.__version__, transformers.__version__, torch.cuda.device_count())'
   install_wheels .whl && keep_first_half && rm -rf $G && cp -r .gpurun $G
-  [ "${PROFILE:-1}" = 1 ] || { nproc; df -h /tmp | tail -n 1; exit 0; }  # PROFILE=0: no device time on the profile
+  [ "${PROFILE:-0}" = 1 ] || { nproc; df -h /tmp | tail -n 1; exit 0; }  # PROFILE=1: also the trainer measurements
   # the whole trainer (reads, packed unroll, compiled loss, logging) against its step alone: the sweep's trainer
   # ran at a third of the step's rate on 2026-12-01 (BENCHMARKS.md); train/data_wait_frac says how much is reads
-  (cd $G/main && PYTHONPATH=/tmp/site:src timeout 150 python3 bench/trainer_speed.py --batch-tokens 16384 --samples 1024 \
+  (cd $G/main && PYTHONPATH=/tmp/site:src timeout 150 python3 bench/trainer_speed.py --batch-tokens 16384 --samples 2048 \
     --steps 300 | tee "$OUT"/trainer_speed.jsonl
    PYTHONPATH=/tmp/site:src timeout 150 python3 bench/train_throughput.py --preset smollm2 \
     --batch-tokens 16384 --seq 512 --steps 10 --compile-loss --unroll packed --prompt-frac 0.4 | tee "$OUT"/throughput.jsonl

@@ -235,8 +235,13 @@ def test_batches_pad_with_zeros_whatever_the_buffers_held(pool, monkeypatch):
     cfg = config(pool, samples=12, batch_size=3, dtype="bfloat16")
     run(pool, cfg)
     source = open_source(cfg, {"extract": pool / "extract"})
-    empty = torch.empty
-    monkeypatch.setattr(torch, "empty", lambda *shape, dtype=None, pin_memory=False: empty(*shape, dtype=dtype).fill_(7))
+    empty, filled = torch.empty, []
+
+    def garbage(*shape, dtype=None, pin_memory=False):  # what an unzeroed buffer may hold
+        filled.append(shape)
+        return empty(*shape, dtype=dtype).fill_(7)
+
+    monkeypatch.setattr(torch, "empty", garbage)
     padded = 0
     for batch in source.batches("train", 0, 64, 24, seed=1):
         assert batch["features"].dtype == batch["last_hidden"].dtype == torch.bfloat16
@@ -244,7 +249,7 @@ def test_batches_pad_with_zeros_whatever_the_buffers_held(pool, monkeypatch):
         assert (batch["features"][pad] == 0).all() and (batch["last_hidden"][pad] == 0).all()
         assert (batch["features"][~pad] != 7).any()  # the real rows were read over the fill
         padded += int(pad.sum())
-    assert padded > 0
+    assert padded > 0 and filled  # padding was there, and the reader took its buffers from torch.empty
 
 
 def test_a_pool_made_with_other_layers_starts_over(pool):

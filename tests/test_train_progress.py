@@ -66,9 +66,10 @@ def test_each_validation_pass_is_logged_with_the_best_so_far(tmp_path, caplog):
         result = trainer.run()
     lines = [r.getMessage() for r in caplog.records if " val/loss " in r.getMessage()]
     assert len(lines) == len(result.history) >= 3
-    first, last = result.history[0], result.history[-1]
-    assert lines[0].startswith(f"train: step {int(first['step'])} val/loss {first['val/loss']:.4f}")
-    assert "(best so far -)" in lines[0]
-    best = min(result.history, key=lambda entry: entry["val/loss"])
-    if best is not last:  # the best before the last pass is what the last line names
-        assert f"at step {int(best['step'])})" in lines[-1]
+    for k, (line, entry) in enumerate(zip(lines, result.history)):
+        assert line.startswith(f"train: step {int(entry['step'])} val/loss {entry['val/loss']:.4f} ")
+        if k == 0:
+            assert line.endswith("(best so far -)")
+        else:  # the best of the passes before this one
+            best = min(result.history[:k], key=lambda e: e["val/loss"])
+            assert line.endswith(f"(best so far {best['val/loss']:.4f} at step {int(best['step'])})"), line

@@ -172,8 +172,7 @@ class FeatureSource:
     @property
     def batch_dtype(self) -> torch.dtype:
         """`features` and `last_hidden` come in the pool's `extract.dtype`: widening bf16 to fp32 on the reading
-        thread doubled the bytes it wrote and moved to the device, for values the bf16 autocast rounds back
-        (the trainer widens them on the device for fp32 training)."""
+        thread doubled the bytes it wrote and moved to the device (the trainer widens them there instead)."""
         return getattr(torch, self.manifest.get("dtype", "float32"))
 
     @property
@@ -351,7 +350,8 @@ def open_source(cfg, inputs: dict[str, Path], target=None) -> FeatureSource:
         target = load_target(cfg.target, Path(cfg.paths.root) / "models")
     layer_ids = manifest["layer_ids"] if manifest else resolve_layers(cfg.extract.layers, target.num_layers)
     if manifest is None:
-        manifest = {"format": FORMAT, "mode": "online", "layer_ids": layer_ids, "target": target_info(target)}
+        manifest = {"format": FORMAT, "mode": "online", "layer_ids": layer_ids, "target": target_info(target),
+                    "dtype": cfg.extract.dtype}
     return FeatureSource(manifest, online_entries(Path(inputs["generate"]), n), folder, n, cfg.draft.vocab_size,
                          target=target, layer_ids=layer_ids)
 

@@ -138,9 +138,10 @@ class Trainer:
     # ------------------------------------------------------------------ one batch
     def _to_device(self, batch: dict) -> dict:
         out = {k: v.to(self.device, non_blocking=True) for k, v in batch.items() if torch.is_tensor(v)}
-        if self.amp is None:  # fp32 run: features may be stored in bf16
-            out["features"] = out["features"].float()
-            out["last_hidden"] = out["last_hidden"].float()
+        # batches come in the pool's dtype (half the bytes to copy); widened here, on the device, as the reader
+        # did before: a draft whose features need no fc (one target layer) takes them as its fp32 residual
+        out["features"] = out["features"].float()
+        out["last_hidden"] = out["last_hidden"].float()
         return out
 
     def _forward(self, batch: dict):
@@ -224,10 +225,11 @@ class Trainer:
             entry.update({f"val/{k}": v for k, v in val.items()})
             self.reporter.metrics(entry, step=step)
             best = self.state["best"]
-            # in the log too: a job killed before its results are written still shows its curve
-            log.info("train: step %d val/loss %.4f val/acc_0 %.4f val/predicted_tau %.3f (best so far %s)", step,
-                     val["loss"], val["acc_0"], val["predicted_tau"],
-                     "-" if best is None else f"{best['score']:.4f} at step {int(best['metrics']['step'])}")
+            # in the log too: a job killed before its results are written still shows its curve (rank 0 only)
+            if getattr(self, "rank", 0) == 0:
+                log.info("train: step %d val/loss %.4f val/acc_0 %.4f val/predicted_tau %.3f (best so far %s)", step,
+                         val["loss"], val["acc_0"], val["predicted_tau"],
+                         "-" if best is None else f"{best['score']:.4f} at step {int(best['metrics']['step'])}")
         self.state["history"].append(entry)
         self.state["last_eval_step"] = step
         score = entry.get("val/loss", self.state.get("last_train", {}).get("train/loss", math.inf))
@@ -286,6 +288,8 @@ class Trainer:
             for index, batch in enumerate(self._train_batches(epoch)):
                 if index < skip:
                     continue
+                if index == skip > 0:  # resumed mid-epoch: reading past the done batches is not this window's time
+                    self._t0, self._data_wait = time.perf_counter(), 0.0
                 self._train_step(batch, index, params)
                 stepped = True
                 if self._after_step() or st["step"] >= st["stop_at"]:

@@ -153,7 +153,7 @@ def packed_unroll(model: Eagle3Draft, batch: dict[str, Tensor], lm_head: Tensor,
     valid = torch.ones(len(rows), dtype=torch.bool, device=dev)
     chain = torch.ones(len(rows), dtype=torch.bool, device=dev)
     # [steps, N]: step j's prediction at each kept row counts; the rows each step trains on are known before any
-    # step runs, so one nonzero (one host sync on a GPU, not one per step) lists them all
+    # step runs, so one nonzero and one count list them all (two host syncs on a GPU, not one per step)
     masks = torch.stack([counted[rows.b, rows.t + 2 + j] for j in range(steps)])
     step_of, row_of = masks.nonzero().unbind(1)
     sels = row_of.split(torch.bincount(step_of, minlength=steps).tolist())
