@@ -156,18 +156,18 @@ def packed_unroll(model: Eagle3Draft, batch: dict[str, Tensor], lm_head: Tensor,
     # step runs, so one nonzero and one count list them all (two host syncs on a GPU, not one per step)
     masks = torch.stack([counted[rows.b, rows.t + 2 + j] for j in range(steps)])
     step_of, row_of = masks.nonzero().unbind(1)
-    sels = row_of.split(torch.bincount(step_of, minlength=steps).tolist())
-    hidden, picked, counts = None, [], []
-    for j, (m, sel) in enumerate(zip(masks, sels)):
+    sizes = torch.bincount(step_of, minlength=steps).tolist()
+    sels = row_of.split(sizes)
+    hidden, picked = None, []
+    for j, sel in enumerate(sels):
         if j == 0:
             hidden = _step0(model, ids_ext[:, 1 : 1 + T], feats, positions, rows, cache)
         else:
             hidden = _step(model, ids_ext[rows.b, rows.t + 1 + j], hidden, positions + j, rows, cache)
         picked.append(hidden.index_select(0, sel))
-        counts.append((m, sel))
     # the next step never reads a step's logits: one head matmul (and one in backward) for all steps
-    logits = model.lm_head(model.norm(torch.cat(picked))).split([len(sel) for _, sel in counts])
-    for j, ((m, sel), lg) in enumerate(zip(counts, logits)):
+    logits = model.lm_head(model.norm(torch.cat(picked))).split(sizes)
+    for j, (m, sel, lg) in enumerate(zip(masks, sels, logits)):
         s = rows.t[sel] + 1 + j  # the position whose target distribution it is trained against
         b = rows.b[sel]
         p = targets.probs.index_select(0, targets.row[b, s])

@@ -17,6 +17,7 @@ Metrics (numerators and denominators are summed over batches before any ratio is
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 
@@ -82,17 +83,12 @@ def soft_ce(lg: Tensor, p: Tensor, w: Tensor) -> Tensor:
     return torch.where(w, ce, 0.0).sum()  # where, not multiply: a NaN on a padded row stays out
 
 
-_compiled_soft_ce = None
-
-
+@functools.cache
 def compiled_soft_ce():
     """`soft_ce` under torch.compile (one per process, shapes dynamic). On a GPU the loss over [positions, draft
     vocab] is a chain of memory-bound passes in eager mode (upcast, max, exp, sum, product, and as many in
     backward): fused, it reads the logits and soft targets about once each way (BENCHMARKS.md, issue 11)."""
-    global _compiled_soft_ce
-    if _compiled_soft_ce is None:
-        _compiled_soft_ce = torch.compile(soft_ce, dynamic=True)
-    return _compiled_soft_ce
+    return torch.compile(soft_ce, dynamic=True)
 
 
 def soft_ce_for(compile_loss: str, device: torch.device, dtype: torch.dtype):
