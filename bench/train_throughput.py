@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from draftlab.model.draft import DraftModelConfig, Eagle3Draft  # noqa: E402
 from draftlab.train.loop import build_optimizer  # noqa: E402
-from draftlab.train.packed import packed_unroll  # noqa: E402
+from draftlab.train.packed import PackedPlan, packed_unroll  # noqa: E402
 from draftlab.train.ttt import compiled_soft_ce, soft_ce, target_distribution, ttt_unroll  # noqa: E402
 
 PRESETS = {
@@ -127,11 +127,17 @@ def bench(name: str, args) -> dict:
     top = torch.randint(0, v, (B, args.seq), generator=g).to(device, torch.int32) if args.targets == "draft-rows" else None
 
     ce = compiled_soft_ce() if args.compile_loss else soft_ce
+    # --host-plan: the packed rows listed on the host and sent each step, as the trainer does (no host syncs);
+    # without it the unroll lists them on the device
+    plan = None
+    if args.host_plan:
+        plan = PackedPlan.of(batch["loss_mask"].cpu(), batch["attention_mask"].cpu(), args.ttt_steps)
 
     def step() -> float:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
             if args.unroll == "packed":
-                loss, _ = packed_unroll(model, {**batch, "target_top": top}, lm_head, args.ttt_steps, 0.8, ce=ce)
+                loss, _ = packed_unroll(model, {**batch, "target_top": top}, lm_head, args.ttt_steps, 0.8, ce=ce,
+                                        plan=plan)
             else:
                 targets = target_distribution(batch["last_hidden"], lm_head, model.d2t, model.t2d, top=top)
                 if unroll is None:
@@ -176,7 +182,7 @@ def bench(name: str, args) -> dict:
         "preset": name, "device": args.device, "gpus": world(), "strategy": args.strategy if world() > 1 else None,
         "seq": args.seq, "batch": B, "ttt_steps": args.ttt_steps,
         "layers": args.layers, "compile": args.compile, "compile_loss": args.compile_loss, "targets": args.targets, "unroll": args.unroll,
-        "prompt_frac": args.prompt_frac, "step_s": round(seconds, 4),
+        "prompt_frac": args.prompt_frac, "host_plan": args.host_plan, "step_s": round(seconds, 4),
         "tokens_per_s": round(tokens / seconds, 1), "gflop_per_token": round(per_token / 1e9, 3),
         "tflops": round(achieved, 3), "peak_tflops": peak, "mfu": round(achieved / peak, 4) if peak else None,
         "target_head_gflop_per_token": round(2 * cfg.target_hidden_size * v / 1e9, 3),
@@ -202,6 +208,7 @@ def main() -> None:
                     help="soft targets from the full-vocab head (the old path) or its draft rows (target_top given)")
     ap.add_argument("--unroll", choices=["padded", "packed"], default="padded",
                     help="every position (ttt_unroll) or only the positions that count (train/packed.py; the CPU loop's)")
+    ap.add_argument("--host-plan", action="store_true", help="packed: list the rows on the host (the trainer's way)")
     ap.add_argument("--prompt-frac", type=float, default=0.0, help="share of each row that is prompt (no loss)")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads")
     ap.add_argument("--strategy", choices=["ddp", "fsdp"], default="ddp", help="under torchrun")

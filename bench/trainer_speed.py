@@ -10,8 +10,13 @@ synthetic pool is small, so its epochs are short and each epoch's end adds a che
 that the sweep's long epochs amortise: they are in the checkpoint and data-wait columns, not in the rest.
 
     python bench/trainer_speed.py --device cuda --batch-tokens 16384 --samples 2048 --steps 300
+    python bench/trainer_speed.py --device cuda --steps 120 --sync-reads --profile 20 --profile-out prof.txt
     python bench/trainer_speed.py --device cpu --batch-tokens 2048 --samples 300 --steps 12 --log-every 4 \
         --eval-every 6 --checkpoint-every 6
+
+`--sync-reads` reads each batch on the training thread instead of the read-ahead worker: a worker building batches
+in Python takes the GIL from the thread that launches the step's kernels. `--profile N` records N steps (after
+the first `--profile-from`) with torch.profiler, CPU and CUDA, and writes the busiest operators by host and by device time.
 
 Prints one JSON line.
 """
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from concurrent.futures import Future
 import sys
 import tempfile
 import time
@@ -32,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from train_data_path import H, V, smollm2_draft, synthetic_source  # noqa: E402
 
+from draftlab.data import features  # noqa: E402
 from draftlab.reporting import RecordingReporter  # noqa: E402
 from draftlab.train.loop import LoopSettings, Trainer  # noqa: E402
 
@@ -47,6 +54,41 @@ def timed(totals: dict, name: str, fn):
     return wrapper
 
 
+class InlineExecutor:
+    """A ThreadPoolExecutor stand-in that runs each read when it is submitted, on the caller's thread."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    def submit(self, fn, *args) -> Future:
+        future: Future = Future()
+        future.set_result(fn(*args))
+        return future
+
+    def shutdown(self, wait: bool = True) -> None:
+        pass
+
+
+def profiled(trainer: Trainer, start: int, steps: int, out: Path):
+    """Starts torch.profiler around `steps` training steps after the first `start`; writes its tables to `out`."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    prof = profile(activities=activities, schedule=schedule(wait=max(start - 5, 0), warmup=min(start, 5),
+                                                               active=steps, repeat=1))
+    prof.start()
+
+    def on_step(step: int) -> None:
+        prof.step()
+        if step == start + steps:
+            prof.stop()
+            tables = [prof.key_averages().table(sort_by=key, row_limit=30)
+                      for key in ("self_cpu_time_total", "self_device_time_total")]
+            out.write_text(f"{steps} steps from step {start + 1}\n\n" + "\n\n".join(tables))
+
+    trainer.on_step = on_step
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -60,7 +102,13 @@ def main() -> None:
     ap.add_argument("--checkpoint-every", type=int, default=100)
     ap.add_argument("--compile-loss", default="auto")
     ap.add_argument("--read-batches", type=int, default=20, help="batches timed for the read-only pass")
+    ap.add_argument("--sync-reads", action="store_true", help="read batches on the training thread (no worker)")
+    ap.add_argument("--profile", type=int, default=0, help="steps to record with torch.profiler (0: none)")
+    ap.add_argument("--profile-from", type=int, default=60, help="steps run before the profiled ones")
+    ap.add_argument("--profile-out", type=Path, default=Path("trainer_profile.txt"))
     args = ap.parse_args()
+    if args.sync_reads:
+        features.ThreadPoolExecutor = InlineExecutor
 
     model = smollm2_draft()
     lm_head = torch.randn(V, H) * 0.02
@@ -88,6 +136,8 @@ def main() -> None:
         trainer._log_window = counting_log_window
         trainer._validate = timed(totals, "validation_s", trainer._validate)
         trainer._save = timed(totals, "checkpoint_s", trainer._save)
+        if args.profile:
+            profiled(trainer, args.profile_from, args.profile, args.profile_out)
         start = time.perf_counter()
         result = trainer.run()
         wall = time.perf_counter() - start
@@ -95,7 +145,8 @@ def main() -> None:
     rest = wall - sum(totals.values())
     print(json.dumps({
         "device": args.device, "batch_tokens": args.batch_tokens, "prompt_frac": args.prompt_frac,
-        "compile_loss": args.compile_loss, "packed": trainer.packed, "threads": torch.get_num_threads(),
+        "compile_loss": args.compile_loss, "packed": trainer.packed, "sync_reads": args.sync_reads,
+        "profiled_steps": args.profile, "threads": torch.get_num_threads(),
         "eval_every": args.eval_every, "checkpoint_every": args.checkpoint_every, "steps": result.steps,
         "read_only_s_per_batch": round(read_s, 4), "wall_s": round(wall, 2),
         "steps_per_s": round(result.steps / wall, 2), "tokens_per_s": round(tokens / wall, 1),

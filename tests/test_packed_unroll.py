@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from draftlab.model.draft import Eagle3Draft
-from draftlab.train.packed import packed_unroll
+from draftlab.train.packed import PackedPlan, packed_unroll
 from draftlab.train.ttt import STATS, target_distribution, ttt_unroll
 
 from test_ttt import HT, V, _model  # the same tiny draft (layers= picks the depth)
@@ -92,3 +92,40 @@ def test_packed_unroll_takes_the_padded_path_when_too_much_counts():
     packed, _ = packed_unroll(model, batch, lm_head, 3, 0.8, max_kept=0.9)
     assert not torch.equal(packed.detach(), want.detach())  # the packed path ran: same value, other rounding
     assert float(packed.detach()) == pytest.approx(float(want.detach()), rel=1e-5)
+
+
+@pytest.fixture
+def on_meta(monkeypatch):
+    """Moves a model, batch and head to the meta device: shapes without data, so any step that must read a value
+    back to the host (nonzero, item, tolist, a boolean index; each a host sync on a GPU) raises. Autocast has no
+    meta device: the draft asks whether it is on, and here it is not."""
+    monkeypatch.setattr(torch, "is_autocast_enabled", lambda *args: False)
+    meta = torch.device("meta")
+    return lambda model, batch, lm_head: (model.to(meta), {k: v.to(meta) for k, v in batch.items()}, lm_head.to(meta))
+
+
+def test_packed_unroll_with_a_host_plan_reads_nothing_back(on_meta):
+    """With the plan listed on the host (what the trainer does), forward and backward never wait on the device."""
+    model, (batch, lm_head) = _model(layers=2), _batch()
+    plan = PackedPlan.of(batch["loss_mask"], batch["attention_mask"], 3)
+    model, batch, lm_head = on_meta(model, batch, lm_head)
+    loss, stats = packed_unroll(model, batch, lm_head, 3, 0.8, plan=plan)
+    loss.backward()
+    assert stats.shape == (len(STATS), 3) and model.fc.weight.grad.device.type == "meta"
+
+
+def test_packed_unroll_without_a_plan_lists_rows_on_the_device(on_meta):
+    """The meta test above can fail: without a host plan the rows are listed on the device, which reads back."""
+    model, batch, lm_head = on_meta(_model(layers=1), *_batch())
+    with pytest.raises(NotImplementedError, match="nonzero"):
+        packed_unroll(model, batch, lm_head, 3, 0.8)
+
+
+def test_a_host_plan_gives_the_same_loss_gradients_and_stats():
+    model = _model(layers=2)
+    batch, lm_head = _batch(seed=5)
+    plan = PackedPlan.of(batch["loss_mask"], batch["attention_mask"], 3)
+    loss_a, stats_a, grads_a = _run(lambda: packed_unroll(model, batch, lm_head, 3, 0.8), model)
+    loss_b, stats_b, grads_b = _run(lambda: packed_unroll(model, batch, lm_head, 3, 0.8, plan=plan), model)
+    assert torch.equal(loss_a, loss_b) and torch.equal(stats_a, stats_b)
+    assert all(torch.equal(grads_a[name], grads_b[name]) for name in grads_a)

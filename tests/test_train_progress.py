@@ -73,3 +73,63 @@ def test_each_validation_pass_is_logged_with_the_best_so_far(tmp_path, caplog):
         else:  # the best of the passes before this one
             best = min(result.history[:k], key=lambda e: e["val/loss"])
             assert line.endswith(f"(best so far {best['val/loss']:.4f} at step {int(best['step'])})"), line
+
+
+def test_the_log_window_sums_what_its_steps_produced(tmp_path, monkeypatch):
+    """The window's sums stay on the device between logs (train/window.py); what is logged is still each window's
+    mean gradient norm and tokens per second, also when a checkpoint folds the sums in the middle of a window."""
+    clock = Clock()
+    monkeypatch.setattr(loop, "time", types.SimpleNamespace(perf_counter=clock.perf_counter))
+    source = FakeSource()
+    rep = RecordingReporter()
+    trainer = Trainer(_model(source), source, source.lm_head,
+                      _settings(epochs=2, log_every=5, checkpoint_every=3, batch_tokens=100), tmp_path / "ckpt", rep)
+    norms, tokens, clip = [], [], loop.torch.nn.utils.clip_grad_norm_
+
+    def recording_clip(*args, **kwargs):
+        norms.append(float(clip(*args, **kwargs)))
+        return loop.torch.tensor(norms[-1])
+
+    monkeypatch.setattr(loop.torch.nn.utils, "clip_grad_norm_", recording_clip)
+    step = trainer._train_step
+
+    def timed_step(batch, *args):  # one (fake) second a step, nothing else takes time
+        tokens.append(int(batch["attention_mask"].sum()))
+        step(batch, *args)
+        clock.now += 1.0
+
+    monkeypatch.setattr(trainer, "_train_step", timed_step)
+    trainer.run()
+    logged = [(int(s), v) for s, v in rep.history if "train/grad_norm" in v]
+    assert len(logged) >= 3 and any(s % 5 for s, _ in logged)  # windows cut short by an epoch's end too
+    done = 0
+    for step_no, values in logged:
+        window = slice(done, step_no)
+        assert values["train/grad_norm"] == pytest.approx(sum(norms[window]) / len(norms[window]))
+        assert values["train/tokens_per_s"] == pytest.approx(sum(tokens[window]) / len(tokens[window]))
+        done = step_no
+    assert done == len(norms) == len(tokens)
+
+
+def test_a_run_resumed_inside_a_log_window_logs_that_window_whole(tmp_path):
+    """A checkpoint written inside a window carries the window's sums so far: the resumed run logs the window
+    an unbroken run logs."""
+    source = FakeSource()
+    settings = _settings(epochs=1, log_every=5, checkpoint_every=3, batch_tokens=100)
+
+    def windows(folder, on_step=None) -> dict:
+        rep = RecordingReporter()
+        trainer = Trainer(_model(source), source, source.lm_head, settings, folder, rep, on_step)
+        trainer.run()
+        return {int(s): (v["train/loss"], v["train/grad_norm"]) for s, v in rep.history if "train/grad_norm" in v}
+
+    unbroken = windows(tmp_path / "a")
+
+    def killed_after_step_7(step):  # its last checkpoint is step 6: two steps into the window of steps 6-10
+        if step == 7:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        windows(tmp_path / "b", killed_after_step_7)
+    resumed = windows(tmp_path / "b")
+    assert 10 in unbroken and resumed[10] == unbroken[10]

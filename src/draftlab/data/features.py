@@ -250,15 +250,18 @@ class FeatureSource:
         B, T = len(group), max(lengths)
         width = self.manifest["shapes"]["features"][1]
         hidden = self.manifest["shapes"]["last_hidden"][1]
-        pin = torch.cuda.is_available()  # pinned: the trainer's .to(device, non_blocking=True) is then asynchronous
+        # every tensor the trainer copies is pinned: from pageable memory, .to(device, non_blocking=True) may be
+        # synchronous with the host (CUDA's API notes), which would stall it once a step
+        pin = torch.cuda.is_available()
         # the wide tensors are not zero-filled whole (that was 80% of reading a batch): each row's padding is, below
         wide = {"dtype": self.batch_dtype, "pin_memory": pin}
-        out = {"input_ids": torch.zeros(B, T, dtype=torch.long), "features": torch.empty(B, T, width, **wide),
-               "last_hidden": torch.empty(B, T, hidden, **wide), "loss_mask": torch.zeros(B, T, dtype=torch.bool),
-               "attention_mask": torch.zeros(B, T, dtype=torch.bool)}
+        out = {"input_ids": torch.zeros(B, T, dtype=torch.long, pin_memory=pin),
+               "features": torch.empty(B, T, width, **wide), "last_hidden": torch.empty(B, T, hidden, **wide),
+               "loss_mask": torch.zeros(B, T, dtype=torch.bool, pin_memory=pin),
+               "attention_mask": torch.zeros(B, T, dtype=torch.bool, pin_memory=pin)}
         with_top = bool(self.manifest.get("target_top"))  # pools made before target_top: the plain path
         if with_top:
-            out["target_top"] = torch.zeros(B, T, dtype=torch.int32)
+            out["target_top"] = torch.zeros(B, T, dtype=torch.int32, pin_memory=pin)
         for i, (e, n) in enumerate(zip(group, lengths)):
             shard = self._shard(e.shard)
             span = slice(e.start, e.start + n)

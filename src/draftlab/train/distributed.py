@@ -189,6 +189,7 @@ class DistributedTrainer(Trainer):
         if float(compiled) == 0.0:
             self.ce = soft_ce
         cuda = self.device.type == "cuda"
+        self.packed = False  # the data-parallel step is the padded unroll (its loss positions are summed over ranks)
         if strategy == "fsdp":
             from torch.distributed.fsdp import fully_shard
 
@@ -204,7 +205,7 @@ class DistributedTrainer(Trainer):
             self.unroll = DistributedDataParallel(_Unroll(self.model),
                                                   device_ids=[torch.cuda.current_device()] if cuda else None)
 
-    def _forward(self, batch: dict):
+    def _forward(self, batch: dict, plan=None):  # plan: always None here (self.packed is False)
         m = self.model
         amp = torch.autocast(self.device.type, dtype=self.amp) if self.amp else contextlib.nullcontext()
         with amp:

@@ -14,6 +14,10 @@ uninterrupted run would (bit-identical on CPU). A checkpoint holds the trainable
 decay start and stop step (the learning rate is a pure function of them), the plateau watch, the metric window
 and the validation history. Nothing is ever unpickled.
 
+Host syncs: a training step reads nothing back from the GPU, so the host queues the next step while the GPU runs
+this one: the packed unroll's rows are listed from the host batch (`PackedPlan`), batches are pinned, and the log
+window's sums stay on the device until it is logged or checkpointed (train/window.py).
+
 Data: `source.batches(split, epoch, batch_tokens, max_seq_len, seed, shuffle)` must give the same batches for the
 same arguments; resume skips the batches of the current epoch that were already consumed.
 """
@@ -40,9 +44,10 @@ from draftlab.reporting import NullReporter, Reporter
 from draftlab.target import resolve_device
 from draftlab.train.checkpoint import (load_trainable, latest_checkpoint, read_checkpoint, resolve_checkpoint,
                                        trainable_state, write_checkpoint)
-from draftlab.train.packed import packed_unroll
+from draftlab.train.packed import PackedPlan, packed_unroll
 from draftlab.train.schedule import budget_steps, lr_factor, watch_plateau
 from draftlab.train.ttt import STATS, soft_ce_for, summarize, target_distribution, ttt_unroll
+from draftlab.train.window import PendingSums
 
 log = logging.getLogger("draftlab")
 # a GPU batch takes the packed unroll while at most this share of its positions count: measured 1.13x at 60%
@@ -126,6 +131,7 @@ class Trainer:
         self.max_kept = 1.0 if self.device.type == "cpu" else PACKED_MAX_KEPT
         self.ce = soft_ce_for(settings.compile_loss, self.device, self.amp or torch.float32)
         self._data_wait = 0.0  # seconds this log window waited for batches (train/data_wait_frac)
+        self._pending = PendingSums()  # the log window's sums since it was last folded, on the device
         self.state: dict[str, Any] = {"epoch": 0, "batch": 0, "step": 0, "history": [], "best": None,
                                       "window": None, "total_steps": None, **self._fresh_horizon()}
 
@@ -136,21 +142,27 @@ class Trainer:
                 "stopped_early": False, "last_eval_step": None}
 
     # ------------------------------------------------------------------ one batch
-    def _to_device(self, batch: dict) -> dict:
-        out = {k: v.to(self.device, non_blocking=True) for k, v in batch.items() if torch.is_tensor(v)}
+    def _to_device(self, batch: dict) -> tuple[dict, PackedPlan | None]:
+        """The batch on the device, and the packed unroll's plan listed from its host copy (so that the step
+        reads nothing back from the GPU: train/packed.py)."""
+        plan = None
+        if self.packed:
+            plan = PackedPlan.of(batch["loss_mask"], batch["attention_mask"], self.s.ttt_steps)
+        out = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()
+               if torch.is_tensor(v) and k != "sample_index"}
         # batches come in the pool's dtype (half the bytes to copy); widened here, on the device, as the reader
         # did before: a draft whose features need no fc (one target layer) takes them as its fp32 residual
         out["features"] = out["features"].float()
         out["last_hidden"] = out["last_hidden"].float()
-        return out
+        return out, plan
 
-    def _forward(self, batch: dict):
+    def _forward(self, batch: dict, plan: PackedPlan | None = None):
         m = self.model
         amp = torch.autocast(self.device.type, dtype=self.amp) if self.amp else contextlib.nullcontext()
         with amp:
             if self.packed:
                 return packed_unroll(m, batch, self.lm_head, self.s.ttt_steps, self.s.loss_decay, ce=self.ce,
-                                     max_kept=self.max_kept)
+                                     max_kept=self.max_kept, plan=plan)
             targets = target_distribution(batch["last_hidden"], self.lm_head, m.d2t, m.t2d, top=batch.get("target_top"))
             return ttt_unroll(m, batch, targets, self.s.ttt_steps, self.s.loss_decay, ce=self.ce)
 
@@ -159,7 +171,7 @@ class Trainer:
         total = None
         with torch.no_grad():
             for batch in self.source.batches(split, 0, self.s.batch_tokens, self.s.max_seq_len, self.s.seed, False):
-                _, stats = self._forward(self._to_device(batch))
+                _, stats = self._forward(*self._to_device(batch))
                 total = stats if total is None else total + stats
         self.model.train()
         if total is None or float(total[STATS.index("n"), 0]) == 0:
@@ -182,6 +194,7 @@ class Trainer:
         self.opt.load_state_dict(optimizer_state)
 
     def _save(self) -> None:
+        self.state["window"] = self._pending.fold(self.state["window"])
         name = f"ckpt-{self.state['step']:09d}-e{self.state['epoch']:04d}-b{self.state['batch']:09d}"  # sorts by age
         write_checkpoint(self.ckpt_dir, name, self._model_tensors(), self._optimizer_state(),
                          dict(self.state, settings=vars(self.s)))
@@ -199,7 +212,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ logging
     def _log_window(self, t0: float) -> float:
-        window = self.state["window"]
+        window = self.state["window"] = self._pending.fold(self.state["window"])
         if not window:
             return t0
         stats = torch.tensor(window["stats"], dtype=torch.float64)
@@ -326,15 +339,14 @@ class Trainer:
                               st["stop_at"], s.decay_ratio)
         for group in self.opt.param_groups:
             group["lr"] = lr
-        batch = self._to_device(batch)
-        loss, stats = self._forward(batch)
+        loss, stats = self._forward(*self._to_device(batch))
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(params, s.grad_clip if s.grad_clip > 0 else float("inf"))
         self.opt.step()
         st["step"] += 1
         st["batch"] = index + 1
-        self._accumulate(stats, batch, float(norm))
+        self._pending.add(stats, float(batch["attention_mask"].sum()), norm)
 
     def _after_step(self) -> bool:
         """Logging, validation, checkpoints after one step; True when the step ended its epoch."""
@@ -360,17 +372,6 @@ class Trainer:
         self.state["epoch"], self.state["batch"] = self.state["epoch"] + 1, 0
         self._save()
         self._prune_best()
-
-    def _accumulate(self, stats: torch.Tensor, batch: dict, grad_norm: float) -> None:
-        # The window is kept as plain floats so a checkpoint can carry it; one host sync per step is cheap
-        # next to a 7-step unroll, and the logged numbers then never depend on where a run was resumed.
-        w = self.state["window"] or {"stats": [[0.0] * stats.shape[1] for _ in STATS], "tokens": 0.0,
-                                     "grad_norm": 0.0, "batches": 0}
-        w["stats"] = (torch.tensor(w["stats"], dtype=torch.float64) + stats.cpu()).tolist()
-        w["tokens"] += float(batch["attention_mask"].sum())
-        w["grad_norm"] += grad_norm
-        w["batches"] += 1
-        self.state["window"] = w
 
     def _result(self) -> TrainResult:
         best = self.state["best"]

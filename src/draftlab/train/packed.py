@@ -19,6 +19,8 @@ proves loss, gradients and stats equal to the padded unroll.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -27,12 +29,12 @@ from draftlab.train.ttt import STATS, record_step, soft_ce, step_loss, target_di
 
 
 class Rows:
-    """Flat indices of a [B, T] mask's true positions, with gather ([B, T, C] -> [N, C]) and scatter back."""
+    """Flat indices `index` into a [B, T] grid, with gather ([B, T, C] -> [N, C]) and scatter back."""
 
-    def __init__(self, mask: Tensor) -> None:
-        self.B, self.T = mask.shape
-        self.index = mask.reshape(-1).nonzero().squeeze(1)
-        self.b, self.t = self.index // self.T, self.index % self.T
+    def __init__(self, index: Tensor, shape: tuple[int, int]) -> None:
+        self.B, self.T = shape
+        self.index = index
+        self.b, self.t = index // self.T, index % self.T
 
     def __len__(self) -> int:
         return len(self.index)
@@ -45,20 +47,61 @@ class Rows:
         return full.index_copy(0, self.index, rows).view(self.B, self.T, -1)
 
 
+@dataclass
+class PackedPlan:
+    """Where the packed unroll computes, listed from the batch's masks alone: the kept rows, the positions whose
+    teacher is needed, and the (step, kept row) pairs each step trains on, sorted by step. The trainer builds it on
+    the host from the batch it read, and `to` sends it in one pinned copy: listing these on the GPU (a `nonzero`
+    each, and a count) made the host wait for the GPU to drain before it could queue the rest of the step."""
+
+    shape: tuple[int, int]  # B, T
+    kept: Tensor  # [N] flat indices: some step counts at t
+    needed: Tensor  # [N_s] flat indices s: the next token counts (the teacher's rows)
+    step_of: Tensor  # [M] the step of each trained pair
+    row_of: Tensor  # [M] its kept row (an index into kept)
+    sizes: list[int]  # pairs per step
+
+    @classmethod
+    def of(cls, loss_mask: Tensor, attention_mask: Tensor, steps: int) -> PackedPlan:
+        B, T = loss_mask.shape
+        counted = (loss_mask & attention_mask).bool()
+        counted = torch.cat([counted, counted.new_zeros(B, steps + 2)], 1)
+        # step j at position t predicts x_{t+2+j}: keep t when any step counts there
+        kept = torch.zeros(B, T, dtype=torch.bool, device=counted.device)
+        for j in range(steps):
+            kept |= counted[:, 2 + j : 2 + j + T]
+        kept = kept.reshape(-1).nonzero().squeeze(1)
+        needed = counted[:, 1 : T + 1].reshape(-1).nonzero().squeeze(1)
+        b, t = kept // T, kept % T
+        step_of, row_of = torch.stack([counted[b, t + 2 + j] for j in range(steps)]).nonzero().unbind(1)
+        sizes = torch.bincount(step_of, minlength=steps).tolist()
+        return cls((B, T), kept, needed, step_of, row_of, sizes)
+
+    def to(self, device: torch.device) -> PackedPlan:
+        if self.kept.device == device:
+            return self
+        parts = [self.kept, self.needed, self.step_of, self.row_of]
+        flat = torch.cat(parts)
+        if device.type == "cuda":
+            flat = flat.pin_memory()  # a pageable source makes the copy wait for the stream
+        flat = flat.to(device, non_blocking=True).split([len(x) for x in parts])
+        return PackedPlan(self.shape, *flat, self.sizes)
+
+
 class RowTargets:
-    """The teacher at the positions s whose next token counts: probs [N_s, Vd] with `row` [B, T] (-1 elsewhere)
+    """The teacher at `rows`, the positions s whose next token counts: probs [N_s, Vd] with `row` [B, T] (-1 elsewhere)
     mapping a position to its probs row, and the full-vocabulary argmax `top` / `in_vocab` [B, T]."""
 
-    def __init__(self, last_hidden: Tensor, lm_head: Tensor, d2t: Tensor, t2d: Tensor, needed: Tensor,
+    def __init__(self, last_hidden: Tensor, lm_head: Tensor, d2t: Tensor, t2d: Tensor, rows: Rows,
                  top: Tensor | None = None, chunk: int = 2048) -> None:
-        rows = Rows(needed)
         picked = rows.gather(last_hidden)[:, None]  # [N_s, 1, H]: the fast paths of target_distribution apply
         part = target_distribution(picked, lm_head, d2t, t2d, chunk,
                                    top=None if top is None else rows.gather(top[..., None]))
         self.probs = part.probs[:, 0]
-        self.row = torch.full(needed.shape, -1, dtype=torch.long, device=needed.device)
-        self.row.view(-1)[rows.index] = torch.arange(len(rows), device=needed.device)
-        self.top = torch.zeros(needed.shape, dtype=torch.long, device=needed.device)
+        shape, dev = (rows.B, rows.T), last_hidden.device
+        self.row = torch.full(shape, -1, dtype=torch.long, device=dev)
+        self.row.view(-1)[rows.index] = torch.arange(len(rows), device=dev)
+        self.top = torch.zeros(shape, dtype=torch.long, device=dev)
         self.top.view(-1)[rows.index] = part.top[:, 0]
         self.in_vocab = t2d[self.top]
 
@@ -124,26 +167,26 @@ def _step(model: Eagle3Draft, ids: Tensor, hidden: Tensor, positions: Tensor, ro
 
 
 def packed_unroll(model: Eagle3Draft, batch: dict[str, Tensor], lm_head: Tensor, steps: int, decay: float,
-                  loss_norm: Tensor | None = None, ce=soft_ce, max_kept: float = 1.0) -> tuple[Tensor, Tensor]:
+                  loss_norm: Tensor | None = None, ce=soft_ce, max_kept: float = 1.0,
+                  plan: PackedPlan | None = None) -> tuple[Tensor, Tensor]:
     """`ttt_unroll(model, batch, target_distribution(...), steps, decay)` at the positions that count;
     returns (loss, stats [len(STATS), steps] float64). `lm_head` is the target head (the teacher), `ce` the soft
     cross-entropy. When more than `max_kept` of the batch's positions count, the padded unroll runs instead: the
-    gathers and scatters then cost more than the positions they save (on a GPU; BENCHMARKS.md)."""
+    gathers and scatters then cost more than the positions they save (on a GPU; BENCHMARKS.md). `plan`: the
+    batch's `PackedPlan`, built from its host copy (else here, from its masks, with host syncs on a GPU); with it,
+    the unroll has no data-dependent size to read back (tests/test_packed_unroll.py runs it on the meta device)."""
     ids, feats = batch["input_ids"], batch["features"]
     B, T = ids.shape
     dev = ids.device
-    counted = (batch["loss_mask"] & batch["attention_mask"]).bool()
-    counted = torch.cat([counted, counted.new_zeros(B, steps + 2)], 1)
-    # step j at position t predicts x_{t+2+j}: keep t when any step counts there
-    kept = torch.zeros(B, T, dtype=torch.bool, device=dev)
-    for j in range(steps):
-        kept |= counted[:, 2 + j : 2 + j + T]
-    rows = Rows(kept)
+    if plan is None:
+        plan = PackedPlan.of(batch["loss_mask"], batch["attention_mask"], steps)
+    plan = plan.to(dev)
+    rows = Rows(plan.kept, (B, T))
     # nothing counts (the padded unroll gives the zero loss its graph), or too much counts for packing to pay
     if len(rows) == 0 or len(rows) > max_kept * B * T:
         targets = target_distribution(batch["last_hidden"], lm_head, model.d2t, model.t2d, top=batch.get("target_top"))
         return ttt_unroll(model, batch, targets, steps, decay, loss_norm=loss_norm, ce=ce)
-    targets = RowTargets(batch["last_hidden"], lm_head, model.d2t, model.t2d, counted[:, 1 : T + 1],
+    targets = RowTargets(batch["last_hidden"], lm_head, model.d2t, model.t2d, Rows(plan.needed, (B, T)),
                          top=batch.get("target_top"))
     ids_ext = torch.cat([ids, ids.new_zeros(B, steps + 1)], 1)
     positions = torch.arange(T, device=dev).expand(B, T)
@@ -152,12 +195,11 @@ def packed_unroll(model: Eagle3Draft, batch: dict[str, Tensor], lm_head: Tensor,
     loss = torch.zeros((), device=dev)
     valid = torch.ones(len(rows), dtype=torch.bool, device=dev)
     chain = torch.ones(len(rows), dtype=torch.bool, device=dev)
-    # [steps, N]: step j's prediction at each kept row counts; the rows each step trains on are known before any
-    # step runs, so one nonzero and one count list them all (two host syncs on a GPU, not one per step)
-    masks = torch.stack([counted[rows.b, rows.t + 2 + j] for j in range(steps)])
-    step_of, row_of = masks.nonzero().unbind(1)
-    sizes = torch.bincount(step_of, minlength=steps).tolist()
-    sels = row_of.split(sizes)
+    # [steps, N]: step j's prediction at each kept row counts; `sels` lists those rows per step
+    masks = torch.zeros(steps, len(rows), dtype=torch.bool, device=dev)
+    masks[plan.step_of, plan.row_of] = True
+    sizes = plan.sizes
+    sels = plan.row_of.split(sizes)
     hidden, picked = None, []
     for j, sel in enumerate(sels):
         if j == 0:
@@ -176,7 +218,7 @@ def packed_unroll(model: Eagle3Draft, batch: dict[str, Tensor], lm_head: Tensor,
         loss = loss + term
         with torch.no_grad():
             hit = model.draft_to_target(lg.argmax(-1)) == targets.top[b, s]
-            correct = torch.zeros_like(m).index_fill(0, sel[hit], True)
+            correct = torch.zeros_like(m).index_copy(0, sel, hit)  # sel's rows are distinct
             valid = valid & m
             prev = chain & valid
             chain = prev & correct
