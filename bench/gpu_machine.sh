@@ -30,13 +30,15 @@ smollm2_gguf() {  # call 2: the whole GGUF where draftlab looks for the llm-smol
 
 trainer_measurements() {  # trainer_measurements CODE_DIR: the real trainer against its step alone (BENCHMARKS.md)
   (cd "$1" && export PYTHONPATH=$SITE:src
-   # the whole trainer on synthetic shards (reads on the worker, then on the training thread), then profiled
-   for reads in "" --sync-reads; do
-     timeout 150 python3 bench/trainer_speed.py --batch-tokens 16384 --samples 2048 --steps 300 $reads \
+   # the whole trainer on synthetic shards: as it is, with the rows listed on the device, with reads on the
+   # training thread; then profiled
+   for variant in "" --device-plan --sync-reads; do
+     timeout 150 python3 bench/trainer_speed.py --batch-tokens 16384 --samples 2048 --steps 300 $variant \
        | tee -a "$OUT"/trainer_speed.jsonl
    done
-   timeout 150 python3 bench/trainer_speed.py --batch-tokens 16384 --samples 2048 --steps 100 --profile 30 \
-     --profile-out "$OUT"/trainer_profile.txt | tee -a "$OUT"/trainer_speed.jsonl
+   timeout 150 python3 bench/trainer_speed.py --batch-tokens 16384 --samples 2048 --steps 60 --profile 10 \
+     --profile-from 40 --eval-every 1000 --checkpoint-every 1000 --profile-out "$OUT"/trainer_profile.txt \
+     | tee -a "$OUT"/trainer_speed.jsonl
    # the step alone with the rows listed on the device (host syncs) and on the host (the trainer's way now)
    for plan in "" --host-plan; do
      timeout 150 python3 bench/train_throughput.py --preset smollm2 --batch-tokens 16384 --seq 512 --steps 10 \

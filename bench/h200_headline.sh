@@ -5,7 +5,10 @@
 # stopped (every stage resumes). Prepare here, from a clean main:
 #   mkdir -p .headline/main && git archive HEAD src conf bench | tar -x -C .headline/main
 #   git rev-parse HEAD > .headline/COMMIT
-#   python bench/export_prompts.py .headline/prompts.jsonl --count 51325 --max-chars 1500   # every such prompt
+#   python bench/export_prompts.py .headline/prompts.jsonl --count 52741 --max-chars 3000   # every such prompt
+#   gzip .headline/prompts.jsonl   # 13 MB -> 5: call 1 carries the GGUF's first half too (64 MiB in all)
+#   (the preset's data.max_prompt_tokens=384 leaves 50,000 or more of them; at 1,500 characters and 256 tokens
+#   only 49,916 were left, and the run of 2026-12-01 stopped there: BENCHMARKS.md)
 # Calls, back to back on one machine (.gguf-a/.gguf-b: SmolLM2's GGUF in halves, see bench/gpu_machine.sh):
 #   call 1 (carry .whl .gguf-a .speed/site .headline): [PROFILE=1] bash .headline/main/bench/h200_headline.sh install
 #     (PROFILE=1: first the trainer against its step alone, bench/gpu_machine.sh trainer_measurements, ~4 min)
@@ -40,7 +43,7 @@ case "$step" in
 install)
   nvidia-smi -L
   install_wheels .whl && keep_first_half && rm -rf $H && cp -r .headline $H
-  cp $H/prompts.jsonl $ROOT/headline_prompts.jsonl && wc -l $ROOT/headline_prompts.jsonl
+  gunzip -c $H/prompts.jsonl.gz > $ROOT/headline_prompts.jsonl && wc -l $ROOT/headline_prompts.jsonl
   [ "${PROFILE:-0}" = 1 ] && trainer_measurements $H/main
   nproc; df -h /tmp | tail -n 1 ;;  # 50,000 samples take about 39 GB of shards
 start)

@@ -10,13 +10,14 @@ synthetic pool is small, so its epochs are short and each epoch's end adds a che
 that the sweep's long epochs amortise: they are in the checkpoint and data-wait columns, not in the rest.
 
     python bench/trainer_speed.py --device cuda --batch-tokens 16384 --samples 2048 --steps 300
-    python bench/trainer_speed.py --device cuda --steps 120 --sync-reads --profile 20 --profile-out prof.txt
+    python bench/trainer_speed.py --device cuda --steps 60 --profile 10 --profile-from 40 --profile-out prof.txt
     python bench/trainer_speed.py --device cpu --batch-tokens 2048 --samples 300 --steps 12 --log-every 4 \
         --eval-every 6 --checkpoint-every 6
 
-`--sync-reads` reads each batch on the training thread instead of the read-ahead worker: a worker building batches
-in Python takes the GIL from the thread that launches the step's kernels. `--profile N` records N steps (after
-the first `--profile-from`) with torch.profiler, CPU and CUDA, and writes the busiest operators by host and by device time.
+`--device-plan` lists the packed rows on the device (the trainer before its host plan). `--sync-reads` reads
+each batch on the training thread instead of the read-ahead worker: a worker building batches in Python takes the
+GIL from the thread that launches the step's kernels. `--profile N` records N steps (after the first
+`--profile-from`) with torch.profiler, CPU and CUDA, and writes the busiest operators by host and device time.
 
 Prints one JSON line.
 """
@@ -103,6 +104,8 @@ def main() -> None:
     ap.add_argument("--compile-loss", default="auto")
     ap.add_argument("--read-batches", type=int, default=20, help="batches timed for the read-only pass")
     ap.add_argument("--sync-reads", action="store_true", help="read batches on the training thread (no worker)")
+    ap.add_argument("--device-plan", action="store_true",
+                    help="list the packed rows on the device, as before the host plan (host syncs each step)")
     ap.add_argument("--profile", type=int, default=0, help="steps to record with torch.profiler (0: none)")
     ap.add_argument("--profile-from", type=int, default=60, help="steps run before the profiled ones")
     ap.add_argument("--profile-out", type=Path, default=Path("trainer_profile.txt"))
@@ -136,6 +139,9 @@ def main() -> None:
         trainer._log_window = counting_log_window
         trainer._validate = timed(totals, "validation_s", trainer._validate)
         trainer._save = timed(totals, "checkpoint_s", trainer._save)
+        if args.device_plan:
+            to_device = trainer._to_device
+            trainer._to_device = lambda batch: (to_device(batch)[0], None)
         if args.profile:
             profiled(trainer, args.profile_from, args.profile, args.profile_out)
         start = time.perf_counter()
@@ -146,6 +152,7 @@ def main() -> None:
     print(json.dumps({
         "device": args.device, "batch_tokens": args.batch_tokens, "prompt_frac": args.prompt_frac,
         "compile_loss": args.compile_loss, "packed": trainer.packed, "sync_reads": args.sync_reads,
+        "device_plan": args.device_plan,
         "profiled_steps": args.profile, "threads": torch.get_num_threads(),
         "eval_every": args.eval_every, "checkpoint_every": args.checkpoint_every, "steps": result.steps,
         "read_only_s_per_batch": round(read_s, 4), "wall_s": round(wall, 2),

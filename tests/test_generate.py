@@ -97,3 +97,18 @@ def test_too_few_usable_prompts_is_an_error_naming_the_key(tiny_cfg, tmp_path):
     cfg = validate(tiny_cfg("data.source=jsonl", f"data.path={path}", "data.samples=16"))
     with pytest.raises(ValueError, match="data.samples: 16 asked"):
         _run(cfg, tmp_path / "pool")
+
+
+def test_a_shortfall_of_usable_prompts_is_refused_before_any_is_answered(tiny_cfg, tmp_path):
+    """12 short prompts and 4 over data.max_prompt_tokens, 16 asked in shards of 4: the first three shards could be
+    answered before the shortfall shows; the stage counts first and answers none (it once failed after 80 s)."""
+    import json
+
+    path = tmp_path / "mixed.jsonl"
+    texts = [f"question {i}" for i in range(12)] + [" ".join(["word"] * 200)] * 4
+    path.write_text("\n".join(json.dumps({"prompt": text}) for text in texts))
+    cfg = validate(tiny_cfg("data.source=jsonl", f"data.path={path}", "data.samples=16", "data.max_prompt_tokens=32",
+                            "data.batch_size=4", "data.shard_size=4"))
+    with pytest.raises(ValueError, match="only 12 prompts within data.max_prompt_tokens=32"):
+        _run(cfg, tmp_path / "pool")
+    assert count_samples(tmp_path / "pool") == 0

@@ -8,6 +8,7 @@ import types
 
 import pytest
 
+from draftlab.model import draft
 from draftlab.reporting import RecordingReporter
 from draftlab.train import loop
 from draftlab.train.loop import Trainer
@@ -133,3 +134,24 @@ def test_a_run_resumed_inside_a_log_window_logs_that_window_whole(tmp_path):
         windows(tmp_path / "b", killed_after_step_7)
     resumed = windows(tmp_path / "b")
     assert 10 in unbroken and resumed[10] == unbroken[10]
+
+
+def test_training_attention_never_goes_to_cudnn(tmp_path, monkeypatch):
+    """cuDNN's attention plans every new shape on the host (44 ms a pass on the H200); the trainer's batches all
+    have new shapes, so every attention call in training and validation runs with cuDNN's kernel switched off."""
+    source = FakeSource()
+    trainer = Trainer(_model(source), source, source.lm_head, _settings(epochs=1, batch_tokens=100), tmp_path / "c")
+    functional, cudnn_allowed = draft.F, []
+
+    class Spy:  # the draft's `F`, with attention recorded (torch's own stays in place: causal masks dispatch on it)
+        def __getattr__(self, name):
+            return getattr(functional, name)
+
+        def scaled_dot_product_attention(self, *args, **kwargs):
+            cudnn_allowed.append(loop.torch.backends.cuda.cudnn_sdp_enabled())
+            return functional.scaled_dot_product_attention(*args, **kwargs)
+
+    monkeypatch.setattr(draft, "F", Spy())
+    assert loop.torch.backends.cuda.cudnn_sdp_enabled()  # PyTorch's default: the test can fail
+    trainer.run()
+    assert cudnn_allowed and not any(cudnn_allowed)
