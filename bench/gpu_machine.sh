@@ -28,20 +28,21 @@ smollm2_gguf() {  # call 2: the whole GGUF where draftlab looks for the llm-smol
   cat /tmp/gg.aa .gguf-b/gg.ab > "$pkg/.gguf.tmp" && mv "$pkg/.gguf.tmp" "$pkg/SmolLM2-135M-Instruct.Q4_1.gguf"
 }
 
-trainer_measurements() {  # trainer_measurements CODE_DIR: the real trainer against its step alone (BENCHMARKS.md)
+trainer_measurements() {  # trainer_measurements CODE_DIR: the real trainer against its step alone (BENCHMARKS.md);
+  # at most 3 x 110 + 100 + 2 x 70 = 570 s, within one call (the runs of 2026-12-01 took 40-90 s each)
   (cd "$1" && export PYTHONPATH=$SITE:src
    # the whole trainer on synthetic shards: as it is, with the rows listed on the device, with reads on the
    # training thread; then profiled
    for variant in "" --device-plan --sync-reads; do
-     timeout 150 python3 bench/trainer_speed.py --batch-tokens 16384 --samples 2048 --steps 300 $variant \
+     timeout 110 python3 bench/trainer_speed.py --batch-tokens 16384 --samples 2048 --steps 200 $variant \
        | tee -a "$OUT"/trainer_speed.jsonl
    done
-   timeout 150 python3 bench/trainer_speed.py --batch-tokens 16384 --samples 2048 --steps 60 --profile 10 \
+   timeout 100 python3 bench/trainer_speed.py --batch-tokens 16384 --samples 2048 --steps 60 --profile 10 \
      --profile-from 40 --eval-every 1000 --checkpoint-every 1000 --profile-out "$OUT"/trainer_profile.txt \
      | tee -a "$OUT"/trainer_speed.jsonl
    # the step alone with the rows listed on the device (host syncs) and on the host (the trainer's way now)
    for plan in "" --host-plan; do
-     timeout 150 python3 bench/train_throughput.py --preset smollm2 --batch-tokens 16384 --seq 512 --steps 10 \
+     timeout 70 python3 bench/train_throughput.py --preset smollm2 --batch-tokens 16384 --seq 512 --steps 10 \
        --compile-loss --unroll packed --prompt-frac 0.4 $plan | tee -a "$OUT"/throughput.jsonl
    done)
 }

@@ -127,15 +127,14 @@ def bench(name: str, args) -> dict:
     top = torch.randint(0, v, (B, args.seq), generator=g).to(device, torch.int32) if args.targets == "draft-rows" else None
 
     ce = compiled_soft_ce() if args.compile_loss else soft_ce
-    # --host-plan: the packed rows listed on the host and sent each step, as the trainer does (no host syncs);
+    # --host-plan: the packed rows listed on the host each step and sent, as the trainer does (no host syncs);
     # without it the unroll lists them on the device
-    plan = None
-    if args.host_plan:
-        plan = PackedPlan.of(batch["loss_mask"].cpu(), batch["attention_mask"].cpu(), args.ttt_steps)
+    host_masks = batch["loss_mask"].cpu(), batch["attention_mask"].cpu()
 
     def step() -> float:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
             if args.unroll == "packed":
+                plan = PackedPlan.of(*host_masks, args.ttt_steps) if args.host_plan else None
                 loss, _ = packed_unroll(model, {**batch, "target_top": top}, lm_head, args.ttt_steps, 0.8, ce=ce,
                                         plan=plan)
             else:

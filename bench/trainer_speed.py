@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import argparse
 import json
-from concurrent.futures import Future
 import sys
 import tempfile
 import time
+import types
+from concurrent.futures import Future
 from pathlib import Path
 
 import torch
@@ -41,6 +42,7 @@ from train_data_path import H, V, smollm2_draft, synthetic_source  # noqa: E402
 
 from draftlab.data import features  # noqa: E402
 from draftlab.reporting import RecordingReporter  # noqa: E402
+from draftlab.train import loop  # noqa: E402
 from draftlab.train.loop import LoopSettings, Trainer  # noqa: E402
 
 
@@ -139,9 +141,8 @@ def main() -> None:
         trainer._log_window = counting_log_window
         trainer._validate = timed(totals, "validation_s", trainer._validate)
         trainer._save = timed(totals, "checkpoint_s", trainer._save)
-        if args.device_plan:
-            to_device = trainer._to_device
-            trainer._to_device = lambda batch: (to_device(batch)[0], None)
+        if args.device_plan:  # the trainer lists no plan; packed_unroll then lists the rows on the device
+            loop.PackedPlan = types.SimpleNamespace(of=lambda *args: None)
         if args.profile:
             profiled(trainer, args.profile_from, args.profile, args.profile_out)
         start = time.perf_counter()

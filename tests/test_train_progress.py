@@ -1,5 +1,6 @@
 """What the training loop says while it runs: the share of time spent waiting for batches, and each validation
-pass in the log (a job killed before it writes results.json still shows its curve there)."""
+pass in the log (a job killed before it writes results.json still shows its curve there); its log window's
+sums, and the attention kernels a step may take (both were host time on the H200)."""
 
 from __future__ import annotations
 

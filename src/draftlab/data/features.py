@@ -233,11 +233,12 @@ class FeatureSource:
         loss = pad_batch([e.loss_mask[:max_seq_len].long() for e in group])[0].bool()
         use_mask = model_mask(seqs, mask) is not None
         device = self.target.device
-        ids, mask, loss = ids.to(device), mask.to(device), loss.to(device)
-        features, last = self._tap(ids, mask if use_mask else None, self.batch_dtype)  # rounded as offline
-        features = features.masked_fill(~mask[..., None], 0.0)  # padding positions are zero, as offline
-        last = last.masked_fill(~mask[..., None], 0.0)
+        ids, on_device = ids.to(device), mask.to(device)
+        features, last = self._tap(ids, on_device if use_mask else None, self.batch_dtype)  # rounded as offline
+        features = features.masked_fill(~on_device[..., None], 0.0)  # padding positions are zero, as offline
+        last = last.masked_fill(~on_device[..., None], 0.0)
         top = head_top1(last, self._tap.head_weight)
+        # the masks stay on the host, as offline: the trainer lists the packed rows from them without a read-back
         return {"input_ids": ids, "features": features, "last_hidden": last, "target_top": top, "loss_mask": loss,
                 "attention_mask": mask, "sample_index": torch.tensor([e.sample_index for e in group])}
 

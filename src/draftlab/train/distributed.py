@@ -218,6 +218,9 @@ class DistributedTrainer(Trainer):
         return loss * self.world, stats  # DDP/FSDP average gradients over ranks; the losses are shares of a sum
 
     def _save(self) -> None:
+        # every rank folds its window here, not only the writer: the ranks' windows then add up in the same order
+        # and stay equal, and the decisions taken from them (best pass, plateau) agree across ranks
+        self.state["window"] = self._pending.fold(self.state["window"])
         if self.strategy == "fsdp":  # gathering the shards is collective: every rank takes part, rank 0 writes
             self._gathered = (self._model_tensors(), self._optimizer_state())
         if self.rank == 0:

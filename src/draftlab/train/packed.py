@@ -78,11 +78,9 @@ class PackedPlan:
         return cls((B, T), kept, needed, step_of, row_of, sizes)
 
     def to(self, device: torch.device) -> PackedPlan:
-        if self.kept.device == device:
-            return self
         parts = [self.kept, self.needed, self.step_of, self.row_of]
-        flat = torch.cat(parts)
-        if device.type == "cuda":
+        flat = torch.cat(parts)  # one copy, and always the same path (tests/test_packed_unroll.py checks its fields)
+        if device.type == "cuda" and flat.device.type == "cpu":
             flat = flat.pin_memory()  # a pageable source makes the copy wait for the stream
         flat = flat.to(device, non_blocking=True).split([len(x) for x in parts])
         return PackedPlan(self.shape, *flat, self.sizes)
@@ -180,6 +178,8 @@ def packed_unroll(model: Eagle3Draft, batch: dict[str, Tensor], lm_head: Tensor,
     dev = ids.device
     if plan is None:
         plan = PackedPlan.of(batch["loss_mask"], batch["attention_mask"], steps)
+    if plan.shape != (B, T):
+        raise ValueError(f"packed_unroll: the plan is for a {plan.shape} batch, this batch is {(B, T)}")
     plan = plan.to(dev)
     rows = Rows(plan.kept, (B, T))
     # nothing counts (the padded unroll gives the zero loss its graph), or too much counts for packing to pay
