@@ -60,13 +60,23 @@ def test_data_wait_share_is_the_time_spent_waiting_for_batches(tmp_path, monkeyp
     assert shares and all(share == pytest.approx(0.75) for share in shares), shares
 
 
-def test_each_validation_pass_is_logged_with_the_best_so_far(tmp_path, caplog):
+def test_each_validation_pass_is_logged_with_the_best_so_far(tmp_path, caplog, monkeypatch):
+    clock = Clock()  # each validation pass takes 2.5 (fake) seconds, and its log line says so
+    monkeypatch.setattr(loop, "time", types.SimpleNamespace(perf_counter=clock.perf_counter))
     source = FakeSource()
     trainer = Trainer(_model(source), source, source.lm_head, _settings(epochs=3, eval_every=2, log_every=2),
                       tmp_path / "ckpt", RecordingReporter())
+    evaluate = trainer.evaluate
+
+    def slow_evaluate(*args):
+        clock.now += 2.5
+        return evaluate(*args)
+
+    monkeypatch.setattr(trainer, "evaluate", slow_evaluate)
     with caplog.at_level(logging.INFO, logger="draftlab"):
         result = trainer.run()
     lines = [r.getMessage() for r in caplog.records if " val/loss " in r.getMessage()]
+    assert all(", a 2.5 s pass (best so far " in line for line in lines), lines
     assert len(lines) == len(result.history) >= 3
     for k, (line, entry) in enumerate(zip(lines, result.history)):
         assert line.startswith(f"train: step {int(entry['step'])} val/loss {entry['val/loss']:.4f} ")

@@ -54,9 +54,8 @@ log = logging.getLogger("draftlab")
 # a GPU batch takes the packed unroll while at most this share of its positions count: measured 1.13x at 60%
 # (40% prompt), 0.90x at 100%; the break-even between them was not measured
 PACKED_MAX_KEPT = 0.8
-# Every batch has its own shapes (lengths, packed rows). cuDNN's attention, PyTorch's first choice on the H200,
-# plans each new shape on the host: 44 ms per forward and as much per backward there, most of a step (BENCHMARKS.md,
-# the trainer profile). The flash and memory-efficient kernels plan nothing. The CPU never takes cuDNN.
+# Every batch has its own shapes. cuDNN's attention, PyTorch's first choice on the H200, plans each new shape on the
+# host, 44 ms a forward and a backward there (BENCHMARKS.md, the trainer profile); flash and mem-efficient plan nothing.
 TRAIN_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
@@ -237,7 +236,9 @@ class Trainer:
     def _validate(self) -> None:
         """One validation pass: history entry, best checkpoint, and the plateau watch of early stopping."""
         epoch, step = self.state["epoch"], self.state["step"]
+        started = time.perf_counter()
         val = self.evaluate("val")
+        seconds = time.perf_counter() - started  # logged only: a recorded wall time would differ on resume
         entry = {"epoch": float(epoch), "step": float(step)}
         if val is not None:
             entry.update({f"val/{k}": v for k, v in val.items()})
@@ -245,8 +246,8 @@ class Trainer:
             best = self.state["best"]
             # in the log too: a job killed before its results are written still shows its curve (rank 0 only)
             if getattr(self, "rank", 0) == 0:
-                log.info("train: step %d val/loss %.4f val/acc_0 %.4f val/predicted_tau %.3f (best so far %s)", step,
-                         val["loss"], val["acc_0"], val["predicted_tau"],
+                log.info("train: step %d val/loss %.4f val/acc_0 %.4f val/predicted_tau %.3f, a %.1f s pass "
+                         "(best so far %s)", step, val["loss"], val["acc_0"], val["predicted_tau"], seconds,
                          "-" if best is None else f"{best['score']:.4f} at step {int(best['metrics']['step'])}")
         self.state["history"].append(entry)
         self.state["last_eval_step"] = step
