@@ -217,15 +217,10 @@ class DistributedTrainer(Trainer):
         dist.all_reduce(stats)  # every rank sees the whole batch's counts: metrics equal the one-process ones
         return loss * self.world, stats  # DDP/FSDP average gradients over ranks; the losses are shares of a sum
 
-    def _save(self) -> None:
-        # every rank folds its window here, not only the writer: the ranks' windows then add up in the same order
-        # and stay equal, and the decisions taken from them (best pass, plateau) agree across ranks
-        self.state["window"] = self._pending.fold(self.state["window"])
-        if self.strategy == "fsdp":  # gathering the shards is collective: every rank takes part, rank 0 writes
-            self._gathered = (self._model_tensors(), self._optimizer_state())
+    def _write_checkpoint(self, name: str, tensors: dict, optimizer_state: dict) -> None:
+        # every rank got here through _save (FSDP: gathering the shards is a collective); rank 0 writes
         if self.rank == 0:
-            super()._save()
-        self._gathered = None
+            super()._write_checkpoint(name, tensors, optimizer_state)
         dist.barrier()
 
     def _write_weights(self, path: Path) -> None:
@@ -237,8 +232,6 @@ class DistributedTrainer(Trainer):
     def _model_tensors(self) -> dict[str, torch.Tensor]:
         if self.strategy != "fsdp":
             return super()._model_tensors()
-        if getattr(self, "_gathered", None):
-            return self._gathered[0]
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         full = get_model_state_dict(self.unroll, options=_full_options())
@@ -248,8 +241,6 @@ class DistributedTrainer(Trainer):
     def _optimizer_state(self) -> dict:
         if self.strategy != "fsdp":
             return super()._optimizer_state()
-        if getattr(self, "_gathered", None):
-            return self._gathered[1]
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
         full = get_optimizer_state_dict(self.unroll, self.opt, options=_full_options())

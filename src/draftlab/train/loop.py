@@ -147,8 +147,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ one batch
     def _to_device(self, batch: dict) -> tuple[dict, PackedPlan | None]:
-        """The batch on the device, and the packed unroll's plan listed from its host copy (so that the step
-        reads nothing back from the GPU: train/packed.py)."""
+        """The batch on the device, and the packed unroll's plan listed from its host copy (train/packed.py)."""
         plan = None
         if self.packed:
             plan = PackedPlan.of(batch["loss_mask"], batch["attention_mask"], self.s.ttt_steps)
@@ -198,10 +197,12 @@ class Trainer:
         self.opt.load_state_dict(optimizer_state)
 
     def _save(self) -> None:
-        self.state["window"] = self._pending.fold(self.state["window"])
+        self.state["window"] = self._pending.fold(self.state["window"])  # on every rank: their windows stay equal
         name = f"ckpt-{self.state['step']:09d}-e{self.state['epoch']:04d}-b{self.state['batch']:09d}"  # sorts by age
-        write_checkpoint(self.ckpt_dir, name, self._model_tensors(), self._optimizer_state(),
-                         dict(self.state, settings=vars(self.s)))
+        self._write_checkpoint(name, self._model_tensors(), self._optimizer_state())
+
+    def _write_checkpoint(self, name: str, tensors: dict, optimizer_state: dict) -> None:
+        write_checkpoint(self.ckpt_dir, name, tensors, optimizer_state, dict(self.state, settings=vars(self.s)))
 
     def load(self, folder: Path, full: bool = True) -> None:
         """Restores weights, optimizer, RNG and position from a checkpoint folder."""
