@@ -17,6 +17,7 @@ Two caches decide who attends to whom:
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass, field
 
@@ -108,10 +109,11 @@ class DraftModelConfig:
 
 def _repeat_kv(x: Tensor, n_rep: int) -> Tensor:
     # Explicit GQA expansion: the flash kernels behind causal_lower_right take equal head counts only.
+    # x is [B, H_kv, ...]: the TTT diagonal keys come stacked as [B, H_kv, T, steps, D].
     if n_rep == 1:
         return x
-    b, h, s, d = x.shape
-    return x[:, :, None].expand(b, h, n_rep, s, d).reshape(b, h * n_rep, s, d)
+    b, h, *rest = x.shape
+    return x[:, :, None].expand(b, h, n_rep, *rest).reshape(b, h * n_rep, *rest)
 
 
 def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -126,38 +128,50 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(T, S))
 
 
+@functools.cache
+def _null_keys(j: int, D: int, width: int, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor]:
+    """The j 'null' keys and values of `ttt_attention` ([j, D + width] each): constants, built once per shape."""
+    with torch.inference_mode(False):  # cached: must not be an inference tensor if first built under one
+        null_k = torch.zeros(j, D + width, dtype=dtype, device=device)
+        null_v = torch.zeros(j, D + width, dtype=dtype, device=device)
+        idx = torch.arange(j, device=device)
+        null_k[idx, D + 2 * idx] = 1
+        null_k[idx, D + 2 * idx + 1] = 1
+        null_v[idx, D + idx] = 1
+    return null_k, null_v
+
+
 def ttt_attention(q: Tensor, k0: Tensor, v0: Tensor, diag_k: list[Tensor], diag_v: list[Tensor]) -> Tensor:
     """Step j >= 1 of the unroll: query t attends to k0[<= t] and to diag_k[i][t] for every earlier step i.
 
     Done with one fused causal SDPA call and no [T, T*j] mask: each diagonal key becomes a 'null' key placed
-    before the sequence, visible to every query (lower-right causal alignment). Its score, q_t . k_i[t], is
-    precomputed per query and carried in extra q channels (as a bf16 hi + lo pair, so the rounding error
-    stays ~2^-16), and its value is a one-hot extra channel, so the output's extra channel i is exactly the
-    softmax weight p_i of that diagonal key under the full softmax. Then out = out[:D] + sum_i p_i v_i[t].
-    Gradients flow through the standard SDPA backward, so the result is exact attention under the rule.
+    before the sequence, visible to every query. Its score, q_t . k_i[t], is precomputed per query and carried in
+    extra q channels (as a bf16 hi + lo pair, so the rounding error stays ~2^-16), and its value is a one-hot
+    extra channel, so the output's extra channel i is exactly the softmax weight p_i of that diagonal key under
+    the full softmax. Then out = out[:D] + sum_i p_i v_i[t]. Gradients flow through the standard SDPA backward,
+    so the result is exact attention under the rule.
+
+    Host time matters here (a training step on a GPU waits on the host that queues it, BENCHMARKS.md): the
+    diagonal steps are stacked so the op count does not grow with j, and j zero queries go before the sequence
+    so that plain square `is_causal` gives each real query the null keys and k0[<= t] (a `causal_lower_right`
+    bias costs a tensor subclass's Python dispatch on every call).
     """
     B, H, T, D = q.shape
     j = len(diag_k)
     n_rep = H // k0.shape[1]
-    scores = torch.stack([(q.float() * _repeat_kv(k, n_rep).float()).sum(-1) for k in diag_k], -1)  # [B,H,T,j]
+    dk = _repeat_kv(torch.stack(diag_k, 3), n_rep)  # [B, H, T, j, D]
+    scores = (q.float()[:, :, :, None] * dk.float()).sum(-1)  # [B, H, T, j], fp32 under autocast too
     hi = scores.to(q.dtype)
     lo = (scores - hi.float()).to(q.dtype)
     width = -(-2 * j // 8) * 8  # flash kernels want head dims that are multiples of 8
     extra_q = torch.stack([hi, lo], -1).reshape(B, H, T, 2 * j)
-    qx = torch.cat([q, F.pad(extra_q, (0, width - 2 * j))], -1)
-    null_k = q.new_zeros(j, D + width)
-    null_v = q.new_zeros(j, D + width)
-    idx = torch.arange(j, device=q.device)
-    null_k[idx, D + 2 * idx] = 1
-    null_k[idx, D + 2 * idx + 1] = 1
-    null_v[idx, D + idx] = 1
+    qx = torch.cat([q.new_zeros(B, H, j, D + width), torch.cat([q, F.pad(extra_q, (0, width - 2 * j))], -1)], 2)
+    null_k, null_v = _null_keys(j, D, width, q.dtype, q.device)
     kx = torch.cat([null_k.expand(B, H, j, D + width), F.pad(_repeat_kv(k0, n_rep), (0, width))], 2)
     vx = torch.cat([null_v.expand(B, H, j, D + width), F.pad(_repeat_kv(v0, n_rep), (0, width))], 2)
-    out = F.scaled_dot_product_attention(qx, kx, vx, attn_mask=causal_lower_right(T, T + j), scale=1 / math.sqrt(D))
-    result = out[..., :D]
-    for i, v in enumerate(diag_v):
-        result = result + out[..., D + i : D + i + 1] * _repeat_kv(v, n_rep)
-    return result
+    out = F.scaled_dot_product_attention(qx, kx, vx, is_causal=True, scale=1 / math.sqrt(D))[:, :, j:]
+    dv = _repeat_kv(torch.stack(diag_v, 3), n_rep)  # [B, H, T, j, D]
+    return out[..., :D] + (out[..., D : D + j, None] * dv).sum(-2)
 
 
 class KVCache:

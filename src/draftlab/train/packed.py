@@ -153,11 +153,10 @@ def _step0(model: Eagle3Draft, ids: Tensor, feats: Tensor, positions: Tensor, ro
     return x + residual
 
 
-def _step(model: Eagle3Draft, ids: Tensor, hidden: Tensor, positions: Tensor, rows: Rows,
+def _step(model: Eagle3Draft, ids: Tensor, hidden: Tensor, cos: Tensor, sin: Tensor, rows: Rows,
           cache: TTTCache) -> Tensor:
-    """Step j >= 1 on the kept rows: ids [N], hidden [N, H], positions [B, T] (already shifted by j)."""
+    """Step j >= 1 on the kept rows: ids [N], hidden [N, H], and RoPE at positions t + j ([1, 1, T, head_dim])."""
     emb = model.embed_tokens(ids)
-    cos, sin = model.rope(positions, torch.float32)
     x, residual = hidden, None
     for layer in model.layers:
         x, residual = _layer(layer, x, residual, emb, rows, cos, sin, cache)
@@ -190,6 +189,8 @@ def packed_unroll(model: Eagle3Draft, batch: dict[str, Tensor], lm_head: Tensor,
                          top=batch.get("target_top"))
     ids_ext = torch.cat([ids, ids.new_zeros(B, steps + 1)], 1)
     positions = torch.arange(T, device=dev).expand(B, T)
+    # RoPE for every step at once: step j reads positions t + j (the same values as computing it per step)
+    cos_all, sin_all = model.rope(torch.arange(T + steps, device=dev)[None], torch.float32)
     cache = TTTCache(len(model.layers))
     stats = torch.zeros(len(STATS), steps, dtype=torch.float64, device=dev)
     loss = torch.zeros((), device=dev)
@@ -205,7 +206,8 @@ def packed_unroll(model: Eagle3Draft, batch: dict[str, Tensor], lm_head: Tensor,
         if j == 0:
             hidden = _step0(model, ids_ext[:, 1 : 1 + T], feats, positions, rows, cache)
         else:
-            hidden = _step(model, ids_ext[rows.b, rows.t + 1 + j], hidden, positions + j, rows, cache)
+            hidden = _step(model, ids_ext[rows.b, rows.t + 1 + j], hidden, cos_all[:, :, j : j + T],
+                           sin_all[:, :, j : j + T], rows, cache)
         picked.append(hidden.index_select(0, sel))
     # the next step never reads a step's logits: one head matmul (and one in backward) for all steps
     logits = model.lm_head(model.norm(torch.cat(picked))).split(sizes)
