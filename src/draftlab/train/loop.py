@@ -48,6 +48,7 @@ from draftlab.train.checkpoint import (load_trainable, latest_checkpoint, read_c
 from draftlab.train.packed import PackedPlan, packed_unroll
 from draftlab.train.schedule import budget_steps, lr_factor, watch_plateau
 from draftlab.train.ttt import STATS, soft_ce_for, summarize, target_distribution, ttt_unroll
+from draftlab.train.val_cache import ValidationCache
 from draftlab.train.window import PendingSums
 
 log = logging.getLogger("draftlab")
@@ -136,6 +137,7 @@ class Trainer:
         self.ce = soft_ce_for(settings.compile_loss, self.device, self.amp or torch.float32)
         self._data_wait = 0.0  # seconds this log window waited for batches (train/data_wait_frac)
         self._pending = PendingSums()  # the log window's sums since it was last folded, on the device
+        self._val_cache = ValidationCache(self.device)
         self.state: dict[str, Any] = {"epoch": 0, "batch": 0, "step": 0, "history": [], "best": None,
                                       "window": None, "total_steps": None, **self._fresh_horizon()}
 
@@ -147,17 +149,23 @@ class Trainer:
 
     # ------------------------------------------------------------------ one batch
     def _to_device(self, batch: dict) -> tuple[dict, PackedPlan | None]:
-        """The batch on the device, and the packed unroll's plan listed from its host copy (train/packed.py)."""
+        """The batch on the device, widened, and the packed unroll's plan listed from its host copy
+        (train/packed.py)."""
+        out, plan = self._copy_to_device(batch)
+        return self._widen(out), plan
+
+    def _copy_to_device(self, batch: dict) -> tuple[dict, PackedPlan | None]:
         plan = None
         if self.packed:
             plan = PackedPlan.of(batch["loss_mask"], batch["attention_mask"], self.s.ttt_steps)
-        out = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()
-               if torch.is_tensor(v) and k != "sample_index"}
-        # batches come in the pool's dtype (half the bytes to copy); widened here, on the device, as the reader
-        # did before: a draft whose features need no fc (one target layer) takes them as its fp32 residual
-        out["features"] = out["features"].float()
-        out["last_hidden"] = out["last_hidden"].float()
-        return out, plan
+        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()
+                if torch.is_tensor(v) and k != "sample_index"}, plan
+
+    @staticmethod
+    def _widen(batch: dict) -> dict:
+        # batches come in the pool's dtype (half the bytes to copy and to keep); widened on the device, as the
+        # reader did before: a draft whose features need no fc (one target layer) takes them as its fp32 residual
+        return dict(batch, features=batch["features"].float(), last_hidden=batch["last_hidden"].float())
 
     def _forward(self, batch: dict, plan: PackedPlan | None = None):
         m = self.model
@@ -172,9 +180,15 @@ class Trainer:
     def evaluate(self, split: str = "val") -> dict[str, float] | None:
         self.model.eval()
         total = None
+        s = self.s
+
+        def read():
+            for batch in self.source.batches(split, 0, s.batch_tokens, s.max_seq_len, s.seed, False):
+                yield self._copy_to_device(batch)
+
         with torch.no_grad():
-            for batch in self.source.batches(split, 0, self.s.batch_tokens, self.s.max_seq_len, self.s.seed, False):
-                _, stats = self._forward(*self._to_device(batch))
+            for batch, plan in self._val_cache.passes(split, read):  # on a GPU, read once (train/val_cache.py)
+                _, stats = self._forward(self._widen(batch), plan)
                 total = stats if total is None else total + stats
         self.model.train()
         if total is None or float(total[STATS.index("n"), 0]) == 0:
