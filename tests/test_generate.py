@@ -112,3 +112,25 @@ def test_a_shortfall_of_usable_prompts_is_refused_before_any_is_answered(tiny_cf
     with pytest.raises(ValueError, match="only 12 prompts within data.max_prompt_tokens=32"):
         _run(cfg, tmp_path / "pool")
     assert count_samples(tmp_path / "pool") == 0
+
+
+def test_the_pool_tokenised_in_chunks_gives_each_prompt_its_own_ids():
+    """usable_prompts encodes prompts in batched chunks; the ids and the choice equal the one-at-a-time path's."""
+    from draftlab.data.prompts import Prompt
+    from draftlab.target import tiny_tokenizer, usable_prompts
+
+    tok = tiny_tokenizer()
+    prompts = [Prompt("word " * (i % 13) + f"prompt {i}", f"c{i}") for i in range(300)]
+
+    def one(text):
+        rendered = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                           tokenize=False)
+        return tok(rendered, add_special_tokens=False)["input_ids"]
+
+    lengths = [len(one(p.text)) for p in prompts]
+    limit_tokens = sorted(lengths)[len(lengths) // 2]  # about half the prompts are too long
+    expected = [(p, one(p.text)) for p, n in zip(prompts, lengths) if n <= limit_tokens][:100]
+    assert len(expected) == 100
+    for chunk in (7, 64, 2048):  # chunks that end inside, at and past the limit
+        assert usable_prompts(tok, prompts, limit_tokens, 100, chunk=chunk) == expected
+    assert len(usable_prompts(tok, prompts, limit_tokens, 10_000)) == sum(n <= limit_tokens for n in lengths)

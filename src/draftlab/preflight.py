@@ -116,15 +116,10 @@ def check_prompts(cfg) -> None:
 
 def _first_usable(cfg, prompts: list) -> tuple[list, bool]:
     """The first data.samples prompts generate would answer, and whether their lengths were checked."""
-    from draftlab.target import chat_ids, load_tokenizer
+    from draftlab.target import load_tokenizer, usable_prompts
 
     tokenizer = load_tokenizer(cfg.target, Path(cfg.paths.root) / "models")
     if tokenizer is None:
         return prompts[:cfg.data.samples], False
-    chosen = []
-    for prompt in prompts:
-        if len(chosen) == cfg.data.samples:
-            break
-        if len(chat_ids(tokenizer, prompt.text)) <= cfg.data.max_prompt_tokens:
-            chosen.append(prompt)
+    chosen = [p for p, _ in usable_prompts(tokenizer, prompts, cfg.data.max_prompt_tokens, cfg.data.samples)]
     return chosen, True

@@ -12,7 +12,6 @@ import logging
 import time
 from itertools import islice
 from pathlib import Path
-from typing import Iterator
 
 import torch
 
@@ -21,7 +20,7 @@ from draftlab.data.samples import Sample, SampleWriter, count_samples, read_mani
 from draftlab.progress import bar
 from draftlab.provenance import file_sha256
 from draftlab.stage_keys import data_sha256, plan
-from draftlab.target import Target, load_target
+from draftlab.target import Target, load_target, usable_prompts
 
 log = logging.getLogger("draftlab.generate")
 WHOLE_SHARD = ("continuous", "graphs")  # generators that take a whole shard and keep batch_size rows in flight
@@ -75,7 +74,7 @@ def _generate(cfg, out: Path, target, engine, prompts, fingerprint: str, have: i
     goal = -(-need // data.batch_size) * data.batch_size  # whole batches only
     # every prompt of the pool tokenised before any is answered, so that a file with too few usable prompts is
     # refused now, not after the shards before the shortfall (on the H200: 50,000 asked of 49,916, after 80 s)
-    usable = list(islice(_tokenized_prompts(prompts.prompts, target, data), goal))
+    usable = usable_prompts(target.tokenizer, prompts.prompts, data.max_prompt_tokens, goal)
     if len(usable) < need:
         raise ValueError(f"data.samples: {need} asked, but {prompts.source} has only {len(usable)} prompts within "
                          f"data.max_prompt_tokens={data.max_prompt_tokens}")
@@ -105,13 +104,6 @@ def _reset_if_foreign(out: Path, fingerprint: str) -> None:
         for path in out.glob("shard-*"):
             path.unlink()
         (out / "manifest.json").unlink()
-
-
-def _tokenized_prompts(prompts: list[Prompt], target: Target, data) -> Iterator[tuple[Prompt, list[int]]]:
-    for prompt in prompts:
-        ids = target.chat_ids(prompt.text)
-        if len(ids) <= data.max_prompt_tokens:
-            yield prompt, ids
 
 
 def _generate_shard(target: Target, data, first: int, items: list[tuple[Prompt, list[int]]],
