@@ -312,3 +312,22 @@ def test_prefetched_batches_equal_batches_read_in_line(pool):
     stopped = source.batches("train", 2, 64, 24, seed=1)
     assert torch.equal(next(stopped)["input_ids"], first["input_ids"])
     stopped.close()  # the worker is shut down, nothing hangs
+
+
+def test_prepare_maps_each_batch_on_the_read_ahead_worker(pool):
+    """The trainer lists its packed rows in `prepare`: it runs on the worker thread, once per batch, in order."""
+    import threading
+
+    run(pool, config(pool, samples=20))
+    source = open_source(config(pool, samples=20), {"extract": pool / "extract"})
+    threads = []
+
+    def prepare(batch):
+        threads.append(threading.current_thread().name)
+        return dict(batch, seen=len(threads))
+
+    plain = list(source.batches("train", 1, 64, 24, seed=1))
+    mapped = list(source.batches("train", 1, 64, 24, seed=1, prepare=prepare))
+    assert [b["seen"] for b in mapped] == list(range(1, len(plain) + 1))
+    assert all(torch.equal(a["input_ids"], b["input_ids"]) for a, b in zip(plain, mapped))
+    assert threads and all(name.startswith("draftlab-batches") for name in threads)

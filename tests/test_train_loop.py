@@ -50,7 +50,11 @@ class FakeSource:
         return {"input_ids": x, "features": feats.to(torch.bfloat16),
                 "last_hidden": (8.0 * self.lm_head[prev]).to(torch.bfloat16), "loss_mask": loss_mask}
 
-    def batches(self, split, epoch, batch_tokens, max_seq_len, seed, shuffle):
+    def batches(self, split, epoch, batch_tokens, max_seq_len, seed, shuffle, prepare=None):
+        for batch in self._batches(split, epoch, batch_tokens, max_seq_len, seed, shuffle):
+            yield prepare(batch) if prepare else batch
+
+    def _batches(self, split, epoch, batch_tokens, max_seq_len, seed, shuffle):
         items = self.samples[split]
         order = list(range(len(items)))
         if shuffle:
@@ -375,3 +379,29 @@ def test_resume_from_a_checkpoint_written_before_the_step_budget(tmp_path):
         state_file.write_text(json.dumps(state))
     again, _ = _run(tmp_path / "old", epochs=3)
     assert again.steps == ref.steps and again.history == ref.history and again.best == ref.best
+
+
+def test_the_packed_plan_comes_from_the_source_and_trains_as_one_built_in_the_loop(tmp_path, monkeypatch):
+    """The trainer hands `prepare` to the source (FeatureSource runs it on its read-ahead worker) and uses the plan
+    it attaches; a source that ignores `prepare` gets its plan built in the loop: the same weights either way."""
+    import draftlab.train.loop as loop
+
+    class IgnoresPrepare(FakeSource):
+        def batches(self, split, epoch, batch_tokens, max_seq_len, seed, shuffle, prepare=None):
+            return super().batches(split, epoch, batch_tokens, max_seq_len, seed, shuffle)
+
+    weights, built_in_loop = {}, {}
+    for name, source in (("attached", FakeSource()), ("in the loop", IgnoresPrepare())):
+        calls = []
+        real_copy = Trainer._copy_to_device
+        monkeypatch.setattr(loop.Trainer, "_copy_to_device",
+                            lambda self, batch: calls.append("packed_plan" in batch) or real_copy(self, batch))
+        trainer = Trainer(_model(source), source, source.lm_head, _settings(epochs=1, checkpoint_every=10_000),
+                          tmp_path / name, RecordingReporter())
+        trainer.run()
+        weights[name] = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+        built_in_loop[name] = calls.count(False)
+        monkeypatch.undo()
+    assert built_in_loop == {"attached": 0, "in the loop": built_in_loop["in the loop"]} and built_in_loop["in the loop"] > 0
+    for k, v in weights["attached"].items():
+        assert torch.equal(v, weights["in the loop"][k]), k

@@ -33,8 +33,8 @@ class SlowSource(FakeSource):
         super().__init__()
         self.clock, self.read_s = clock, read_s
 
-    def batches(self, split, *args):
-        for batch in super().batches(split, *args):
+    def batches(self, split, *args, **kwargs):
+        for batch in super().batches(split, *args, **kwargs):
             if split == "train":
                 self.clock.now += self.read_s
             yield batch

@@ -15,9 +15,9 @@ class CountingSource(FakeSource):
         super().__init__()
         self.reads = {"train": 0, "val": 0}
 
-    def batches(self, split, *args):
+    def batches(self, split, *args, **kwargs):
         self.reads[split] += 1
-        return super().batches(split, *args)
+        return super().batches(split, *args, **kwargs)
 
 
 def _trainer(tmp_path, name: str, limit: int) -> tuple[Trainer, CountingSource]:

@@ -17,7 +17,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from safetensors import safe_open
@@ -200,14 +200,16 @@ class FeatureSource:
         return len(self._plan(split, epoch, batch_tokens, max_seq_len, seed, shuffle))
 
     def batches(self, split: str, epoch: int, batch_tokens: int, max_seq_len: int, seed: int,
-                shuffle: bool = True) -> Iterator[dict]:
+                shuffle: bool = True, prepare: Callable[[dict], dict] | None = None) -> Iterator[dict]:
         """Offline, the next PREFETCH batches are read on a worker thread while the caller trains, so slow reads
         (a cold page cache, a busy CPU: 0.2 s for a 32k-token SmolLM2 batch on our 2 cores) overlap the step. On
-        the H200 host with warm shards the gain was small (BENCHMARKS.md). Same batches, same order either way."""
+        the H200 host with warm shards the gain was small (BENCHMARKS.md). Same batches, same order either way.
+        `prepare`, when given, maps each batch on that worker too (the trainer lists its packed rows there)."""
         plan = self._plan(split, epoch, batch_tokens, max_seq_len, seed, shuffle)
         if self.online:  # the target runs on the caller's device and stream: nothing to overlap on a thread
             for group in plan:
-                yield self._online_batch(group, max_seq_len)
+                batch = self._online_batch(group, max_seq_len)
+                yield prepare(batch) if prepare else batch
             return
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="draftlab-batches")
         ahead: deque = deque()
@@ -218,7 +220,7 @@ class FeatureSource:
                     group = next(groups, None)
                     if group is None:
                         break
-                    ahead.append(pool.submit(self._offline_batch, group, max_seq_len))
+                    ahead.append(pool.submit(self._offline_batch, group, max_seq_len, prepare))
                 if not ahead:
                     return
                 yield ahead.popleft().result()
@@ -242,9 +244,10 @@ class FeatureSource:
         return {"input_ids": ids, "features": features, "last_hidden": last, "target_top": top, "loss_mask": loss,
                 "attention_mask": mask, "sample_index": torch.tensor([e.sample_index for e in group])}
 
-    def _offline_batch(self, group: list[_Entry], max_seq_len: int) -> dict:
+    def _offline_batch(self, group: list[_Entry], max_seq_len: int, prepare=None) -> dict:
         with self._read_lock:
-            return self._read_batch(group, max_seq_len)
+            batch = self._read_batch(group, max_seq_len)
+        return prepare(batch) if prepare else batch
 
     def _read_batch(self, group: list[_Entry], max_seq_len: int) -> dict:
         lengths = [min(e.length, max_seq_len) for e in group]

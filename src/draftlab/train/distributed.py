@@ -129,9 +129,10 @@ class RankShard:
     def __getattr__(self, name):
         return getattr(self.source, name)
 
-    def batches(self, split, epoch, batch_tokens, max_seq_len, seed, shuffle=True):
+    def batches(self, split, epoch, batch_tokens, max_seq_len, seed, shuffle=True, prepare=None):
         for batch in self.source.batches(split, epoch, batch_tokens, max_seq_len, seed, shuffle):
-            yield local_rows(batch, self.rank, self.world)
+            batch = local_rows(batch, self.rank, self.world)  # prepare sees this rank's rows, not the whole batch
+            yield prepare(batch) if prepare else batch
 
 
 def local_rows(batch: dict, rank_: int, world: int) -> dict:

@@ -18,8 +18,8 @@ Host syncs: a training step reads nothing back from the GPU, so the host queues 
 this one: the packed unroll's rows are listed from the host batch (`PackedPlan`), batches are pinned, and the log
 window's sums stay on the device until it is logged or checkpointed (train/window.py).
 
-Data: `source.batches(split, epoch, batch_tokens, max_seq_len, seed, shuffle)` must give the same batches for the
-same arguments; resume skips the batches of the current epoch that were already consumed.
+Data: `source.batches(split, epoch, batch_tokens, max_seq_len, seed, shuffle, prepare=None)` must give the same
+batches for the same arguments, each mapped by `prepare` when given (FeatureSource does it on its read-ahead worker); resume skips the batches of the current epoch that were already consumed.
 """
 
 from __future__ import annotations
@@ -154,9 +154,18 @@ class Trainer:
         out, plan = self._copy_to_device(batch)
         return self._widen(out), plan
 
+    @property
+    def _prepare(self):
+        return self._attach_plan if self.packed else None  # the data-parallel trainer turns packing off after init
+
+    def _attach_plan(self, batch: dict) -> dict:
+        """The source's `prepare`: the packed rows listed off the training thread, on the source's read-ahead worker
+        (on a many-core host a string of small CPU ops costs more in intra-op threading than in work)."""
+        return dict(batch, packed_plan=PackedPlan.of(batch["loss_mask"], batch["attention_mask"], self.s.ttt_steps))
+
     def _copy_to_device(self, batch: dict) -> tuple[dict, PackedPlan | None]:
-        plan = None
-        if self.packed:
+        plan = batch.get("packed_plan")
+        if self.packed and plan is None:
             plan = PackedPlan.of(batch["loss_mask"], batch["attention_mask"], self.s.ttt_steps)
         return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()
                 if torch.is_tensor(v) and k != "sample_index"}, plan
@@ -183,7 +192,8 @@ class Trainer:
         s = self.s
 
         def read():
-            for batch in self.source.batches(split, 0, s.batch_tokens, s.max_seq_len, s.seed, False):
+            for batch in self.source.batches(split, 0, s.batch_tokens, s.max_seq_len, s.seed, False,
+                                             prepare=self._prepare):
                 yield self._copy_to_device(batch)
 
         with torch.no_grad():
@@ -345,7 +355,8 @@ class Trainer:
         whose train/data_wait_frac is high is fed too slowly (reads, collation), not computing too slowly. The
         caller's loop holds the only reference, so leaving it early closes the source's read-ahead at once."""
         s = self.s
-        batches = iter(self.source.batches("train", epoch, s.batch_tokens, s.max_seq_len, s.seed, True))
+        batches = iter(self.source.batches("train", epoch, s.batch_tokens, s.max_seq_len, s.seed, True,
+                                           prepare=self._prepare))
         while True:
             t = time.perf_counter()
             batch = next(batches, None)

@@ -66,14 +66,12 @@ class PackedPlan:
         B, T = loss_mask.shape
         counted = (loss_mask & attention_mask).bool()
         counted = torch.cat([counted, counted.new_zeros(B, steps + 2)], 1)
-        # step j at position t predicts x_{t+2+j}: keep t when any step counts there
-        kept = torch.zeros(B, T, dtype=torch.bool, device=counted.device)
-        for j in range(steps):
-            kept |= counted[:, 2 + j : 2 + j + T]
-        kept = kept.reshape(-1).nonzero().squeeze(1)
+        # step j at position t predicts x_{t+2+j}: hits[j, t] says it counts; keep t when any step counts there.
+        # Few, whole-batch ops: on the host each small op can cost more in intra-op threading than in work.
+        hits = torch.stack([counted[:, 2 + j : 2 + j + T] for j in range(steps)]).view(steps, B * T)
+        kept = hits.any(0).nonzero().squeeze(1)
         needed = counted[:, 1 : T + 1].reshape(-1).nonzero().squeeze(1)
-        b, t = kept // T, kept % T
-        step_of, row_of = torch.stack([counted[b, t + 2 + j] for j in range(steps)]).nonzero().unbind(1)
+        step_of, row_of = hits.index_select(1, kept).nonzero().unbind(1)
         sizes = torch.bincount(step_of, minlength=steps).tolist()
         return cls((B, T), kept, needed, step_of, row_of, sizes)
 
