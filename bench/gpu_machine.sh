@@ -29,11 +29,12 @@ smollm2_gguf() {  # call 2: the whole GGUF where draftlab looks for the llm-smol
 }
 
 trainer_measurements() {  # trainer_measurements CODE_DIR: the real trainer against its step alone (BENCHMARKS.md);
-  # at most 3 x 110 + 100 + 2 x 70 = 570 s, within one call (the runs of 2026-12-01 took 40-90 s each)
+  # at most 3 x 110 + 100 + 2 x 70 = 570 s, within one call (the runs of 2026-12-01 took 40-90 s each; 45 s was
+  # too short for any of them on 2026-12-02: the synthetic pool and the compiled loss come first)
   (cd "$1" && export PYTHONPATH=$SITE:src
-   # the whole trainer on synthetic shards: as it is, with the rows listed on the device, with reads on the
-   # training thread; then profiled
-   for variant in "" --device-plan --sync-reads; do
+   # the whole trainer on synthetic shards: as it is, with the rows listed on the training thread, and on the
+   # device; then profiled
+   for variant in "" --plan-in-loop --device-plan; do
      timeout 110 python3 bench/trainer_speed.py --batch-tokens 16384 --samples 2048 --steps 200 $variant \
        | tee -a "$OUT"/trainer_speed.jsonl
    done

@@ -14,7 +14,8 @@ that the sweep's long epochs amortise: they are in the checkpoint and data-wait 
     python bench/trainer_speed.py --device cpu --batch-tokens 2048 --samples 300 --steps 12 --log-every 4 \
         --eval-every 6 --checkpoint-every 6
 
-`--device-plan` lists the packed rows on the device (the trainer before its host plan). `--sync-reads` reads
+`--device-plan` lists the packed rows on the device (the trainer before its host plan). `--plan-in-loop` lists
+them on the host but on the training thread (the trainer before its read-ahead worker did it). `--sync-reads` reads
 each batch on the training thread instead of the read-ahead worker: a worker building batches in Python takes the
 GIL from the thread that launches the step's kernels. `--profile N` records N steps (after the first
 `--profile-from`) with torch.profiler, CPU and CUDA, and writes the busiest operators by host and device time.
@@ -108,6 +109,8 @@ def main() -> None:
     ap.add_argument("--sync-reads", action="store_true", help="read batches on the training thread (no worker)")
     ap.add_argument("--device-plan", action="store_true",
                     help="list the packed rows on the device, as before the host plan (host syncs each step)")
+    ap.add_argument("--plan-in-loop", action="store_true",
+                    help="list the packed rows on the training thread, not on the read-ahead worker")
     ap.add_argument("--profile", type=int, default=0, help="steps to record with torch.profiler (0: none)")
     ap.add_argument("--profile-from", type=int, default=60, help="steps run before the profiled ones")
     ap.add_argument("--profile-out", type=Path, default=Path("trainer_profile.txt"))
@@ -143,6 +146,8 @@ def main() -> None:
         trainer._save = timed(totals, "checkpoint_s", trainer._save)
         if args.device_plan:  # the trainer lists no plan; packed_unroll then lists the rows on the device
             loop.PackedPlan = types.SimpleNamespace(of=lambda *args: None)
+        if args.plan_in_loop:  # prepare attaches nothing: _copy_to_device lists the rows on the training thread
+            trainer._attach_plan = lambda batch: batch
         if args.profile:
             profiled(trainer, args.profile_from, args.profile, args.profile_out)
         start = time.perf_counter()
@@ -153,7 +158,7 @@ def main() -> None:
     print(json.dumps({
         "device": args.device, "batch_tokens": args.batch_tokens, "prompt_frac": args.prompt_frac,
         "compile_loss": args.compile_loss, "packed": trainer.packed, "sync_reads": args.sync_reads,
-        "device_plan": args.device_plan,
+        "device_plan": args.device_plan, "plan_in_loop": args.plan_in_loop,
         "profiled_steps": args.profile, "threads": torch.get_num_threads(),
         "eval_every": args.eval_every, "checkpoint_every": args.checkpoint_every, "steps": result.steps,
         "read_only_s_per_batch": round(read_s, 4), "wall_s": round(wall, 2),
