@@ -46,7 +46,7 @@ def test_a_kept_split_is_read_once_and_gives_the_metrics_of_a_fresh_read(tmp_pat
 
 
 def test_a_split_over_the_limit_is_read_every_pass(tmp_path):
-    trainer, source = _trainer(tmp_path, "small", limit=1000)  # a few batches' bytes: the split does not fit
+    trainer, source = _trainer(tmp_path, "small", limit=1000)  # under one batch's bytes: the split does not fit
     first = trainer.evaluate()
     assert trainer.evaluate() == first and source.reads["val"] == 2 and not trainer._val_cache.kept
 

@@ -204,7 +204,8 @@ class FeatureSource:
         """Offline, the next PREFETCH batches are read on a worker thread while the caller trains, so slow reads
         (a cold page cache, a busy CPU: 0.2 s for a 32k-token SmolLM2 batch on our 2 cores) overlap the step. On
         the H200 host with warm shards the gain was small (BENCHMARKS.md). Same batches, same order either way.
-        `prepare`, when given, maps each batch on that worker too (the trainer lists its packed rows there)."""
+        `prepare`, when given, maps each batch: offline on that worker too (the trainer lists its packed rows
+        there), online in line."""
         plan = self._plan(split, epoch, batch_tokens, max_seq_len, seed, shuffle)
         if self.online:  # the target runs on the caller's device and stream: nothing to overlap on a thread
             for group in plan:

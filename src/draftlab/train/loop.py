@@ -19,7 +19,9 @@ this one: the packed unroll's rows are listed from the host batch (`PackedPlan`)
 window's sums stay on the device until it is logged or checkpointed (train/window.py).
 
 Data: `source.batches(split, epoch, batch_tokens, max_seq_len, seed, shuffle, prepare=None)` must give the same
-batches for the same arguments, each mapped by `prepare` when given (FeatureSource does it on its read-ahead worker); resume skips the batches of the current epoch that were already consumed.
+batches for the same arguments, each mapped by `prepare` when given (an offline FeatureSource maps them on its
+read-ahead worker, other sources in line); resume skips the batches of the current epoch that were already
+consumed.
 """
 
 from __future__ import annotations
@@ -159,8 +161,9 @@ class Trainer:
         return self._attach_plan if self.packed else None  # the data-parallel trainer turns packing off after init
 
     def _attach_plan(self, batch: dict) -> dict:
-        """The source's `prepare`: the packed rows listed off the training thread, on the source's read-ahead worker
-        (on a many-core host a string of small CPU ops costs more in intra-op threading than in work)."""
+        """The source's `prepare`: the packed rows listed where the source builds its batches, which for an offline
+        FeatureSource is its read-ahead worker, off the training thread (on a many-core host a string of small CPU
+        ops costs more in intra-op threading than in work)."""
         return dict(batch, packed_plan=PackedPlan.of(batch["loss_mask"], batch["attention_mask"], self.s.ttt_steps))
 
     def _copy_to_device(self, batch: dict) -> tuple[dict, PackedPlan | None]:
