@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from draftlab.data.features import FORMAT, FeatureSource, _Entry  # noqa: E402
 from draftlab.model.draft import DraftModelConfig, Eagle3Draft  # noqa: E402
-from draftlab.train.loop import build_optimizer  # noqa: E402
+from draftlab.train.optim import build_optimizer  # noqa: E402
 from draftlab.train.ttt import target_distribution, ttt_unroll  # noqa: E402
 
 H, V, VD = 576, 49152, 8192

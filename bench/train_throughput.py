@@ -37,7 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from draftlab.model.draft import DraftModelConfig, Eagle3Draft  # noqa: E402
-from draftlab.train.loop import build_optimizer  # noqa: E402
+from draftlab.train.optim import build_optimizer  # noqa: E402
 from draftlab.train.packed import PackedPlan, packed_unroll  # noqa: E402
 from draftlab.train.ttt import compiled_soft_ce, soft_ce, target_distribution, ttt_unroll  # noqa: E402
 

@@ -43,7 +43,7 @@ from train_data_path import H, V, smollm2_draft, synthetic_source  # noqa: E402
 
 from draftlab.data import features  # noqa: E402
 from draftlab.reporting import RecordingReporter  # noqa: E402
-from draftlab.train import loop  # noqa: E402
+from draftlab.train import device_batch  # noqa: E402
 from draftlab.train.loop import LoopSettings, Trainer  # noqa: E402
 
 
@@ -145,7 +145,7 @@ def main() -> None:
         trainer._validate = timed(totals, "validation_s", trainer._validate)
         trainer._save = timed(totals, "checkpoint_s", trainer._save)
         if args.device_plan:  # the trainer lists no plan; packed_unroll then lists the rows on the device
-            loop.PackedPlan = types.SimpleNamespace(of=lambda *args: None)
+            device_batch.PackedPlan = types.SimpleNamespace(of=lambda *args: None)
         if args.plan_in_loop:  # prepare attaches nothing: _copy_to_device lists the rows on the training thread
             trainer._attach_plan = lambda batch: batch
         if args.profile:

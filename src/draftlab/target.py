@@ -19,6 +19,7 @@ import torch
 
 from draftlab import fsutil
 from draftlab.fsutil import file_lock
+from draftlab.progress import bar
 
 log = logging.getLogger("draftlab.target")
 
@@ -87,8 +88,6 @@ def usable_prompts(tokenizer, prompts: list, max_tokens: int, limit: int, chunk:
     """The first `limit` of `prompts` (data.prompts.Prompt) within `max_tokens` once chat-templated, with their ids:
     what generate answers and preflight counts. A whole pool takes a while (52,741 ShareGPT prompts on the 2-core
     dev machine: 34.6 s one by one, 19.4 s in these chunks), hence the chunks and the bar."""
-    from draftlab.progress import bar
-
     if chunk < 1:
         raise ValueError(f"usable_prompts: chunk must be at least 1, got {chunk}")
     usable: list[tuple] = []

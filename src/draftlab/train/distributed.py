@@ -28,7 +28,8 @@ import torch.distributed as dist
 from torch.nn.attention import sdpa_kernel
 
 from draftlab import fsutil
-from draftlab.train.loop import TRAIN_ATTENTION, Trainer, build_optimizer
+from draftlab.train.loop import TRAIN_ATTENTION, Trainer
+from draftlab.train.optim import build_optimizer
 from draftlab.train.ttt import soft_ce, target_distribution, ttt_unroll
 
 log = logging.getLogger("draftlab")

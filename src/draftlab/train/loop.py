@@ -47,6 +47,8 @@ from draftlab.reporting import NullReporter, Reporter
 from draftlab.target import resolve_device
 from draftlab.train.checkpoint import (load_trainable, latest_checkpoint, read_checkpoint, resolve_checkpoint,
                                        trainable_state, write_checkpoint)
+from draftlab.train.device_batch import attach_plan, to_device, widen
+from draftlab.train.optim import autocast_dtype, build_optimizer
 from draftlab.train.packed import PackedPlan, packed_unroll
 from draftlab.train.schedule import budget_steps, lr_factor, watch_plateau
 from draftlab.train.ttt import STATS, soft_ce_for, summarize, target_distribution, ttt_unroll
@@ -81,26 +83,6 @@ class TrainResult:
     best_weights: Path  # trainable weights of the best validation pass (safetensors)
     steps: int = 0
     extras: dict[str, Any] = field(default_factory=dict)
-
-
-def autocast_dtype(device: torch.device, dtype: str) -> torch.dtype | None:
-    """None = plain fp32. Master weights stay fp32 either way; autocast runs the matmuls in bf16."""
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else None
-    if dtype == "float32":
-        return None
-    if dtype == "float16":
-        raise ValueError("train.dtype: float16 needs loss scaling, which draftlab does not do; use bfloat16")
-    return torch.bfloat16
-
-
-def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, device: torch.device):
-    """AdamW with the EAGLE-3 paper's betas; no weight decay on norms (1-D weights). Fused on CUDA and on the
-    CPU too (one pass over each tensor: 6x faster than the foreach path on the CPU, where it was 4% of a step)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
-              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type in ("cuda", "cpu"))
 
 
 def _batches_per_epoch(source, s: LoopSettings) -> int:
@@ -151,33 +133,20 @@ class Trainer:
 
     # ------------------------------------------------------------------ one batch
     def _to_device(self, batch: dict) -> tuple[dict, PackedPlan | None]:
-        """The batch on the device, widened, and the packed unroll's plan listed from its host copy
-        (train/packed.py)."""
+        """The batch on the device, widened, and its packed plan (train/device_batch.py)."""
         out, plan = self._copy_to_device(batch)
-        return self._widen(out), plan
+        return widen(out), plan
+
+    def _copy_to_device(self, batch: dict) -> tuple[dict, PackedPlan | None]:
+        return to_device(batch, self.device, self.s.ttt_steps if self.packed else None)
 
     @property
     def _prepare(self):
+        """What the source maps each batch with: the packed plan listed where it builds batches (none unpacked)."""
         return self._attach_plan if self.packed else None  # the data-parallel trainer turns packing off after init
 
     def _attach_plan(self, batch: dict) -> dict:
-        """The source's `prepare`: the packed rows listed where the source builds its batches, which for an offline
-        FeatureSource is its read-ahead worker, off the training thread (on a many-core host a string of small CPU
-        ops costs more in intra-op threading than in work)."""
-        return dict(batch, packed_plan=PackedPlan.of(batch["loss_mask"], batch["attention_mask"], self.s.ttt_steps))
-
-    def _copy_to_device(self, batch: dict) -> tuple[dict, PackedPlan | None]:
-        plan = batch.get("packed_plan")
-        if self.packed and plan is None:
-            plan = PackedPlan.of(batch["loss_mask"], batch["attention_mask"], self.s.ttt_steps)
-        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()
-                if torch.is_tensor(v) and k != "sample_index"}, plan
-
-    @staticmethod
-    def _widen(batch: dict) -> dict:
-        # batches come in the pool's dtype (half the bytes to copy and to keep); widened on the device, as the
-        # reader did before: a draft whose features need no fc (one target layer) takes them as its fp32 residual
-        return dict(batch, features=batch["features"].float(), last_hidden=batch["last_hidden"].float())
+        return attach_plan(batch, self.s.ttt_steps)
 
     def _forward(self, batch: dict, plan: PackedPlan | None = None):
         m = self.model
@@ -201,7 +170,7 @@ class Trainer:
 
         with torch.no_grad():
             for batch, plan in self._val_cache.passes(split, read):  # on a GPU, read once (train/val_cache.py)
-                _, stats = self._forward(self._widen(batch), plan)
+                _, stats = self._forward(widen(batch), plan)
                 total = stats if total is None else total + stats
         self.model.train()
         if total is None or float(total[STATS.index("n"), 0]) == 0:
