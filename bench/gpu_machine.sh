@@ -48,6 +48,17 @@ trainer_measurements() {  # trainer_measurements CODE_DIR: the real trainer agai
    done)
 }
 
+compile_measurements() {  # compile_measurements CODE_DIR: the trainer with the eager unroll, then compiled
+  # (train.compile_unroll), alternated; the compiler's cache goes to a throwaway folder so that a later headline run
+  # compiles cold, as a user's first run does. At most 2 x 120 + 2 x 300 = 840 s: one call holds the first pair.
+  (cd "$1" && export PYTHONPATH=$SITE:src TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-ab
+   for variant in ${COMPILE_VARIANTS:-false true}; do
+     limit=120; [ "$variant" = true ] && limit=300
+     timeout $limit python3 bench/trainer_speed.py --batch-tokens 16384 --samples 2048 --steps 200 \
+       --compile-unroll $variant | tee -a "$OUT"/trainer_compile.jsonl
+   done)
+}
+
 # Detached jobs. A device call runs at most 10 minutes, so a long job starts detached (setsid: it outlives the call
 # on a warm machine, seen 2026-12-01), logs to $ROOT/log-NAME.txt and writes its exit code to $ROOT/rc/NAME; a later
 # call relaunches a job that died without one, and the job resumes (every stage does). The caller sets ROOT, and

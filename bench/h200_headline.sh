@@ -11,8 +11,10 @@
 #   only 49,916 were left, and the run of 2026-12-01 stopped there: BENCHMARKS.md)
 # Calls, back to back on one machine (.gguf-a/.gguf-b: SmolLM2's GGUF in halves, see bench/gpu_machine.sh):
 #   call 1 (carry .whl .gguf-a .speed/site .headline): [PROFILE=1] bash .headline/main/bench/h200_headline.sh install
-#     (PROFILE=1: first the trainer against its step alone, bench/gpu_machine.sh trainer_measurements, ~4 min)
+#     (PROFILE=1: first the trainer against its step alone, bench/gpu_machine.sh trainer_measurements, ~4 min;
+#      COMPILE_AB=1: the trainer with the eager and the compiled unroll, compile_measurements, ~5 min)
 #   call 2 (carry .gguf-b .whl-tf):                     bash /tmp/headline/main/bench/h200_headline.sh start
+#     (EXTRA="train.compile_unroll=false ..." adds overrides to the run)
 #   call 3.. (nothing carried):             BUDGET=560 bash /tmp/headline/main/bench/h200_headline.sh watch
 # What comes back: $OUT/headline.tgz (the job's results.json with every stage's seconds, and log-headline.txt). The end-to-end
 # time is the log's first to last timestamp; import the job with `python -m draftlab import-runs`.
@@ -28,7 +30,7 @@ launch() {  # starts the run unless it is running or finished
   DRAFTLAB_GIT_COMMIT=$(cat $H/COMMIT) && export DRAFTLAB_GIT_COMMIT
   start_detached headline "cd $H/main && PYTHONPATH=$SITE:$H/main/src python3 src/run.py hardware=gpu \
     data.samples=50000 data.source=jsonl data.path=$ROOT/headline_prompts.jsonl paths.root=$ROOT \
-    tracking.enabled=false hydra.run.dir=$ROOT/e2e"
+    tracking.enabled=false hydra.run.dir=$ROOT/e2e ${EXTRA:-}"
   echo "launched the headline run at $(date -u +%T)"
 }
 
@@ -45,6 +47,7 @@ install)
   install_wheels .whl && keep_first_half && rm -rf $H && cp -r .headline $H
   gunzip -c $H/prompts.jsonl.gz > $ROOT/headline_prompts.jsonl && wc -l $ROOT/headline_prompts.jsonl
   [ "${PROFILE:-0}" = 1 ] && trainer_measurements $H/main
+  [ "${COMPILE_AB:-0}" = 1 ] && compile_measurements $H/main
   nproc; df -h /tmp | tail -n 1 ;;  # 50,000 samples take about 39 GB of shards
 start)
   install_wheels .whl-tf && smollm2_gguf || exit 1

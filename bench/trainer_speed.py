@@ -14,6 +14,8 @@ that the sweep's long epochs amortise: they are in the checkpoint and data-wait 
     python bench/trainer_speed.py --device cpu --batch-tokens 2048 --samples 300 --steps 12 --log-every 4 \
         --eval-every 6 --checkpoint-every 6
 
+`--compile-unroll false` runs the eager unroll (the trainer before train.compile_unroll); the JSON gives the
+seconds spent compiling (`compile_s`, in the first step and the first validation pass) and the rates without them.
 `--device-plan` lists the packed rows on the device (the trainer before its host plan). `--plan-in-loop` lists
 them on the host but on the training thread (the trainer before its read-ahead worker did it). `--sync-reads` reads
 each batch on the training thread instead of the read-ahead worker: a worker building batches in Python takes the
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import tempfile
 import time
@@ -105,6 +108,7 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--checkpoint-every", type=int, default=100)
     ap.add_argument("--compile-loss", default="auto")
+    ap.add_argument("--compile-unroll", default="auto", help="train.compile_unroll: auto (= on CUDA) | true | false")
     ap.add_argument("--read-batches", type=int, default=20, help="batches timed for the read-only pass")
     ap.add_argument("--sync-reads", action="store_true", help="read batches on the training thread (no worker)")
     ap.add_argument("--device-plan", action="store_true",
@@ -115,6 +119,7 @@ def main() -> None:
     ap.add_argument("--profile-from", type=int, default=60, help="steps run before the profiled ones")
     ap.add_argument("--profile-out", type=Path, default=Path("trainer_profile.txt"))
     args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)  # compiles, passes
     if args.sync_reads:
         features.ThreadPoolExecutor = InlineExecutor
 
@@ -122,7 +127,8 @@ def main() -> None:
     lm_head = torch.randn(V, H) * 0.02
     settings = LoopSettings(max_steps=args.steps, epochs=None, eval_every=args.eval_every, early_stop_patience=None,
                             batch_tokens=args.batch_tokens, log_every=args.log_every,
-                            checkpoint_every=args.checkpoint_every, device=args.device, compile_loss=args.compile_loss)
+                            checkpoint_every=args.checkpoint_every, device=args.device, compile_loss=args.compile_loss,
+                            compile_unroll=args.compile_unroll)
     totals = {"data_wait_s": 0.0, "validation_s": 0.0, "checkpoint_s": 0.0}
     with tempfile.TemporaryDirectory(prefix="trainer-speed-") as tmp:
         source = synthetic_source(Path(tmp), args.samples, args.seq, prompt_frac=args.prompt_frac, val_every=8)
@@ -155,14 +161,19 @@ def main() -> None:
         wall = time.perf_counter() - start
     tokens = source.num_tokens("train") * result.final["train/epochs_seen"]
     rest = wall - sum(totals.values())
+    compile_s = trainer.core.compile_seconds if trainer.core is not None else 0.0  # training and validation graphs
     print(json.dumps({
         "device": args.device, "batch_tokens": args.batch_tokens, "prompt_frac": args.prompt_frac,
-        "compile_loss": args.compile_loss, "packed": trainer.packed, "sync_reads": args.sync_reads,
+        "compile_loss": args.compile_loss, "compile_unroll": args.compile_unroll,
+        "unroll_compiled": trainer.core is not None and trainer.core.failed is None, "packed": trainer.packed, "sync_reads": args.sync_reads,
         "device_plan": args.device_plan, "plan_in_loop": args.plan_in_loop,
         "profiled_steps": args.profile, "threads": torch.get_num_threads(),
         "eval_every": args.eval_every, "checkpoint_every": args.checkpoint_every, "steps": result.steps,
         "read_only_s_per_batch": round(read_s, 4), "wall_s": round(wall, 2),
         "steps_per_s": round(result.steps / wall, 2), "tokens_per_s": round(tokens / wall, 1),
+        # compiling happens once a run: the rate without it is what a long run converges to
+        "compile_s": round(compile_s, 1), "steps_per_s_without_compile": round(result.steps / (wall - compile_s), 2),
+        "tokens_per_s_without_compile": round(tokens / (wall - compile_s), 1),
         **{k: round(v, 2) for k, v in totals.items()}, "rest_s": round(rest, 2),
         "rest_s_per_step": round(rest / max(result.steps, 1), 4),
     }), flush=True)

@@ -49,8 +49,9 @@ STAGES: dict[str, StageSpec] = {
 # a sweep's analysis never compares runs on them (`fingerprinted`). tests/test_stage_reads.py checks that every key
 # a stage reads is in its reads or here.
 NOT_FINGERPRINTED = {"train.log_every", "train.device", "train.strategy", "serve.host", "serve.port", "serve.python",
-                     # the same loss and gradients, compiled or not (tests/test_compiled_loss.py): a speed setting
-                     "train.compile_loss",
+                     # the same loss and gradients, compiled or not (tests/test_compiled_loss.py,
+                     # tests/test_compiled_unroll.py): speed settings
+                     "train.compile_loss", "train.compile_unroll",
                      "target.device", "target.device_map",
                      "data.shard_size", "extract.batch_size", "extract.shard_size",
                      # a resumed run ends bit-identical wherever it was checkpointed (tests/test_train_loop.py)

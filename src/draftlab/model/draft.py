@@ -166,7 +166,9 @@ def ttt_attention(q: Tensor, k0: Tensor, v0: Tensor, diag_k: list[Tensor], diag_
     width = -(-2 * j // 8) * 8  # flash kernels want head dims that are multiples of 8
     extra_q = torch.stack([hi, lo], -1).reshape(B, H, T, 2 * j)
     qx = torch.cat([q.new_zeros(B, H, j, D + width), torch.cat([q, F.pad(extra_q, (0, width - 2 * j))], -1)], 2)
-    null_k, null_v = _null_keys(j, D, width, q.dtype, q.device)
+    # under torch.compile the builder is traced (its zeros become constants of the graph), not its cache
+    null_keys = _null_keys.__wrapped__ if torch.compiler.is_compiling() else _null_keys
+    null_k, null_v = null_keys(j, D, width, q.dtype, q.device)
     kx = torch.cat([null_k.expand(B, H, j, D + width), F.pad(_repeat_kv(k0, n_rep), (0, width))], 2)
     vx = torch.cat([null_v.expand(B, H, j, D + width), F.pad(_repeat_kv(v0, n_rep), (0, width))], 2)
     out = F.scaled_dot_product_attention(qx, kx, vx, is_causal=True, scale=1 / math.sqrt(D))[:, :, j:]

@@ -45,6 +45,7 @@ from draftlab.config import TrainConfig
 from draftlab.model.draft import Eagle3Draft
 from draftlab.reporting import NullReporter, Reporter
 from draftlab.target import resolve_device
+from draftlab.train.compiled_unroll import unroll_core_for
 from draftlab.train.checkpoint import (load_trainable, latest_checkpoint, read_checkpoint, resolve_checkpoint,
                                        trainable_state, write_checkpoint)
 from draftlab.train.device_batch import attach_plan, to_device, widen
@@ -119,6 +120,8 @@ class Trainer:
         self.packed = True
         self.max_kept = 1.0 if self.device.type == "cpu" else PACKED_MAX_KEPT
         self.ce = soft_ce_for(settings.compile_loss, self.device, self.amp or torch.float32)
+        # the packed unroll's draft forward and loss as one compiled graph (train/compiled_unroll.py); None = eager
+        self.core = unroll_core_for(settings.compile_unroll, self.device)
         self._data_wait = 0.0  # seconds this log window waited for batches (train/data_wait_frac)
         self._pending = PendingSums()  # the log window's sums since it was last folded, on the device
         self._val_cache = ValidationCache(self.device)
@@ -154,7 +157,7 @@ class Trainer:
         with amp, sdpa_kernel(TRAIN_ATTENTION):
             if self.packed:
                 return packed_unroll(m, batch, self.lm_head, self.s.ttt_steps, self.s.loss_decay, ce=self.ce,
-                                     max_kept=self.max_kept, plan=plan)
+                                     max_kept=self.max_kept, plan=plan, core=self.core)
             targets = target_distribution(batch["last_hidden"], self.lm_head, m.d2t, m.t2d, top=batch.get("target_top"))
             return ttt_unroll(m, batch, targets, self.s.ttt_steps, self.s.loss_decay, ce=self.ce)
 

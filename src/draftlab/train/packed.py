@@ -163,26 +163,38 @@ def _step(model: Eagle3Draft, ids: Tensor, hidden: Tensor, cos: Tensor, sin: Ten
 
 def packed_unroll(model: Eagle3Draft, batch: dict[str, Tensor], lm_head: Tensor, steps: int, decay: float,
                   loss_norm: Tensor | None = None, ce=soft_ce, max_kept: float = 1.0,
-                  plan: PackedPlan | None = None) -> tuple[Tensor, Tensor]:
+                  plan: PackedPlan | None = None, core=None) -> tuple[Tensor, Tensor]:
     """`ttt_unroll(model, batch, target_distribution(...), steps, decay)` at the positions that count;
     returns (loss, stats [len(STATS), steps] float64). `lm_head` is the target head (the teacher), `ce` the soft
     cross-entropy. When more than `max_kept` of the batch's positions count, the padded unroll runs instead: the
     gathers and scatters then cost more than the positions they save (on a GPU; BENCHMARKS.md). `plan`: the
     batch's `PackedPlan`, built from its host copy (else here, from its masks, with host syncs on a GPU); with it,
-    the unroll has no data-dependent size to read back (tests/test_packed_unroll.py runs it on the meta device)."""
-    ids, feats = batch["input_ids"], batch["features"]
+    the unroll has no data-dependent size to read back (tests/test_packed_unroll.py runs it on the meta device).
+    `core`: what computes the packed unroll once the plan is on the device (`packed_core`, or its compiled form:
+    train/compiled_unroll.py)."""
+    ids = batch["input_ids"]
     B, T = ids.shape
-    dev = ids.device
     if plan is None:
         plan = PackedPlan.of(batch["loss_mask"], batch["attention_mask"], steps)
     if plan.shape != (B, T):
         raise ValueError(f"packed_unroll: the plan is for a {plan.shape} batch, this batch is {(B, T)}")
-    plan = plan.to(dev)
-    rows = Rows(plan.kept, (B, T))
+    plan = plan.to(ids.device)
+    kept = len(plan.kept)
     # nothing counts (the padded unroll gives the zero loss its graph), or too much counts for packing to pay
-    if len(rows) == 0 or len(rows) > max_kept * B * T:
+    if kept == 0 or kept > max_kept * B * T:
         targets = target_distribution(batch["last_hidden"], lm_head, model.d2t, model.t2d, top=batch.get("target_top"))
         return ttt_unroll(model, batch, targets, steps, decay, loss_norm=loss_norm, ce=ce)
+    return (core or packed_core)(model, batch, lm_head, plan, steps, decay, loss_norm, ce)
+
+
+def packed_core(model: Eagle3Draft, batch: dict[str, Tensor], lm_head: Tensor, plan: PackedPlan, steps: int,
+                decay: float, loss_norm: Tensor | None, ce) -> tuple[Tensor, Tensor]:
+    """The packed unroll proper, given the batch's plan on its device (at least one kept row): straight-line tensor
+    code whose sizes all come from the plan's tensors and `sizes`, so one dynamic-shape graph covers every batch."""
+    ids, feats = batch["input_ids"], batch["features"]
+    B, T = ids.shape
+    dev = ids.device
+    rows = Rows(plan.kept, (B, T))
     targets = RowTargets(batch["last_hidden"], lm_head, model.d2t, model.t2d, Rows(plan.needed, (B, T)),
                          top=batch.get("target_top"))
     ids_ext = torch.cat([ids, ids.new_zeros(B, steps + 1)], 1)

@@ -1,0 +1,75 @@
+"""The packed unroll under torch.compile: one graph for the whole draft forward and loss of a training step.
+
+On a GPU the eager step is host-bound: about 1,800 kernel launches a step, queued in ~85 ms while the GPU needs
+~44 ms, most of it small elementwise kernels (norms, RoPE, casts, the loss; the matmuls are ~5 ms; BENCHMARKS.md,
+the trainer profile). Compiled, the elementwise chains fuse and the host queues far fewer launches.
+
+Every batch has its own sizes (batch rows, length, kept rows, pairs per step), so the graph is built with
+dynamic shapes: one forward-and-backward graph for training and one forward for validation, compiled at their
+first batch and reused for every later one. Duck sizing is off: two sizes that happen to be equal in the first
+batch (say the kept rows and the hidden width) would otherwise be assumed equal and force a recompile later.
+Each compile is logged with its time, so a recompile in the middle of a run is seen, not guessed from a slow step.
+
+A machine where torch.compile cannot build the graph (no Triton, no C++ compiler) trains with the eager core,
+which computes the same loss, gradients and stats (tests/test_compiled_unroll.py), and says so once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+import torch._dynamo
+from torch.fx.experimental import _config as fx_config
+
+from draftlab.train.packed import packed_core
+from draftlab.train.ttt import soft_ce
+
+log = logging.getLogger("draftlab")
+
+
+def _graphs() -> int:
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+class CompiledUnroll:
+    """`packed_core` under torch.compile (dynamic shapes); the eager core after a failure to build it. Callable as
+    `packed_unroll`'s `core`. The loss inside is the plain `soft_ce`, fused into the graph with the rest (the `ce`
+    argument, which may be the separately compiled loss, is not traced)."""
+
+    def __init__(self, backend: str = "inductor") -> None:
+        self._compiled = torch.compile(packed_core, dynamic=True, backend=backend)
+        self.failed: Exception | None = None
+        self.compile_seconds = 0.0  # spent in calls that built a graph
+
+    def __call__(self, model, batch, lm_head, plan, steps, decay, loss_norm, ce):
+        args = (model, batch, lm_head, plan, steps, decay, loss_norm)
+        if self.failed is not None:
+            return packed_core(*args, ce)
+        graphs, started = _graphs(), time.perf_counter()
+        try:
+            with fx_config.patch(use_duck_shape=False):
+                out = self._compiled(*args, soft_ce)
+        except torch._dynamo.exc.TorchDynamoException as error:  # BackendCompilerFailed, Unsupported, ...
+            self.failed = error
+            log.warning("train: torch.compile of the unroll failed (%s: %s); training with the eager unroll "
+                        "(train.compile_unroll=false skips the attempt)", type(error).__name__, str(error)[:300])
+            return packed_core(*args, ce)
+        if _graphs() > graphs:
+            seconds = time.perf_counter() - started
+            self.compile_seconds += seconds
+            log.info("train: compiled the unroll's %s graph in %.1f s (%d graphs so far)",
+                     "training" if torch.is_grad_enabled() else "validation", seconds, _graphs())
+        return out
+
+
+def unroll_core_for(choice: str, device: torch.device) -> CompiledUnroll | None:
+    """train.compile_unroll: auto = compiled on CUDA, eager elsewhere (a CPU step is matmul-bound, and compiling
+    takes minutes on two cores); None means the eager `packed_core`."""
+    choice = str(choice).lower()  # a YAML true arrives as "True" in the str field
+    if choice not in ("auto", "true", "false"):
+        raise ValueError(f"train.compile_unroll: {choice!r}; expected auto, true or false")
+    if device.type == "cuda" if choice == "auto" else choice == "true":
+        return CompiledUnroll()
+    return None
