@@ -40,7 +40,7 @@ def test_compiled_unroll_equals_eager_and_keeps_one_graph_across_shapes(caplog):
         except torch._dynamo.exc.BackendCompilerFailed as error:  # no C++ compiler on this machine
             pytest.skip(f"inductor cannot build here: {error}")
     assert core.failed is None and compiled_unroll._graphs() == graphs + 1
-    assert "compiled the unroll's training graph" in caplog.text
+    assert "compiled the unroll in" in caplog.text
     for b in (batch, _cropped(batch, 3, 12)):  # the second shape must reuse the first graph
         loss_c, stats_c, grads_c = got if b is batch else _run(_unroll(model, b, lm_head, core), model)
         loss_e, stats_e, grads_e = _run(_unroll(model, b, lm_head), model)

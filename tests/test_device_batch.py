@@ -1,5 +1,6 @@
 """Batches on their way to the device (train/device_batch.py): the packed plan the source attaches is the one the
-unroll gets, and training with it equals training with the plan listed in the loop."""
+unroll gets, and training with it equals training with the plan listed in the loop; padding
+the length (what a compiled unroll is fed) changes no result."""
 
 from __future__ import annotations
 
@@ -45,3 +46,33 @@ def test_the_packed_plan_comes_from_the_source_and_trains_as_one_built_in_the_lo
     assert used["in the loop"] and not any(used["in the loop"])
     for k, v in weights["attached"].items():
         assert torch.equal(v, weights["in the loop"][k]), k
+
+
+def test_padding_to_a_multiple_of_8_changes_nothing_but_the_shape():
+    """What a compiled unroll is fed (train/device_batch.py): the batch padded past every sequence's end, with its plan
+    listed for the padded length, gives the loss, stats and gradients of the batch as read."""
+    from draftlab.train.device_batch import attach_plan, to_device
+    from draftlab.train.packed import packed_unroll
+    from test_packed_unroll import _batch, _run
+    from test_ttt import _model as tiny_model
+
+    model = tiny_model(layers=2)
+    batch, lm_head = _batch()  # 15 positions
+    results = {}
+    for multiple in (1, 8):
+        on_device, plan = to_device(attach_plan(batch, 3, multiple), torch.device("cpu"), 3)
+        assert plan.shape == (4, 15 if multiple == 1 else 16) and on_device["features"].shape[1] == plan.shape[1]
+        results[multiple] = _run(lambda: packed_unroll(model, on_device, lm_head, 3, 0.8, plan=plan), model)
+        # the padded (all positions) unroll too: the positions added are never attended to by a real one
+        results[multiple, "padded"] = _run(lambda: packed_unroll(model, on_device, lm_head, 3, 0.8, plan=plan,
+                                                                 max_kept=0.0), model)
+    for key in (8, (8, "padded")):
+        loss, stats, grads = results[key]
+        want_loss, want_stats, want_grads = results[1 if key == 8 else (1, "padded")]
+        assert torch.allclose(loss, want_loss, rtol=1e-6) and torch.allclose(stats, want_stats, rtol=1e-6, atol=1e-6)
+        assert grads.keys() == want_grads.keys()
+        for name, grad in grads.items():
+            assert torch.allclose(grad, want_grads[name], rtol=1e-5, atol=1e-7), (key, name)
+    # a plan listed in the loop pads the same way
+    on_device, plan = to_device(batch, torch.device("cpu"), 3, multiple=8)
+    assert plan.shape == (4, 16) and all(v.shape[1] == 16 for v in on_device.values())

@@ -5,10 +5,16 @@ On a GPU the eager step is host-bound: about 1,800 kernel launches a step, queue
 the trainer profile). Compiled, the elementwise chains fuse and the host queues far fewer launches.
 
 Every batch has its own sizes (batch rows, length, kept rows, pairs per step), so the graph is built with
-dynamic shapes: one forward-and-backward graph for training and one forward for validation, compiled at their
-first batch and reused for every later one. Duck sizing is off: two sizes that happen to be equal in the first
-batch (say the kept rows and the hidden width) would otherwise be assumed equal and force a recompile later.
-Each compile is logged with its time, so a recompile in the middle of a run is seen, not guessed from a slow step.
+dynamic shapes: one forward-and-backward graph, compiled at the first batch and reused for every later one. What
+would make the compiler build more (each build took 11-100 s on the H200):
+- duck sizing, off here: two sizes that happen to be equal in the first batch (say the kept rows and the hidden
+  width) would be assumed equal, and the first batch where they differ would recompile;
+- the length's remainder modulo 8 (alignment checks): the trainer pads batches to a multiple of 8
+  (train/device_batch.py);
+- a chunk count (the teacher's rows are formed in one piece when compiled: train/ttt.py).
+Validation runs eager: a forward-only graph would be a second compile (~85 s cold on the H200), for passes over
+cached batches that take 0.1-2 s. Each compile is logged with its time, so a recompile in the middle of a run is seen,
+not guessed from a slow step.
 
 A machine where torch.compile cannot build the graph (no Triton, no C++ compiler) trains with the eager core,
 which computes the same loss, gradients and stats (tests/test_compiled_unroll.py), and says so once.
@@ -45,7 +51,7 @@ class CompiledUnroll:
 
     def __call__(self, model, batch, lm_head, plan, steps, decay, loss_norm, ce):
         args = (model, batch, lm_head, plan, steps, decay, loss_norm)
-        if self.failed is not None:
+        if self.failed is not None or not torch.is_grad_enabled():  # validation: eager (module docstring)
             return packed_core(*args, ce)
         graphs, started = _graphs(), time.perf_counter()
         try:
@@ -59,8 +65,7 @@ class CompiledUnroll:
         if _graphs() > graphs:
             seconds = time.perf_counter() - started
             self.compile_seconds += seconds
-            log.info("train: compiled the unroll's %s graph in %.1f s (%d graphs so far)",
-                     "training" if torch.is_grad_enabled() else "validation", seconds, _graphs())
+            log.info("train: compiled the unroll in %.1f s (%d graphs so far)", seconds, _graphs())
         return out
 
 

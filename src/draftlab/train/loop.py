@@ -120,8 +120,8 @@ class Trainer:
         self.packed = True
         self.max_kept = 1.0 if self.device.type == "cpu" else PACKED_MAX_KEPT
         self.ce = soft_ce_for(settings.compile_loss, self.device, self.amp or torch.float32)
-        # the packed unroll's draft forward and loss as one compiled graph (train/compiled_unroll.py); None = eager
-        self.core = unroll_core_for(settings.compile_unroll, self.device)
+        self.core = unroll_core_for(settings.compile_unroll, self.device)  # train/compiled_unroll.py; None = eager
+        self.length_multiple = 8 if self.core is not None else 1  # its batches' padding (train/device_batch.py)
         self._data_wait = 0.0  # seconds this log window waited for batches (train/data_wait_frac)
         self._pending = PendingSums()  # the log window's sums since it was last folded, on the device
         self._val_cache = ValidationCache(self.device)
@@ -135,13 +135,12 @@ class Trainer:
                 "stopped_early": False, "last_eval_step": None}
 
     # ------------------------------------------------------------------ one batch
-    def _to_device(self, batch: dict) -> tuple[dict, PackedPlan | None]:
-        """The batch on the device, widened, and its packed plan (train/device_batch.py)."""
+    def _to_device(self, batch: dict) -> tuple[dict, PackedPlan | None]:  # widened, with its plan
         out, plan = self._copy_to_device(batch)
         return widen(out), plan
 
-    def _copy_to_device(self, batch: dict) -> tuple[dict, PackedPlan | None]:
-        return to_device(batch, self.device, self.s.ttt_steps if self.packed else None)
+    def _copy_to_device(self, batch: dict) -> tuple[dict, PackedPlan | None]:  # in the pool's dtype
+        return to_device(batch, self.device, self.s.ttt_steps if self.packed else None, self.length_multiple)
 
     @property
     def _prepare(self):
@@ -149,7 +148,7 @@ class Trainer:
         return self._attach_plan if self.packed else None  # the data-parallel trainer turns packing off after init
 
     def _attach_plan(self, batch: dict) -> dict:
-        return attach_plan(batch, self.s.ttt_steps)
+        return attach_plan(batch, self.s.ttt_steps, self.length_multiple)
 
     def _forward(self, batch: dict, plan: PackedPlan | None = None):
         m = self.model

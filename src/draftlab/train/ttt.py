@@ -70,7 +70,9 @@ def draft_rows_distribution(last_hidden: Tensor, lm_head: Tensor, d2t: Tensor, t
     draft_ids = torch.arange(len(d2t), device=d2t.device) + d2t
     head = lm_head.index_select(0, draft_ids.to(lm_head.device))  # [Vd, H]: 8192 x 576 for SmolLM2, cheap
     flat = last_hidden.reshape(B * T, -1)
-    probs = [(rows.to(head.dtype) @ head.T).float().softmax(-1) for rows in flat.split(chunk)]
+    # compiled, in one piece: a chunk count would be a guard, and every batch size past it a new graph
+    pieces = [flat] if torch.compiler.is_compiling() else flat.split(chunk)
+    probs = [(rows.to(head.dtype) @ head.T).float().softmax(-1) for rows in pieces]
     top = top.to(device=last_hidden.device, dtype=torch.long).view(B, T)
     return Targets(torch.cat(probs).view(B, T, -1), top, t2d[top])
 
