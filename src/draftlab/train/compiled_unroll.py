@@ -11,7 +11,10 @@ would make the compiler build more (each build took 11-100 s on the H200):
   width) would be assumed equal, and the first batch where they differ would recompile;
 - the length's remainder modulo 8 (alignment checks): the trainer pads batches to a multiple of 8
   (train/device_batch.py);
-- a chunk count (the teacher's rows are formed in one piece when compiled: train/ttt.py).
+- a chunk count (the teacher's rows are formed in one piece when compiled: train/ttt.py);
+- Inductor's mix-order reduction fusion, off here: it fuses two reductions only above a size (5 Mi elements, e.g.
+  576 x the kept rows), and that test became a guard, so batches on either side of it had graphs of their own
+  (seen on the H200 with torch 2.11: 3 graphs in 300 steps; torch/_inductor/scheduler.py, MixOrderReduction).
 Validation runs eager: a forward-only graph would be a second compile (~85 s cold on the H200), for passes over
 cached batches that take 0.1-2 s. Each compile is logged with its time, so a recompile in the middle of a run is seen,
 not guessed from a slow step.
@@ -27,6 +30,7 @@ import time
 
 import torch
 import torch._dynamo
+from torch._inductor import config as inductor_config
 from torch.fx.experimental import _config as fx_config
 
 from draftlab.train.packed import packed_core
@@ -45,7 +49,10 @@ class CompiledUnroll:
     argument, which may be the separately compiled loss, is not traced)."""
 
     def __init__(self, backend: str = "inductor") -> None:
-        self._compiled = torch.compile(packed_core, dynamic=True, backend=backend)
+        options = None
+        if backend == "inductor" and hasattr(inductor_config.triton, "mix_order_reduction"):
+            options = {"triton.mix_order_reduction": False}  # its size test is a guard (module docstring)
+        self._compiled = torch.compile(packed_core, dynamic=True, backend=backend, options=options)
         self.failed: Exception | None = None
         self.compile_seconds = 0.0  # spent in calls that built a graph
 
