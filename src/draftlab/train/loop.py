@@ -45,9 +45,9 @@ from draftlab.config import TrainConfig
 from draftlab.model.draft import Eagle3Draft
 from draftlab.reporting import NullReporter, Reporter
 from draftlab.target import resolve_device
-from draftlab.train.compiled_unroll import unroll_core_for
 from draftlab.train.checkpoint import (load_trainable, latest_checkpoint, read_checkpoint, resolve_checkpoint,
                                        trainable_state, write_checkpoint)
+from draftlab.train.compiled_unroll import unroll_core_for
 from draftlab.train.device_batch import attach_plan, to_device, widen
 from draftlab.train.optim import autocast_dtype, build_optimizer
 from draftlab.train.packed import PackedPlan, packed_unroll
