@@ -15,7 +15,7 @@ that the sweep's long epochs amortise: they are in the checkpoint and data-wait 
         --eval-every 6 --checkpoint-every 6
 
 `--compile-unroll false` runs the eager unroll (the trainer before train.compile_unroll); the JSON gives the
-seconds spent compiling (`compile_s`, in the first step and the first validation pass) and the rates without them.
+seconds spent building graphs (`compile_s`: the first step's, and any recompile's) and the rates without them.
 `--device-plan` lists the packed rows on the device (the trainer before its host plan). `--plan-in-loop` lists
 them on the host but on the training thread (the trainer before its read-ahead worker did it). `--sync-reads` reads
 each batch on the training thread instead of the read-ahead worker: a worker building batches in Python takes the
@@ -161,11 +161,13 @@ def main() -> None:
         wall = time.perf_counter() - start
     tokens = source.num_tokens("train") * result.final["train/epochs_seen"]
     rest = wall - sum(totals.values())
-    compile_s = trainer.core.compile_seconds if trainer.core is not None else 0.0  # training and validation graphs
+    compile_s = trainer.core.compile_seconds if trainer.core is not None else 0.0  # every graph built (validation: eager)
     print(json.dumps({
         "device": args.device, "batch_tokens": args.batch_tokens, "prompt_frac": args.prompt_frac,
         "compile_loss": args.compile_loss, "compile_unroll": args.compile_unroll,
-        "unroll_compiled": trainer.core is not None and trainer.core.failed is None, "packed": trainer.packed, "sync_reads": args.sync_reads,
+        "unroll_compiled": trainer.core is not None and trainer.core.failed is None,
+        "unroll_graphs": trainer.core.graphs if trainer.core is not None else 0,
+        "packed": trainer.packed, "sync_reads": args.sync_reads,
         "device_plan": args.device_plan, "plan_in_loop": args.plan_in_loop,
         "profiled_steps": args.profile, "threads": torch.get_num_threads(),
         "eval_every": args.eval_every, "checkpoint_every": args.checkpoint_every, "steps": result.steps,

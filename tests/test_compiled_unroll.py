@@ -9,8 +9,9 @@ import logging
 import pytest
 import torch
 
-from draftlab.train import compiled_unroll
 from draftlab.train.compiled_unroll import CompiledUnroll, unroll_core_for
+from draftlab.train.device_batch import attach_plan, to_device
+from draftlab.train import packed
 from draftlab.train.packed import PackedPlan, packed_unroll
 
 from test_packed_unroll import _batch, _run
@@ -24,24 +25,34 @@ def _cropped(batch: dict, rows: int, length: int) -> dict:
     return {k: v[:rows, :length].contiguous() for k, v in batch.items()}
 
 
+def _tiled(batch: dict, times: int) -> dict:
+    """The batch's rows `times` over."""
+    return {k: v.repeat(times, *[1] * (v.dim() - 1)) for k, v in batch.items()}
+
+
 def _unroll(model, batch, lm_head, core=None):
-    plan = PackedPlan.of(batch["loss_mask"], batch["attention_mask"], STEPS)
-    return lambda: packed_unroll(model, batch, lm_head, STEPS, 0.8, plan=plan, core=core)
+    """The unroll as the trainer runs it: the batch padded to a multiple of 8 positions, with its plan."""
+    on_device, plan = to_device(attach_plan(batch, STEPS, 8), torch.device("cpu"), STEPS)
+    return lambda: packed_unroll(model, on_device, lm_head, STEPS, 0.8, plan=plan, core=core)
 
 
-def test_compiled_unroll_equals_eager_and_keeps_one_graph_across_shapes(caplog):
+def test_compiled_unroll_equals_eager_and_keeps_one_graph_across_shapes(caplog, monkeypatch):
+    # eager, the teacher's rows come in chunks: 8 here, so that the shapes below have different chunk counts
+    # (compiled, they come in one piece, or each count would be a graph of its own)
+    monkeypatch.setattr(packed, "TEACHER_CHUNK", 8)
     model = _model()
-    batch, lm_head = _batch()
+    batch, lm_head = _batch()  # 4 rows of 15 positions (padded to 16)
     core = CompiledUnroll()
-    graphs = compiled_unroll._graphs()
     with caplog.at_level(logging.INFO, logger="draftlab"):
-        try:
-            got = _run(_unroll(model, batch, lm_head, core), model)
-        except torch._dynamo.exc.BackendCompilerFailed as error:  # no C++ compiler on this machine
-            pytest.skip(f"inductor cannot build here: {error}")
-    assert core.failed is None and compiled_unroll._graphs() == graphs + 1
-    assert "compiled the unroll in" in caplog.text
-    for b in (batch, _cropped(batch, 3, 12)):  # the second shape must reuse the first graph
+        got = _run(_unroll(model, batch, lm_head, core), model)
+    if core.failed is not None:  # no C++ compiler on this machine: it trained eagerly and said so
+        pytest.skip(f"inductor cannot build here: {core.failed}")
+    assert core.graphs == 1 and "compiled the unroll in" in caplog.text and "(graph 1)" in caplog.text
+    # other rows, lengths (to 8 and 16 positions) and teacher chunk counts reuse that graph. (Inductor's CPU code
+    # has a guard of its own: a float sum over more than 4,096 elements, here the pairs of all steps, takes another
+    # graph; the tiled batch stays below it.)
+    shapes = [batch, _cropped(batch, 3, 7), _tiled(batch, 40)]
+    for b in shapes:
         loss_c, stats_c, grads_c = got if b is batch else _run(_unroll(model, b, lm_head, core), model)
         loss_e, stats_e, grads_e = _run(_unroll(model, b, lm_head), model)
         assert float(loss_c) == pytest.approx(float(loss_e), rel=1e-5)
@@ -49,7 +60,41 @@ def test_compiled_unroll_equals_eager_and_keeps_one_graph_across_shapes(caplog):
         assert grads_c.keys() == grads_e.keys() and "fc.weight" in grads_c
         for name in grads_e:
             assert torch.allclose(grads_c[name], grads_e[name], rtol=1e-4, atol=1e-6), name
-    assert compiled_unroll._graphs() == graphs + 1, "a new batch shape recompiled the unroll"
+    chunks = {-(-len(PackedPlan.of(b["loss_mask"], b["attention_mask"], STEPS).needed) // 8) for b in shapes}
+    assert len(chunks) == 3, chunks
+    assert core.graphs == 1, "a new batch shape recompiled the unroll"
+    assert "recompile" not in caplog.text
+
+
+def test_the_trainer_feeds_its_compiled_unroll_padded_batches(tmp_path, monkeypatch):
+    """The trainer hands its batches to the compiled unroll padded to a multiple of 8 (training and validation, which
+    runs eager), and batches of other sizes reuse one graph (`aot_eager`: the capture without inductor's codegen)."""
+    from draftlab.reporting import RecordingReporter
+    from draftlab.train import loop
+    from test_train_loop import FakeSource, _settings
+    from test_train_loop import _model as source_model
+
+    class WithTop(FakeSource):  # batches with the target's top-1, as shards extracted today have
+        def _batches(self, *args):
+            for b in super()._batches(*args):
+                top = (b["last_hidden"].float() @ self.lm_head.T).argmax(-1).to(torch.int32)
+                yield dict(b, target_top=top)
+
+    seen = []
+
+    class Recording(CompiledUnroll):
+        def __call__(self, model, batch, *rest):
+            seen.append((tuple(batch["input_ids"].shape), torch.is_grad_enabled()))
+            return super().__call__(model, batch, *rest)
+
+    monkeypatch.setattr(loop, "unroll_core_for", lambda choice, device: Recording(backend="aot_eager"))
+    source = WithTop()
+    trainer = loop.Trainer(source_model(source), source, source.lm_head, _settings(epochs=1), tmp_path,
+                           RecordingReporter())
+    trainer.run()
+    assert trainer.length_multiple == 8 and trainer.core.failed is None and trainer.core.graphs == 1
+    assert {grad for _, grad in seen} == {True, False} and all(shape[1] % 8 == 0 for shape, _ in seen)
+    assert len({shape for shape, grad in seen if grad}) > 1  # training batches of several shapes: still one graph
 
 
 class _Unbuildable:

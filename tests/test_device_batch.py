@@ -57,11 +57,12 @@ def test_padding_to_a_multiple_of_8_changes_nothing_but_the_shape():
     from test_ttt import _model as tiny_model
 
     model = tiny_model(layers=2)
-    batch, lm_head = _batch()  # 15 positions
+    full, lm_head = _batch()  # 15 positions: one added; 9 positions: seven added, more than the TTT steps
+    batch = {k: v[:, :9].contiguous() for k, v in full.items()}
     results = {}
     for multiple in (1, 8):
         on_device, plan = to_device(attach_plan(batch, 3, multiple), torch.device("cpu"), 3)
-        assert plan.shape == (4, 15 if multiple == 1 else 16) and on_device["features"].shape[1] == plan.shape[1]
+        assert plan.shape == (4, 9 if multiple == 1 else 16) and on_device["features"].shape[1] == plan.shape[1]
         results[multiple] = _run(lambda: packed_unroll(model, on_device, lm_head, 3, 0.8, plan=plan), model)
         # the padded (all positions) unroll too: the positions added are never attended to by a real one
         results[multiple, "padded"] = _run(lambda: packed_unroll(model, on_device, lm_head, 3, 0.8, plan=plan,
@@ -74,5 +75,5 @@ def test_padding_to_a_multiple_of_8_changes_nothing_but_the_shape():
         for name, grad in grads.items():
             assert torch.allclose(grad, want_grads[name], rtol=1e-5, atol=1e-7), (key, name)
     # a plan listed in the loop pads the same way
-    on_device, plan = to_device(batch, torch.device("cpu"), 3, multiple=8)
+    on_device, plan = to_device(full, torch.device("cpu"), 3, multiple=8)
     assert plan.shape == (4, 16) and all(v.shape[1] == 16 for v in on_device.values())

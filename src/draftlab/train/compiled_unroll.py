@@ -5,13 +5,15 @@ On a GPU the eager step is host-bound: about 1,800 kernel launches a step, queue
 the trainer profile). Compiled, the elementwise chains fuse and the host queues far fewer launches.
 
 Every batch has its own sizes (batch rows, length, kept rows, pairs per step), so the graph is built with
-dynamic shapes: one forward-and-backward graph, compiled at the first batch and reused for every later one. What
-would make the compiler build more (each build took 11-100 s on the H200):
+dynamic shapes: one forward-and-backward graph, compiled at the first batch and meant to serve every later one
+(confirmed on the CPU; on the H200 the last guard found is off but not yet measured: BENCHMARKS.md). What would make
+the compiler build more (each build took 10-150 s on the H200):
 - duck sizing, off here: two sizes that happen to be equal in the first batch (say the kept rows and the hidden
   width) would be assumed equal, and the first batch where they differ would recompile;
 - the length's remainder modulo 8 (alignment checks): the trainer pads batches to a multiple of 8
   (train/device_batch.py);
-- a chunk count (the teacher's rows are formed in one piece when compiled: train/ttt.py);
+- a chunk count (the teacher's rows are formed in one piece when compiled: train/ttt.py; a pool without
+  `target_top`, from before it was stored, forms the full-vocabulary logits in chunks, so its batches run eager);
 - Inductor's mix-order reduction fusion, off here: it fuses two reductions only above a size (5 Mi elements, e.g.
   576 x the kept rows), and that test became a guard, so batches on either side of it had graphs of their own
   (seen on the H200 with torch 2.11: 3 graphs in 300 steps; torch/_inductor/scheduler.py, MixOrderReduction).
@@ -20,16 +22,19 @@ cached batches that take 0.1-2 s. Each compile is logged with its time, so a rec
 not guessed from a slow step.
 
 A machine where torch.compile cannot build the graph (no Triton, no C++ compiler) trains with the eager core,
-which computes the same loss, gradients and stats (tests/test_compiled_unroll.py), and says so once.
+which computes the same loss, gradients and stats (tests/test_compiled_unroll.py), and says so once. The backward
+is built with the forward (not lazily at the first backward, where a failure would escape the fallback).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 
 import torch
 import torch._dynamo
+from torch._functorch import config as functorch_config
 from torch._inductor import config as inductor_config
 from torch.fx.experimental import _config as fx_config
 
@@ -55,14 +60,16 @@ class CompiledUnroll:
         self._compiled = torch.compile(packed_core, dynamic=True, backend=backend, options=options)
         self.failed: Exception | None = None
         self.compile_seconds = 0.0  # spent in calls that built a graph
+        self.graphs = 0  # graphs built for the unroll (a second one is a recompile)
 
     def __call__(self, model, batch, lm_head, plan, steps, decay, loss_norm, ce):
         args = (model, batch, lm_head, plan, steps, decay, loss_norm)
-        if self.failed is not None or not torch.is_grad_enabled():  # validation: eager (module docstring)
+        # validation and pools without target_top: eager (module docstring)
+        if self.failed is not None or not torch.is_grad_enabled() or "target_top" not in batch:
             return packed_core(*args, ce)
         graphs, started = _graphs(), time.perf_counter()
         try:
-            with fx_config.patch(use_duck_shape=False):
+            with fx_config.patch(use_duck_shape=False), _backward_with_forward():
                 out = self._compiled(*args, soft_ce)
         except torch._dynamo.exc.TorchDynamoException as error:  # BackendCompilerFailed, Unsupported, ...
             self.failed = error
@@ -72,8 +79,18 @@ class CompiledUnroll:
         if _graphs() > graphs:
             seconds = time.perf_counter() - started
             self.compile_seconds += seconds
-            log.info("train: compiled the unroll in %.1f s (%d graphs so far)", seconds, _graphs())
+            self.graphs += 1
+            log.info("train: compiled the unroll in %.1f s (graph %d%s)", seconds, self.graphs,
+                     "" if self.graphs == 1 else ": a recompile, TORCH_LOGS=recompiles says why")
         return out
+
+
+def _backward_with_forward():
+    """AOTAutograd builds a dynamic-shape backward with the forward, but when that fails it only logs and tries again
+    at the first backward, outside the fallback's reach; this makes the first failure raise."""
+    if hasattr(functorch_config, "force_non_lazy_backward_lowering"):
+        return functorch_config.patch(force_non_lazy_backward_lowering=True)
+    return contextlib.nullcontext()
 
 
 def unroll_core_for(choice: str, device: torch.device) -> CompiledUnroll | None:

@@ -84,14 +84,18 @@ class PackedPlan:
         return PackedPlan(self.shape, *flat, self.sizes)
 
 
+# rows of the teacher's logits formed at once (eager): bounds a [rows, vocab] temporary for a 128k vocabulary
+TEACHER_CHUNK = 2048
+
+
 class RowTargets:
     """The teacher at `rows`, the positions s whose next token counts: probs [N_s, Vd] with `row` [B, T] (-1 elsewhere)
     mapping a position to its probs row, and the full-vocabulary argmax `top` / `in_vocab` [B, T]."""
 
     def __init__(self, last_hidden: Tensor, lm_head: Tensor, d2t: Tensor, t2d: Tensor, rows: Rows,
-                 top: Tensor | None = None, chunk: int = 2048) -> None:
+                 top: Tensor | None = None, chunk: int | None = None) -> None:
         picked = rows.gather(last_hidden)[:, None]  # [N_s, 1, H]: the fast paths of target_distribution apply
-        part = target_distribution(picked, lm_head, d2t, t2d, chunk,
+        part = target_distribution(picked, lm_head, d2t, t2d, chunk or TEACHER_CHUNK,
                                    top=None if top is None else rows.gather(top[..., None]))
         self.probs = part.probs[:, 0]
         shape, dev = (rows.B, rows.T), last_hidden.device
