@@ -51,11 +51,13 @@ trainer_measurements() {  # trainer_measurements CODE_DIR: the real trainer agai
 compile_measurements() {  # compile_measurements CODE_DIR: the trainer with the eager unroll, then compiled
   # (train.compile_unroll), alternated; the compiler's cache goes to a throwaway folder so that a later headline run
   # compiles cold, as a user's first run does. At most 2 x 120 + 2 x 300 = 840 s: one call holds the first pair.
-  (cd "$1" && export PYTHONPATH=$SITE:src TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-ab
+  # The JSON's unroll_graphs should be 1; TORCH_LOGS=recompiles names the guard of any other (stderr, kept in $OUT).
+  (cd "$1" && export PYTHONPATH=$SITE:src TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-ab TORCH_LOGS=recompiles
    for variant in ${COMPILE_VARIANTS:-false true}; do
      limit=120; [ "$variant" = true ] && limit=300
      timeout $limit python3 bench/trainer_speed.py --batch-tokens 16384 --samples 2048 --steps 200 \
-       --compile-unroll $variant | tee -a "$OUT"/trainer_compile.jsonl
+       --compile-unroll $variant 2>> "$OUT"/trainer_compile.err | tee -a "$OUT"/trainer_compile.jsonl
+     grep -h "compiled the unroll" "$OUT"/trainer_compile.err | tail -n 3
    done)
 }
 
