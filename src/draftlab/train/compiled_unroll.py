@@ -39,7 +39,7 @@ from torch._inductor import config as inductor_config
 from torch.fx.experimental import _config as fx_config
 
 from draftlab.train.packed import packed_core
-from draftlab.train.ttt import soft_ce
+from draftlab.train.ttt import compile_wanted, soft_ce
 
 log = logging.getLogger("draftlab")
 
@@ -94,11 +94,6 @@ def _backward_with_forward():
 
 
 def unroll_core_for(choice: str, device: torch.device) -> CompiledUnroll | None:
-    """train.compile_unroll: auto = compiled on CUDA, eager elsewhere (a CPU step is matmul-bound, and compiling
-    takes minutes on two cores); None means the eager `packed_core`."""
-    choice = str(choice).lower()  # a YAML true arrives as "True" in the str field
-    if choice not in ("auto", "true", "false"):
-        raise ValueError(f"train.compile_unroll: {choice!r}; expected auto, true or false")
-    if device.type == "cuda" if choice == "auto" else choice == "true":
-        return CompiledUnroll()
-    return None
+    """train.compile_unroll: auto = compiled on CUDA, eager elsewhere (two CPU cores took minutes to compile it);
+    None means the eager `packed_core`."""
+    return CompiledUnroll() if compile_wanted("train.compile_unroll", choice, device) else None

@@ -93,6 +93,15 @@ def compiled_soft_ce():
     return torch.compile(soft_ce, dynamic=True)
 
 
+def compile_wanted(key: str, choice, device: torch.device) -> bool:
+    """A train.compile_* setting: auto = on CUDA (on the CPU a step is matmul-bound and compiling costs seconds to
+    minutes), true, false."""
+    value = str(choice).lower()  # a YAML true arrives as "True" in the str field
+    if value not in ("auto", "true", "false"):
+        raise ValueError(f"{key}: {choice!r}; expected auto, true or false")
+    return device.type == "cuda" if value == "auto" else value == "true"
+
+
 def soft_ce_for(compile_loss: str, device: torch.device, dtype: torch.dtype):
     """train.compile_loss: auto = the compiled soft cross-entropy on CUDA (1.27x a SmolLM2-shaped step on an H200,
     BENCHMARKS.md), the eager one elsewhere (a CPU step is matmul-bound, and compiling costs seconds).
@@ -100,10 +109,7 @@ def soft_ce_for(compile_loss: str, device: torch.device, dtype: torch.dtype):
     The compiled loss is built here, on tiny logits of the training dtype, forward and backward, with and without
     grad (the evaluation pass): a machine where torch.compile cannot build it (no Triton, no C++ compiler) trains
     with the eager loss and says so, before the first batch rather than in the middle of a step."""
-    choice = str(compile_loss).lower()  # a YAML true arrives as "True" in the str field
-    if choice not in ("auto", "true", "false"):
-        raise ValueError(f"train.compile_loss: {compile_loss!r}; expected auto, true or false")
-    if not (device.type == "cuda" if choice == "auto" else choice == "true"):
+    if not compile_wanted("train.compile_loss", compile_loss, device):
         return soft_ce
     fused = compiled_soft_ce()
     try:
