@@ -14,7 +14,8 @@
 #     (PROFILE=1: first the trainer against its step alone, bench/gpu_machine.sh trainer_measurements, ~4 min;
 #      COMPILE_AB=1: the trainer with the eager and the compiled unroll, compile_measurements, ~5 min)
 #   call 2 (carry .gguf-b .whl-tf):                     bash /tmp/headline/main/bench/h200_headline.sh start
-#     (EXTRA="train.compile_unroll=false ..." adds overrides to the run)
+#     (EXTRA="train.compile_unroll=false ..." adds overrides to the run; B32=1, here and in every watch call: then
+#      the same data at 32,768-token batches, val/loss at equal tokens)
 #   call 3.. (nothing carried):             BUDGET=560 bash /tmp/headline/main/bench/h200_headline.sh watch
 # What comes back: $OUT/headline.tgz (the job's results.json with every stage's seconds, and log-headline.txt). The end-to-end
 # time is the log's first to last timestamp; import the job with `python -m draftlab import-runs`.
@@ -25,20 +26,40 @@ export PYTHONUNBUFFERED=1 SITE=/tmp/site
 ROOT=${ROOT:-/tmp/dl}; H=/tmp/headline; BUDGET=${BUDGET:-570}; START=$(date +%s)
 mkdir -p "$ROOT" "$OUT"
 
-launch() {  # starts the run unless it is running or finished
-  job_pending headline || return 0
-  DRAFTLAB_GIT_COMMIT=$(cat $H/COMMIT) && export DRAFTLAB_GIT_COMMIT
-  start_detached headline "cd $H/main && PYTHONPATH=$SITE:$H/main/src python3 src/run.py hardware=gpu \
-    data.samples=50000 data.source=jsonl data.path=$ROOT/headline_prompts.jsonl paths.root=$ROOT \
-    tracking.enabled=false hydra.run.dir=$ROOT/e2e ${EXTRA:-}"
-  echo "launched the headline run at $(date -u +%T)"
+run_cmd() {  # run_cmd DIR [OVERRIDE...]: the headline's command, its Hydra folder under $ROOT
+  local dir=$1; shift
+  echo "cd $H/main && PYTHONPATH=$SITE:$H/main/src python3 src/run.py hardware=gpu data.samples=50000 \
+    data.source=jsonl data.path=$ROOT/headline_prompts.jsonl paths.root=$ROOT tracking.enabled=false \
+    hydra.run.dir=$ROOT/$dir $*"
 }
 
-watch() {  # until the run has an exit code or this call's budget is spent, then pack what there is
-  watch_jobs headline
-  grep -h "stage \|Error\|error" $ROOT/log-headline.txt | cut -c1-200 | tail -n 20
+launch() {  # starts the run unless it is running or finished; B32=1: then the same data at 32,768-token batches
+  DRAFTLAB_GIT_COMMIT=$(cat $H/COMMIT) && export DRAFTLAB_GIT_COMMIT
+  if job_pending headline; then
+    start_detached headline "$(run_cmd e2e ${EXTRA:-})"
+    echo "launched the headline run at $(date -u +%T)"
+  fi
+  # Val/loss at equal tokens for a batch twice as large (BENCHMARKS.md "Left to run"): lr scaled linearly, the
+  # validation and the schedule's steps halved so that both runs validate, warm up and give up at equal tokens;
+  # generate and extract are the headline's, cached. Its compile finds the headline's compiler cache warm.
+  if [ "${B32:-0}" = 1 ] && job_pending b32; then
+    start_detached b32 "while [ ! -f $ROOT/rc/headline ]; do sleep 5; done; $(run_cmd b32 train.batch_tokens=32768 \
+      train.lr=2e-3 train.eval_every=50 train.max_steps=4000 train.checkpoint_every=100)"
+    echo "queued the 32,768-token run behind it"
+  fi
+}
+
+watch() {  # until the runs have exit codes or this call's budget is spent, then pack what there is
+  local jobs=headline
+  [ "${B32:-0}" = 1 ] && jobs="headline b32"
+  watch_jobs $jobs
+  for name in $jobs; do
+    [ -f $ROOT/log-$name.txt ] && grep -h "stage \|compiled\|Error\|error" $ROOT/log-$name.txt | cut -c1-200 | tail -n 20
+  done
   df -h /tmp | tail -n 1
-  (cd $ROOT && tar czf "$OUT"/headline.tgz log-headline.txt e2e/results.json e2e/.hydra 2>/dev/null)
+  # the stage manifests (each stage's metrics; train's holds every validation pass) come back too
+  (cd $ROOT && tar czf "$OUT"/headline.tgz log-*.txt e2e/results.json e2e/.hydra b32/results.json b32/.hydra \
+    $(ls -d {generate,extract,train,bench}/*/manifest.json 2>/dev/null) 2>/dev/null)
 }
 
 case "$step" in
