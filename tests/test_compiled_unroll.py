@@ -63,6 +63,12 @@ def test_compiled_unroll_equals_eager_and_keeps_one_graph_across_shapes(caplog, 
     chunks = {-(-len(PackedPlan.of(b["loss_mask"], b["attention_mask"], STEPS).needed) // 8) for b in shapes}
     assert len(chunks) == 3, chunks
     assert core.graphs == 1, "a new batch shape recompiled the unroll"
+    # a one-row batch (sizes 0 and 1 are specialised even in a dynamic graph) runs eager instead of recompiling
+    one_row = _cropped(batch, 1, 15)
+    loss_c, _, grads_c = _run(_unroll(model, one_row, lm_head, core), model)
+    loss_e, _, grads_e = _run(_unroll(model, one_row, lm_head), model)
+    assert float(loss_c) == float(loss_e) and all(torch.equal(grads_c[n], grads_e[n]) for n in grads_e)
+    assert core.graphs == 1, "a one-row batch recompiled the unroll"
     assert "recompile" not in caplog.text
 
 

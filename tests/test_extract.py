@@ -331,3 +331,29 @@ def test_prepare_maps_each_batch_on_the_read_ahead_worker(pool):
     assert [b["seen"] for b in mapped] == list(range(1, len(plain) + 1))
     assert all(torch.equal(a["input_ids"], b["input_ids"]) for a, b in zip(plain, mapped))
     assert threads and all(name.startswith("draftlab-batches") for name in threads)
+
+
+def test_a_small_bound_on_open_shards_reads_the_same_batches(pool, monkeypatch):
+    """A shard stays open (its handle and its small tensors read whole) up to MAX_OPEN_SHARDS of them; past that the
+    oldest is closed and opened again when a batch needs it. The batches are the same either way."""
+    from draftlab.data import features
+
+    cfg = config(pool, samples=20)  # five shards of four samples
+    run(pool, cfg)
+    kept = list(open_source(cfg, {"extract": pool / "extract"}).batches("train", 0, 64, 24, seed=1))
+    opened = []
+
+    class Counting(features.OpenShard):
+        def __init__(self, path):
+            opened.append(path.name)
+            super().__init__(path)
+
+    monkeypatch.setattr(features, "MAX_OPEN_SHARDS", 1)
+    monkeypatch.setattr(features, "OpenShard", Counting)
+    source = open_source(cfg, {"extract": pool / "extract"})
+    bounded = list(source.batches("train", 0, 64, 24, seed=1))
+    assert len(source._handles) == 1 and len(opened) > len(set(opened)) == 5  # closed and opened again
+    assert set(source._handles[next(iter(source._handles))].small) == {"input_ids", "loss_mask", "target_top"}
+    assert len(kept) == len(bounded) > 3
+    for a, b in zip(kept, bounded):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) and a[k].dtype == b[k].dtype for k in a)

@@ -30,6 +30,10 @@ from draftlab.fsutil import read_json
 FORMAT = "draftlab.features/1"
 HEAD_FILE = "target_head.safetensors"
 PLAN_WINDOW = 256  # samples sorted by length together: little padding, still a shuffled order
+# Shards kept open (their handles and small tensors): a shuffled batch takes rows from all over the pool, and the
+# headline run's 49 shards under a bound of 16 reopened about 60 shards a batch (BENCHMARKS.md, eighth session)
+MAX_OPEN_SHARDS = 128
+SMALL_TENSORS = ("input_ids", "loss_mask", "target_top")  # 9 bytes a token: read whole when a shard opens
 PREFETCH = 2  # offline batches built ahead on a worker thread while the caller trains on the current one
 
 
@@ -138,6 +142,19 @@ def model_mask(seqs: list[torch.Tensor], mask: torch.Tensor) -> torch.Tensor | N
     return None if len({len(s) for s in seqs}) == 1 else mask
 
 
+class OpenShard:
+    """A shard's safetensors handle (the wide tensors are read a row span at a time, through its mmap) and its
+    small per-token tensors read whole: through the handle each row's ids, mask and top-1 cost a call of about
+    50 us, and a 16k-token batch has about 90 rows."""
+
+    def __init__(self, path: Path):
+        self.handle = safe_open(str(path), framework="pt")
+        keys = set(self.handle.keys())
+        self.small = {key: self.handle.get_tensor(key) for key in SMALL_TENSORS if key in keys}
+        if "loss_mask" in self.small:
+            self.small["loss_mask"] = self.small["loss_mask"].bool()
+
+
 @dataclass
 class _Entry:
     sample_index: int
@@ -162,7 +179,7 @@ class FeatureSource:
         self.vocab_size = vocab_size
         self.target = target  # online only
         self._tap = HiddenTap(target.model, layer_ids) if target is not None else None
-        self._handles: dict[int, object] = {}
+        self._handles: dict[int, OpenShard] = {}
         self._read_lock = threading.Lock()  # two iterators (train paused mid-epoch, val) share the shard handles
 
     @property
@@ -270,24 +287,24 @@ class FeatureSource:
         for i, (e, n) in enumerate(zip(group, lengths)):
             shard = self._shard(e.shard)
             span = slice(e.start, e.start + n)
-            out["input_ids"][i, :n] = shard.get_slice("input_ids")[span]
-            out["loss_mask"][i, :n] = shard.get_slice("loss_mask")[span].bool()
-            out["features"][i, :n] = shard.get_slice("features")[span]  # reads only these rows (mmap)
-            out["last_hidden"][i, :n] = shard.get_slice("last_hidden")[span]
+            out["input_ids"][i, :n] = shard.small["input_ids"][span]
+            out["loss_mask"][i, :n] = shard.small["loss_mask"][span]
+            out["features"][i, :n] = shard.handle.get_slice("features")[span]  # reads only these rows (mmap)
+            out["last_hidden"][i, :n] = shard.handle.get_slice("last_hidden")[span]
             out["features"][i, n:] = 0
             out["last_hidden"][i, n:] = 0
             out["attention_mask"][i, :n] = True
             if with_top:
-                out["target_top"][i, :n] = shard.get_slice("target_top")[span]
+                out["target_top"][i, :n] = shard.small["target_top"][span]
         out["sample_index"] = torch.tensor([e.sample_index for e in group])
         return out
 
-    def _shard(self, number: int):
+    def _shard(self, number: int) -> OpenShard:
         if number not in self._handles:
-            if len(self._handles) >= 16:  # bounded open files for large pools
+            if len(self._handles) >= MAX_OPEN_SHARDS:  # bounded open files for large pools
                 self._handles.pop(next(iter(self._handles)))
             name = self.manifest["shards"][number]["name"]
-            self._handles[number] = safe_open(str(self.folder / f"{name}.safetensors"), framework="pt")
+            self._handles[number] = OpenShard(self.folder / f"{name}.safetensors")
         return self._handles[number]
 
     def head(self) -> dict[str, torch.Tensor]:
