@@ -8,6 +8,7 @@ import logging
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from draftlab.train.compiled_unroll import CompiledUnroll, unroll_core_for
 from draftlab.train.device_batch import attach_plan, to_device
@@ -43,11 +44,16 @@ def test_compiled_unroll_equals_eager_and_keeps_one_graph_across_shapes(caplog, 
     model = _model()
     batch, lm_head = _batch()  # 4 rows of 15 positions (padded to 16)
     core = CompiledUnroll()
+    aot = counters["aot_autograd"]
+    before = {key: aot[key] for key in ("total", "autograd_cache_bypass")}
     with caplog.at_level(logging.INFO, logger="draftlab"):
         got = _run(_unroll(model, batch, lm_head, core), model)
     if core.failed is not None:  # no C++ compiler on this machine: it trained eagerly and said so
         pytest.skip(f"inductor cannot build here: {core.failed}")
     assert core.graphs == 1 and "compiled the unroll in" in caplog.text and "(graph 1)" in caplog.text
+    # traced once (a float traced as a symbol made dynamo start over) and storable in AOTAutograd's cache (an
+    # inference_mode switch in the graph was not): what a second process finds warm (BENCHMARKS.md)
+    assert aot["total"] - before["total"] == 1 and aot["autograd_cache_bypass"] == before["autograd_cache_bypass"]
     # other rows, lengths (to 8 and 16 positions) and teacher chunk counts reuse that graph. (Inductor's CPU code
     # has a guard of its own: a float sum over more than 4,096 elements, here the pairs of all steps, takes another
     # graph; the tiled batch stays below it.)

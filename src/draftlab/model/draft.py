@@ -128,17 +128,22 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(T, S))
 
 
+def _build_null_keys(j: int, D: int, width: int, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor]:
+    """The j 'null' keys and values of `ttt_attention` ([j, D + width] each)."""
+    null_k = torch.zeros(j, D + width, dtype=dtype, device=device)
+    null_v = torch.zeros(j, D + width, dtype=dtype, device=device)
+    idx = torch.arange(j, device=device)
+    null_k[idx, D + 2 * idx] = 1
+    null_k[idx, D + 2 * idx + 1] = 1
+    null_v[idx, D + idx] = 1
+    return null_k, null_v
+
+
 @functools.cache
 def _null_keys(j: int, D: int, width: int, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor]:
-    """The j 'null' keys and values of `ttt_attention` ([j, D + width] each): constants, built once per shape."""
+    """`_build_null_keys`, built once per shape in eager code."""
     with torch.inference_mode(False):  # cached: must not be an inference tensor if first built under one
-        null_k = torch.zeros(j, D + width, dtype=dtype, device=device)
-        null_v = torch.zeros(j, D + width, dtype=dtype, device=device)
-        idx = torch.arange(j, device=device)
-        null_k[idx, D + 2 * idx] = 1
-        null_k[idx, D + 2 * idx + 1] = 1
-        null_v[idx, D + idx] = 1
-    return null_k, null_v
+        return _build_null_keys(j, D, width, dtype, device)
 
 
 def ttt_attention(q: Tensor, k0: Tensor, v0: Tensor, diag_k: list[Tensor], diag_v: list[Tensor]) -> Tensor:
@@ -166,8 +171,10 @@ def ttt_attention(q: Tensor, k0: Tensor, v0: Tensor, diag_k: list[Tensor], diag_
     width = -(-2 * j // 8) * 8  # flash kernels want head dims that are multiples of 8
     extra_q = torch.stack([hi, lo], -1).reshape(B, H, T, 2 * j)
     qx = torch.cat([q.new_zeros(B, H, j, D + width), torch.cat([q, F.pad(extra_q, (0, width - 2 * j))], -1)], 2)
-    # under torch.compile the builder is traced (its zeros become constants of the graph), not its cache
-    null_keys = _null_keys.__wrapped__ if torch.compiler.is_compiling() else _null_keys
+    # under torch.compile the builder is traced (its zeros become constants of the graph), not its cache, and not
+    # the cache's inference_mode switch: a graph holding that is never stored in AOTAutograd's cache, so every
+    # process traced the forward and backward again (most of a warm compile)
+    null_keys = _build_null_keys if torch.compiler.is_compiling() else _null_keys
     null_k, null_v = null_keys(j, D, width, q.dtype, q.device)
     kx = torch.cat([null_k.expand(B, H, j, D + width), F.pad(_repeat_kv(k0, n_rep), (0, width))], 2)
     vx = torch.cat([null_v.expand(B, H, j, D + width), F.pad(_repeat_kv(v0, n_rep), (0, width))], 2)

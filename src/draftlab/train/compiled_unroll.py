@@ -19,6 +19,9 @@ the compiler build more (each build took 10-150 s on the H200):
 - Inductor's mix-order reduction fusion, off here: it fuses two reductions only above a size (5 Mi elements, e.g.
   576 x the kept rows), and that test became a guard, so batches on either side of it had graphs of their own
   (seen on the H200 with torch 2.11: 3 graphs in 300 steps; torch/_inductor/scheduler.py, MixOrderReduction).
+Python floats (the loss decay) are constants of the graph: traced as symbols, they made the compiler give up its
+first trace half-way and start again (dynamo's "Restarting analysis due to ... _tensorify_python_scalars"), which
+cost a whole trace on every compile.
 Validation runs eager: a forward-only graph would be a second compile (~85 s cold on the H200), for passes over
 cached batches that take 0.1-2 s. Each compile is logged with its time, so a recompile in the middle of a run is seen,
 not guessed from a slow step.
@@ -36,6 +39,7 @@ import time
 
 import torch
 import torch._dynamo
+from torch._dynamo import config as dynamo_config
 from torch._functorch import config as functorch_config
 from torch._inductor import config as inductor_config
 from torch.fx.experimental import _config as fx_config
@@ -72,7 +76,8 @@ class CompiledUnroll:
             return packed_core(*args, ce)
         graphs, started = _graphs(), time.perf_counter()
         try:
-            with fx_config.patch(use_duck_shape=False), _backward_with_forward():
+            with fx_config.patch(use_duck_shape=False), dynamo_config.patch(specialize_float=True), \
+                    _backward_with_forward():
                 out = self._compiled(*args, soft_ce)
         except torch._dynamo.exc.TorchDynamoException as error:  # BackendCompilerFailed, Unsupported, ...
             self.failed = error
