@@ -100,6 +100,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--samples", type=int, default=2048)
+    ap.add_argument("--per-shard", type=int, default=1024,
+                    help="samples a shard (the headline's pool: 1,024, 49 shards; a shuffled batch reads from most)")
     ap.add_argument("--seq", type=int, default=340, help="longest sample; lengths are uniform in [seq/2, seq]")
     ap.add_argument("--prompt-frac", type=float, default=0.4, help="share of each sample outside the loss (ShareGPT: ~0.4)")
     ap.add_argument("--batch-tokens", type=int, default=16384)
@@ -131,7 +133,8 @@ def main() -> None:
                             compile_unroll=args.compile_unroll)
     totals = {"data_wait_s": 0.0, "validation_s": 0.0, "checkpoint_s": 0.0}
     with tempfile.TemporaryDirectory(prefix="trainer-speed-") as tmp:
-        source = synthetic_source(Path(tmp), args.samples, args.seq, prompt_frac=args.prompt_frac, val_every=8)
+        source = synthetic_source(Path(tmp), args.samples, args.seq, per_shard=args.per_shard,
+                                  prompt_frac=args.prompt_frac, val_every=8)
         plan = source._plan("train", 0, args.batch_tokens, settings.max_seq_len, 0, True)[: args.read_batches]
         for group in plan[:2]:  # warm the page cache and the pinned allocator
             source._offline_batch(group, settings.max_seq_len)
@@ -164,6 +167,7 @@ def main() -> None:
     compile_s = trainer.core.compile_seconds if trainer.core is not None else 0.0  # every graph built (validation: eager)
     print(json.dumps({
         "device": args.device, "batch_tokens": args.batch_tokens, "prompt_frac": args.prompt_frac,
+        "samples": args.samples, "shards": len(source.manifest["shards"]),
         "compile_loss": args.compile_loss, "compile_unroll": args.compile_unroll,
         "unroll_compiled": trainer.core is not None and trainer.core.failed is None,
         "unroll_graphs": trainer.core.graphs if trainer.core is not None else 0,

@@ -1,0 +1,51 @@
+"""How fast the offline reader builds training batches from a pool of many shards, as the headline's is (49 shards of
+1,024 samples; a shuffled batch takes its rows from most of them). The reader runs on the trainer's read-ahead
+worker; when it is slower than a step, the trainer waits (train/data_wait_frac).
+
+    python bench/read_batches.py                       # this checkout's reader
+    python bench/read_batches.py --code /tmp/old       # another checkout's reader (git worktree add /tmp/old REV)
+
+Synthetic SmolLM2-shaped shards (bf16 features of 3 x 576, last_hidden, target_top). Prints one JSON line: ms a
+batch for each pass over the same batches (the first pass maps the shards' pages; later passes are the steady state
+of a long run)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+ap.add_argument("--code", type=Path, default=Path(__file__).resolve().parents[1], help="the checkout to import")
+ap.add_argument("--samples", type=int, default=4096)
+ap.add_argument("--per-shard", type=int, default=64)
+ap.add_argument("--seq", type=int, default=200, help="longest sample; lengths are uniform in [seq/2, seq]")
+ap.add_argument("--batch-tokens", type=int, default=16384)
+ap.add_argument("--batches", type=int, default=40)
+ap.add_argument("--passes", type=int, default=3)
+ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (the worker's copies)")
+args = ap.parse_args()
+sys.path.insert(0, str(args.code / "bench"))  # its train_data_path puts its own src first
+
+import torch  # noqa: E402
+
+from train_data_path import synthetic_source  # noqa: E402
+
+from draftlab.data import features  # noqa: E402
+
+torch.set_num_threads(args.threads)
+with tempfile.TemporaryDirectory(prefix="read-batches-") as tmp:
+    source = synthetic_source(Path(tmp), args.samples, args.seq, per_shard=args.per_shard, prompt_frac=0.4)
+    plan = source._plan("train", 0, args.batch_tokens, 2048, 0, True)[: args.batches]
+    passes = []
+    for _ in range(args.passes):
+        start = time.perf_counter()
+        for group in plan:
+            source._offline_batch(group, 2048)
+        passes.append(round((time.perf_counter() - start) / len(plan) * 1e3, 1))
+print(json.dumps({"code": str(args.code), "reader": features.__file__, "shards": len(source.manifest["shards"]), "batches": len(plan),
+                  "rows_per_batch": round(sum(len(g) for g in plan) / len(plan), 1),
+                  "batch_tokens": args.batch_tokens, "threads": args.threads, "ms_per_batch": passes}))
