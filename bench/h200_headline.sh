@@ -39,9 +39,9 @@ launch() {  # starts the run unless it is running or finished; B32=1: then the s
     start_detached headline "$(run_cmd e2e ${EXTRA:-})"
     echo "launched the headline run at $(date -u +%T)"
   fi
-  # Val/loss at equal tokens for a batch twice as large (BENCHMARKS.md "Left to run"): lr scaled linearly, the
-  # validation and the schedule's steps halved so that both runs validate, warm up and give up at equal tokens;
-  # generate and extract are the headline's, cached. Its compile finds the headline's compiler cache warm.
+  # A batch budget twice as large (BENCHMARKS.md, eighth session): lr scaled linearly, the validation and the
+  # schedule's steps halved. That gives equal tokens only if both budgets filled their batches alike, and they did
+  # not (69% and 46%): compare the runs by tokens seen. Generate and extract are the headline's, cached.
   if [ "${B32:-0}" = 1 ] && job_pending b32; then
     start_detached b32 "while [ ! -f $ROOT/rc/headline ]; do sleep 5; done; $(run_cmd b32 train.batch_tokens=32768 \
       train.lr=2e-3 train.eval_every=50 train.max_steps=4000 train.checkpoint_every=100)"
