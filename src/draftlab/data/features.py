@@ -33,7 +33,7 @@ PLAN_WINDOW = 256  # samples sorted by length together: little padding, still a 
 # Shards kept open (their handles and small tensors): a shuffled batch takes rows from all over the pool, and the
 # headline run's 49 shards under a bound of 16 reopened about 60 shards a batch (BENCHMARKS.md, eighth session)
 MAX_OPEN_SHARDS = 128
-SMALL_TENSORS = ("input_ids", "loss_mask", "target_top")  # 9 bytes a token: read whole when a shard opens
+SMALL_TENSORS = ("input_ids", "loss_mask", "target_top")  # 9 bytes a token: taken whole when a shard opens
 PREFETCH = 2  # offline batches built ahead on a worker thread while the caller trains on the current one
 
 
@@ -144,8 +144,9 @@ def model_mask(seqs: list[torch.Tensor], mask: torch.Tensor) -> torch.Tensor | N
 
 class OpenShard:
     """A shard's safetensors handle (the wide tensors are read a row span at a time, through its mmap) and its
-    small per-token tensors read whole: through the handle each row's ids, mask and top-1 cost a call of about
-    30 us (4 us from memory), and a 16k-token batch has about 90 rows."""
+    small per-token tensors taken whole (views of the mmap; the loss mask a bool copy): through the handle each
+    row's ids, mask and top-1 cost a call of about 30 us (4 us sliced from a whole tensor), and a 16k-token batch
+    has about 90 rows."""
 
     def __init__(self, path: Path):
         self.handle = safe_open(str(path), framework="pt")
