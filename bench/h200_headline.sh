@@ -17,10 +17,13 @@
 #     (EXTRA="train.compile_unroll=false ..." adds overrides to the run; B32=1, here and in every watch call: then
 #      the same data at 32,768-token batches, val/loss at equal tokens)
 #   call 3.. (nothing carried):             BUDGET=560 bash /tmp/headline/main/bench/h200_headline.sh watch
+#   then (nothing carried):                 bash /tmp/headline/main/bench/h200_headline.sh warm
+#     (the trainer twice on a 64-shard synthetic pool, ~9 GB: the second run's compile_s is a warm compile, and
+#      read_only_s_per_batch / data_wait_s show the reader on many shards; about 6 minutes)
 # What comes back: $OUT/headline.tgz (the job's results.json with every stage's seconds, and log-headline.txt). The end-to-end
 # time is the log's first to last timestamp; import the job with `python -m draftlab import-runs`.
 set -uo pipefail
-step=${1:?usage: h200_headline.sh install|start|watch}
+step=${1:?usage: h200_headline.sh install|start|watch|warm}
 export PYTHONUNBUFFERED=1 SITE=/tmp/site
 . "$(dirname "$0")/gpu_machine.sh"  # install_wheels, keep_first_half, smollm2_gguf, start_detached, watch_jobs
 ROOT=${ROOT:-/tmp/dl}; H=/tmp/headline; BUDGET=${BUDGET:-570}; START=$(date +%s)
@@ -77,4 +80,11 @@ start)
 watch)
   launch  # a run that died without an exit code starts again and resumes
   watch ;;
+warm)  # after the headline, same machine: the trainer twice on a 64-shard pool; the second compiles warm
+  for run in 1 2; do
+    (cd $H/main && PYTHONPATH=$SITE timeout 280 python3 bench/trainer_speed.py --batch-tokens 16384 --samples 8192 \
+      --per-shard 128 --steps 300) >> "$OUT"/trainer_warm.jsonl 2>> "$OUT"/trainer_warm.err
+    tail -n 1 "$OUT"/trainer_warm.jsonl | cut -c1-400
+  done
+  grep "compiled the unroll" "$OUT"/trainer_warm.err ;;
 esac
