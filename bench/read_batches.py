@@ -46,6 +46,6 @@ with tempfile.TemporaryDirectory(prefix="read-batches-") as tmp:
         for group in plan:
             source._offline_batch(group, 2048)
         passes.append(round((time.perf_counter() - start) / len(plan) * 1e3, 1))
-print(json.dumps({"code": str(args.code), "reader": features.__file__, "shards": len(source.manifest["shards"]), "batches": len(plan),
-                  "rows_per_batch": round(sum(len(g) for g in plan) / len(plan), 1),
+print(json.dumps({"code": str(args.code), "reader": features.__file__, "shards": len(source.manifest["shards"]),
+                  "batches": len(plan), "rows_per_batch": round(sum(len(g) for g in plan) / len(plan), 1),
                   "batch_tokens": args.batch_tokens, "threads": args.threads, "ms_per_batch": passes}))

@@ -5,9 +5,9 @@ On a GPU the eager step is host-bound: about 1,800 kernel launches a step, queue
 the trainer profile). Compiled, the elementwise chains fuse and the host queues far fewer launches.
 
 Every batch has its own sizes (batch rows, length, kept rows, pairs per step), so the graph is built with
-dynamic shapes: one forward-and-backward graph, compiled at the first batch and meant to serve every later one
-(confirmed on the CPU; on the H200 the last guard found is off but not yet measured: BENCHMARKS.md). What would make
-the compiler build more (each build took 10-150 s on the H200):
+dynamic shapes: one forward-and-backward graph, compiled at the first batch and serving every later one (one graph
+in the 50,000-sample headline run on the H200: BENCHMARKS.md). What would make the compiler build more (each build
+took 10-150 s on the H200):
 - duck sizing, off here: two sizes that happen to be equal in the first batch (say the kept rows and the hidden
   width) would be assumed equal, and the first batch where they differ would recompile;
 - the length's remainder modulo 8 (alignment checks): the trainer pads batches to a multiple of 8

@@ -93,9 +93,9 @@ class RowTargets:
     mapping a position to its probs row, and the full-vocabulary argmax `top` / `in_vocab` [B, T]."""
 
     def __init__(self, last_hidden: Tensor, lm_head: Tensor, d2t: Tensor, t2d: Tensor, rows: Rows,
-                 top: Tensor | None = None, chunk: int | None = None) -> None:
+                 top: Tensor | None = None) -> None:
         picked = rows.gather(last_hidden)[:, None]  # [N_s, 1, H]: the fast paths of target_distribution apply
-        part = target_distribution(picked, lm_head, d2t, t2d, chunk or TEACHER_CHUNK,
+        part = target_distribution(picked, lm_head, d2t, t2d, TEACHER_CHUNK,
                                    top=None if top is None else rows.gather(top[..., None]))
         self.probs = part.probs[:, 0]
         shape, dev = (rows.B, rows.T), last_hidden.device
