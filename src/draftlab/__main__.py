@@ -1,4 +1,4 @@
-"""python -m draftlab {stage, check-draft, convert} ..."""
+"""python -m draftlab {stage, check-draft, convert, import-runs, warm-compile} ..."""
 
 import logging
 import sys
@@ -10,6 +10,7 @@ COMMANDS = {
     "check-draft": ("draftlab.sglang.cli", "check a draft folder against what SGLang loads"),
     "convert": ("draftlab.sglang.cli", "convert a draft folder between SGLang and speculators formats"),
     "import-runs": ("draftlab.import_runs", "log jobs run without a tracking store (results.json) into MLflow"),
+    "warm-compile": ("draftlab.train.compile_warmup", "build the train stage's compiled graph ahead (what jobs start)"),
 }
 
 
@@ -23,7 +24,7 @@ def main(argv: list[str]) -> int:
 
     module = importlib.import_module(COMMANDS[argv[0]][0])
     try:
-        if argv[0] in ("stage", "import-runs"):
+        if argv[0] in ("stage", "import-runs", "warm-compile"):
             return module.main(argv[1:])
         return module.main(argv)
     except ConfigError as err:

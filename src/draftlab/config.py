@@ -127,6 +127,9 @@ class TrainConfig:
     strategy: str = "auto"  # under torchrun: auto (= ddp when WORLD_SIZE > 1) | ddp | fsdp (FSDP2 fully_shard)
     compile_loss: str = "auto"  # auto (= on CUDA) | true | false: the soft cross-entropy under torch.compile
     compile_unroll: str = "auto"  # auto (= on CUDA) | true | false: the packed unroll (forward + loss) compiled
+    # auto (= when the unroll is compiled and generate or extract run first) | true | false: build its graph in a
+    # process of its own while they run (train/compile_warmup.py)
+    compile_warmup: str = "auto"
 
 
 @dataclass
@@ -293,6 +296,7 @@ def _check_values(c: DictConfig) -> None:
     _choice("train.strategy", c.train.strategy, ("auto", "ddp", "fsdp"))
     _choice("train.compile_loss", str(c.train.compile_loss).lower(), ("auto", "true", "false"))
     _choice("train.compile_unroll", str(c.train.compile_unroll).lower(), ("auto", "true", "false"))
+    _choice("train.compile_warmup", str(c.train.compile_warmup).lower(), ("auto", "true", "false"))
     if c.train.init_from not in (None, "shorter") and not Path(c.train.init_from).exists():
         raise ConfigError(f"train.init_from: {c.train.init_from} does not exist (a checkpoint or train folder, "
                           "or 'shorter')")

@@ -20,6 +20,7 @@ from draftlab.reporting import Reporter
 from draftlab.stage_keys import NOT_FINGERPRINTED, STAGES, PlannedStage, StageSpec, plan  # noqa: F401 (re-exported)
 from draftlab.stages import final_step, invoke  # noqa: F401 (final_step re-exported)
 from draftlab.summary import STAGE_WARNINGS_EXCLUDE, collect_warnings, repeat_stage_warnings, stage_warnings
+from draftlab.warmup import Warmup, wanted as warmup_wanted
 
 log = logging.getLogger("draftlab.pipeline")
 PRODUCED_BY = "draftlab/produced_by"  # key of the producing commit inside a completion record
@@ -32,6 +33,8 @@ def run_stages(cfg, reporter: Reporter, names: list[str] | None = None) -> dict[
     commit = _current_commit()
     results: dict[str, float] = {}
     tags: dict[str, str] = {}
+    # the train stage's compiled graph, built while generate and extract run (draftlab/warmup.py)
+    warmup = Warmup.start(cfg) if warmup_wanted(cfg, planned, wanted) else None
     try:  # the stages that finished are tagged even when a later one fails
         for name in wanted:
             stage = planned[name]
@@ -40,12 +43,18 @@ def run_stages(cfg, reporter: Reporter, names: list[str] | None = None) -> dict[
                 if up not in wanted and not planned[up].done_record.exists():
                     raise RuntimeError(f"stage {name} needs {up} output {planned[up].folder}, which is not "
                                        f"complete: run with stages=[{up},{name}] or all stages")
+            if name == "train" and warmup is not None:
+                warmed, warmup = warmup.finish(), None
+                reporter.metrics(warmed)
+                results.update(warmed)
             stage_cfg = _continuation(cfg) if name == "train" else cfg
             metrics, produced_by = run_stage(stage_cfg, stage, inputs, reporter, commit)
             tags.update({f"fingerprint.{name}": stage.key, f"folder.{name}": str(stage.folder),
                          f"{name}/produced_by": produced_by})
             results.update(metrics)
     finally:
+        if warmup is not None:  # a stage before train failed
+            warmup.stop()
         _tag_all(reporter, tags)
     return results
 

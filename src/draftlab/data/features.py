@@ -96,6 +96,22 @@ def head_top1(last_hidden: torch.Tensor, head_weight: torch.Tensor, chunk: int =
     return torch.cat(tops).to(last_hidden.device).view(last_hidden.shape[:-1])
 
 
+def batch_buffers(B: int, T: int, width: int, hidden: int, dtype: torch.dtype, with_top: bool,
+                  pin: bool = False) -> dict[str, torch.Tensor]:
+    """A [B, T] batch as the reader returns it (the trainer's input), to be filled row by row: ids and masks zero,
+    the wide tensors uninitialised (zero-filling them whole was 80% of reading a batch: the reader zeroes each row's
+    padding). `pin`: every tensor the trainer copies is pinned, because from pageable memory
+    .to(device, non_blocking=True) may be synchronous with the host (CUDA's API notes) and stall it once a step."""
+    wide = {"dtype": dtype, "pin_memory": pin}
+    out = {"input_ids": torch.zeros(B, T, dtype=torch.long, pin_memory=pin),
+           "features": torch.empty(B, T, width, **wide), "last_hidden": torch.empty(B, T, hidden, **wide),
+           "loss_mask": torch.zeros(B, T, dtype=torch.bool, pin_memory=pin),
+           "attention_mask": torch.zeros(B, T, dtype=torch.bool, pin_memory=pin)}
+    if with_top:
+        out["target_top"] = torch.zeros(B, T, dtype=torch.int32, pin_memory=pin)
+    return out
+
+
 def pad_batch(seqs: list[torch.Tensor], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-pads 1-D id tensors into [B, T] plus the bool attention mask (see `model_mask`)."""
     T = max(len(s) for s in seqs)
@@ -273,18 +289,8 @@ class FeatureSource:
         B, T = len(group), max(lengths)
         width = self.manifest["shapes"]["features"][1]
         hidden = self.manifest["shapes"]["last_hidden"][1]
-        # every tensor the trainer copies is pinned: from pageable memory, .to(device, non_blocking=True) may be
-        # synchronous with the host (CUDA's API notes), which would stall it once a step
-        pin = torch.cuda.is_available()
-        # the wide tensors are not zero-filled whole (that was 80% of reading a batch): each row's padding is, below
-        wide = {"dtype": self.batch_dtype, "pin_memory": pin}
-        out = {"input_ids": torch.zeros(B, T, dtype=torch.long, pin_memory=pin),
-               "features": torch.empty(B, T, width, **wide), "last_hidden": torch.empty(B, T, hidden, **wide),
-               "loss_mask": torch.zeros(B, T, dtype=torch.bool, pin_memory=pin),
-               "attention_mask": torch.zeros(B, T, dtype=torch.bool, pin_memory=pin)}
         with_top = bool(self.manifest.get("target_top"))  # pools made before target_top: the plain path
-        if with_top:
-            out["target_top"] = torch.zeros(B, T, dtype=torch.int32, pin_memory=pin)
+        out = batch_buffers(B, T, width, hidden, self.batch_dtype, with_top, pin=torch.cuda.is_available())
         for i, (e, n) in enumerate(zip(group, lengths)):
             shard = self._shard(e.shard)
             span = slice(e.start, e.start + n)

@@ -180,7 +180,8 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter: Reporter) -> dict[str
                "train/steps": float(result.steps),
                # the data axis of a scaling sweep: tokens (prompt and answer) of the training split
                "train/train_tokens": float(source.num_tokens("train")),
-               "train/train_samples": float(source.num_samples_in("train"))}
+               "train/train_samples": float(source.num_samples_in("train")),
+               **(trainer.core.metrics() if trainer.core is not None else {})}
     metrics.pop("epoch", None)
     fsutil.atomic_write_json(out / "metrics.json", metrics)
     fsutil.atomic_write_json(out / "manifest.json", {

@@ -54,6 +54,11 @@ def _graphs() -> int:
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
+def _cache_hits() -> int:
+    """Graphs AOTAutograd found in its on-disk cache (compiled by an earlier process, e.g. the compile warm-up)."""
+    return torch._dynamo.utils.counters["aot_autograd"]["autograd_cache_hit"]
+
+
 class CompiledUnroll:
     """`packed_core` under torch.compile (dynamic shapes); the eager core after a failure to build it. Callable as
     `packed_unroll`'s `core`. The loss inside is the plain `soft_ce`, fused into the graph with the rest (the `ce`
@@ -67,6 +72,12 @@ class CompiledUnroll:
         self.failed: Exception | None = None
         self.compile_seconds = 0.0  # spent in calls that built a graph
         self.graphs = 0  # graphs built for the unroll (a second one is a recompile)
+        self.cache_hits = 0  # of those, loaded from the compile cache (train/compile_warmup.py)
+
+    def metrics(self) -> dict[str, float]:
+        """train/compile_s (seconds in calls that built a graph), train/compile_graphs, train/compile_cache_hits."""
+        return {"train/compile_s": round(self.compile_seconds, 2), "train/compile_graphs": float(self.graphs),
+                "train/compile_cache_hits": float(self.cache_hits)}
 
     def __call__(self, model, batch, lm_head, plan, steps, decay, loss_norm, ce):
         args = (model, batch, lm_head, plan, steps, decay, loss_norm)
@@ -74,7 +85,7 @@ class CompiledUnroll:
         if (self.failed is not None or not torch.is_grad_enabled() or "target_top" not in batch
                 or batch["input_ids"].shape[0] < 2):
             return packed_core(*args, ce)
-        graphs, started = _graphs(), time.perf_counter()
+        graphs, hits, started = _graphs(), _cache_hits(), time.perf_counter()
         try:
             with fx_config.patch(use_duck_shape=False), dynamo_config.patch(specialize_float=True), \
                     _backward_with_forward():
@@ -88,7 +99,10 @@ class CompiledUnroll:
             seconds = time.perf_counter() - started
             self.compile_seconds += seconds
             self.graphs += 1
-            log.info("train: compiled the unroll in %.1f s (graph %d%s)", seconds, self.graphs,
+            cached = _cache_hits() > hits
+            self.cache_hits += cached
+            log.info("train: compiled the unroll in %.1f s (graph %d%s%s)", seconds, self.graphs,
+                     ", from the compile cache" if cached else "",
                      "" if self.graphs == 1 else ": a recompile, TORCH_LOGS=recompiles says why")
         return out
 

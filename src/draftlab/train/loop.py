@@ -20,8 +20,7 @@ window's sums stay on the device until it is logged or checkpointed (train/windo
 
 Data: `source.batches(split, epoch, batch_tokens, max_seq_len, seed, shuffle, prepare=None)` must give the same
 batches for the same arguments, each mapped by `prepare` when given (an offline FeatureSource maps them on its
-read-ahead worker, other sources in line); resume skips the batches of the current epoch that were already
-consumed.
+read-ahead worker, other sources in line); resume skips the batches of the epoch that were already consumed.
 """
 
 from __future__ import annotations
@@ -159,6 +158,11 @@ class Trainer:
                                      max_kept=self.max_kept, plan=plan, core=self.core)
             targets = target_distribution(batch["last_hidden"], self.lm_head, m.d2t, m.t2d, top=batch.get("target_top"))
             return ttt_unroll(m, batch, targets, self.s.ttt_steps, self.s.loss_decay, ce=self.ce)
+
+    def build_graphs(self, batch: dict) -> None:
+        """A training step's forward and backward on a batch as the source gives it, with no update: what the first
+        step compiles gets built (the compile warm-up: train/compile_warmup.py)."""
+        self._forward(*self._to_device(batch))[0].backward()
 
     def evaluate(self, split: str = "val") -> dict[str, float] | None:
         self.model.eval()
