@@ -1,0 +1,94 @@
+"""train.compile_warmup: the compiled unroll's graph built in a second process while generate and extract run, and
+loaded from torch.compile's cache by the train stage (draftlab/warmup.py, train/compile_warmup.py)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, tiny_overrides
+from draftlab.config import validate
+from draftlab.pipeline import plan
+from draftlab.train.compile_warmup import warm_batch
+from draftlab.train.device_batch import attach_plan
+from draftlab.warmup import Warmup, wanted
+
+STAGES = ["generate", "extract", "train"]
+
+
+def _finished(planned, *names) -> None:
+    for name in names:
+        planned[name].done_record.parent.mkdir(parents=True, exist_ok=True)
+        planned[name].done_record.write_text("{}")
+
+
+def test_the_warm_up_starts_when_the_unroll_is_compiled_and_has_stages_to_overlap(tiny_cfg, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    cfg = validate(tiny_cfg("train.compile_unroll=true"))
+    planned = plan(cfg)
+    assert wanted(cfg, planned, STAGES)
+    assert not wanted(cfg, planned, ["generate", "extract"])  # no train in this job
+    assert not wanted(validate(tiny_cfg("train.compile_unroll=true", "train.compile_warmup=false")), planned, STAGES)
+    assert not wanted(validate(tiny_cfg()), planned, STAGES)  # auto: compiled on CUDA only, and this is the CPU
+    monkeypatch.setenv("WORLD_SIZE", "2")  # torchrun's data-parallel trainer runs the eager unroll
+    assert not wanted(cfg, planned, STAGES)
+    monkeypatch.delenv("WORLD_SIZE")
+    _finished(planned, "generate", "extract")  # nothing to overlap: auto waits for no one, true still starts it
+    assert not wanted(cfg, planned, STAGES)
+    assert wanted(validate(tiny_cfg("train.compile_unroll=true", "train.compile_warmup=true")), planned, STAGES)
+    _finished(planned, "train")
+    assert not wanted(validate(tiny_cfg("train.compile_unroll=true", "train.compile_warmup=true")), planned, STAGES)
+
+
+@pytest.mark.parametrize("overrides", [[], ["hardware=gpu"]])
+def test_the_warm_batch_passes_the_guards_a_real_batch_passes(tiny_cfg, overrides):
+    cfg = validate(tiny_cfg(*overrides))
+    batch = warm_batch(cfg, hidden=64, vocab=320, layers=3)
+    B, T = batch["input_ids"].shape
+    steps = int(cfg.train.ttt_steps)
+    packed = attach_plan(batch, steps, 8)["packed_plan"]
+    # two rows or more and every step with two pairs or more (0 and 1 specialise); within half the token budget
+    assert B >= 2 and min(packed.sizes) >= 2 and len(packed.sizes) == steps
+    assert B * T <= max(2 * T, int(cfg.train.batch_tokens) // 2)
+    assert batch["features"].dtype == getattr(__import__("torch"), cfg.extract.dtype)
+    # the prompt share is outside the loss, padding is zero
+    lengths = batch["attention_mask"].sum(1)
+    assert (batch["loss_mask"].sum(1) < lengths).all() and float(batch["features"][~batch["attention_mask"]].abs().sum()) == 0
+
+
+def test_a_failed_warm_up_is_said_and_the_train_stage_compiles_itself(tiny_cfg, caplog):
+    cfg = validate(tiny_cfg("train.compile_unroll=false", "train.compile_warmup=true"))  # nothing to warm: it fails
+    warmup = Warmup.start(cfg)
+    with caplog.at_level(logging.INFO, logger="draftlab"):
+        assert warmup.finish() == {"train/compile_warmup_ok": 0.0}
+    assert "compile warm-up failed (exit 1)" in caplog.text and "the unroll is not compiled" in caplog.text
+    assert not warmup.folder.exists()
+
+
+def test_a_warm_up_still_running_when_the_job_ends_is_stopped(tiny_cfg):
+    warmup = Warmup.start(validate(tiny_cfg("train.compile_unroll=true")))
+    warmup.stop()
+    assert warmup.process.returncode is not None and not warmup.folder.exists()
+
+
+@pytest.mark.slow
+def test_the_train_stage_loads_the_graph_the_warm_up_built(tmp_path):
+    # a cache of its own: a graph left by another test or run must not count; two unrolled steps keep the CPU
+    # compile near a minute (seven take about four)
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
+    job = tmp_path / "job"
+    proc = subprocess.run([sys.executable, str(REPO / "src" / "run.py"), *tiny_overrides(tmp_path),
+                           "tracking.enabled=false", f"hydra.run.dir={job}", "train.compile_unroll=true",
+                           "train.ttt_steps=2"], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    if "torch.compile of the unroll failed" in proc.stdout + proc.stderr:
+        pytest.skip("inductor cannot build here (no C++ compiler)")
+    metrics = json.loads((job / "results.json").read_text())["metrics"]
+    # the warm-up compiled into an empty cache; the train stage's one graph came from it
+    assert metrics["train/compile_warmup_ok"] == 1.0 and metrics["train/compile_warmup_s"] > 0
+    assert metrics["train/compile_graphs"] == 1.0 and metrics["train/compile_cache_hits"] == 1.0
