@@ -17,13 +17,16 @@
 #     (EXTRA="train.compile_unroll=false ..." adds overrides to the run; B32=1, here and in every watch call: then
 #      the same data at 32,768-token batches, val/loss at equal tokens)
 #   call 3.. (nothing carried):             BUDGET=560 bash /tmp/headline/main/bench/h200_headline.sh watch
+#   or, instead of start and watch, a shorter job run within the call (carry .gguf-b .whl-tf):
+#     SAMPLES=16000 EXTRA="train.max_steps=1500" BUDGET=450 bash /tmp/headline/main/bench/h200_headline.sh small
+#     (what it checks: the compile warm-up's two graphs, loaded by the train stage; $OUT/small.tgz)
 #   then (nothing carried):                 bash /tmp/headline/main/bench/h200_headline.sh warm
 #     (the trainer twice on a 64-shard synthetic pool, ~9 GB: the second run's compile_s is a warm compile, and
 #      read_only_s_per_batch / data_wait_s show the reader on many shards; about 6 minutes)
 # What comes back: $OUT/headline.tgz (the job's results.json with every stage's seconds, and log-headline.txt). The end-to-end
 # time is the log's first to last timestamp; import the job with `python -m draftlab import-runs`.
 set -uo pipefail
-step=${1:?usage: h200_headline.sh install|start|watch|warm}
+step=${1:?usage: h200_headline.sh install|start|watch|small|warm}
 export PYTHONUNBUFFERED=1 SITE=/tmp/site
 . "$(dirname "$0")/gpu_machine.sh"  # install_wheels, keep_first_half, smollm2_gguf, start_detached, watch_jobs
 ROOT=${ROOT:-/tmp/dl}; H=/tmp/headline; BUDGET=${BUDGET:-570}; START=$(date +%s)
@@ -31,7 +34,7 @@ mkdir -p "$ROOT" "$OUT"
 
 run_cmd() {  # run_cmd DIR [OVERRIDE...]: the headline's command, its Hydra folder under $ROOT
   local dir=$1; shift
-  echo "cd $H/main && PYTHONPATH=$SITE:$H/main/src python3 src/run.py hardware=gpu data.samples=50000 \
+  echo "cd $H/main && PYTHONPATH=$SITE:$H/main/src python3 src/run.py hardware=gpu data.samples=${SAMPLES:-50000} \
     data.source=jsonl data.path=$ROOT/headline_prompts.jsonl paths.root=$ROOT tracking.enabled=false \
     hydra.run.dir=$ROOT/$dir $*"
 }
@@ -80,6 +83,13 @@ start)
 watch)
   launch  # a run that died without an exit code starts again and resumes
   watch ;;
+small)
+  install_wheels .whl-tf && smollm2_gguf || exit 1
+  DRAFTLAB_GIT_COMMIT=$(cat $H/COMMIT) && export DRAFTLAB_GIT_COMMIT
+  timeout "$BUDGET" bash -c "$(run_cmd small ${EXTRA:-})" > $ROOT/log-small.txt 2>&1; echo "small rc=$?"
+  grep -a "stage \|compiled\|warm-up\|s pass\|Error" $ROOT/log-small.txt | cut -c1-220 | tail -n 40
+  (cd $ROOT && tar czf "$OUT"/small.tgz log-small.txt small/results.json small/.hydra \
+    $(ls -d {generate,extract,train,bench}/*/manifest.json 2>/dev/null) 2>/dev/null) ;;
 warm)  # after the headline, same machine: the trainer twice on a 64-shard pool; the second compiles warm
   for run in 1 2; do
     (cd $H/main && PYTHONPATH=$SITE timeout 280 python3 bench/trainer_speed.py --batch-tokens 16384 --samples 8192 \

@@ -50,7 +50,7 @@ def test_compiled_unroll_equals_eager_and_keeps_one_graph_across_shapes(caplog, 
         got = _run(_unroll(model, batch, lm_head, core), model)
     if core.failed is not None:  # no C++ compiler on this machine: it trained eagerly and said so
         pytest.skip(f"inductor cannot build here: {core.failed}")
-    assert core.graphs == 1 and "compiled the unroll in" in caplog.text and "(graph 1)" in caplog.text
+    assert core.graphs == 1 and "compiled the unroll for training in" in caplog.text and "(graph 1)" in caplog.text
     # traced once (a float traced as a symbol made dynamo start over) and storable in AOTAutograd's cache (an
     # inference_mode switch in the graph was not): what a second process finds warm (BENCHMARKS.md)
     assert aot["total"] - before["total"] == 1 and aot["autograd_cache_bypass"] == before["autograd_cache_bypass"]
@@ -79,8 +79,8 @@ def test_compiled_unroll_equals_eager_and_keeps_one_graph_across_shapes(caplog, 
 
 
 def test_the_trainer_feeds_its_compiled_unroll_padded_batches(tmp_path, monkeypatch):
-    """The trainer hands its batches to the compiled unroll padded to a multiple of 8 (training and validation, which
-    runs eager), and batches of other sizes reuse one graph (`aot_eager`: the capture without inductor's codegen)."""
+    """The trainer hands its batches to the compiled unroll padded to a multiple of 8 (training and validation), and
+    batches of other sizes reuse one graph each (`aot_eager`: the capture without inductor's codegen)."""
     from draftlab.reporting import RecordingReporter
     from draftlab.train import loop
     from test_train_loop import FakeSource, _settings
@@ -104,9 +104,33 @@ def test_the_trainer_feeds_its_compiled_unroll_padded_batches(tmp_path, monkeypa
     trainer = loop.Trainer(source_model(source), source, source.lm_head, _settings(epochs=1), tmp_path,
                            RecordingReporter())
     trainer.run()
-    assert trainer.length_multiple == 8 and trainer.core.failed is None and trainer.core.graphs == 1
+    assert trainer.length_multiple == 8 and trainer.core.failed is None
+    assert trainer.core.graphs == 2 and trainer.core.built == {"training": 1, "validation": 1}
     assert {grad for _, grad in seen} == {True, False} and all(shape[1] % 8 == 0 for shape, _ in seen)
     assert len({shape for shape, grad in seen if grad}) > 1  # training batches of several shapes: still one graph
+
+
+def test_validation_compiles_a_graph_of_its_own_and_never_a_second():
+    model = _model()
+    batch, lm_head = _batch()
+    core = CompiledUnroll(backend="aot_eager")  # the capture alone: the stance is dynamo's, not inductor's
+
+    def evaluate(b, steps=STEPS, with_core=True):
+        on_device, plan = to_device(attach_plan(b, steps, 8), torch.device("cpu"), steps)
+        with torch.no_grad():
+            return packed_unroll(model, on_device, lm_head, steps, 0.8, plan=plan, core=core if with_core else None)
+
+    model.eval()
+    for b in (batch, _cropped(batch, 3, 7)):  # one graph for both shapes, the eager numbers
+        (loss_c, stats_c), (loss_e, stats_e) = evaluate(b), evaluate(b, with_core=False)
+        assert float(loss_c) == pytest.approx(float(loss_e), rel=1e-6) and torch.allclose(stats_c, stats_e)
+    assert core.built == {"training": 0, "validation": 1}
+    # a batch the graph's guards refuse (here another TTT depth, a constant of the graph) runs eager, not compiled
+    (loss_c, stats_c), (loss_e, stats_e) = evaluate(batch, steps=3), evaluate(batch, steps=3, with_core=False)
+    assert torch.equal(loss_c, loss_e) and torch.equal(stats_c, stats_e) and core.graphs == 1
+    model.train()
+    _run(_unroll(model, batch, lm_head, core), model)  # training's graph is its own
+    assert core.built == {"training": 1, "validation": 1}
 
 
 class _Unbuildable:

@@ -1,14 +1,14 @@
-"""The compile warm-up's process (train.compile_warmup): started by the pipeline before generate, awaited before train.
+"""The compile warm-up's processes (train.compile_warmup): started by the pipeline before generate, awaited before train.
 
 What it does and why: train/compile_warmup.py. Here: when to start it, and how the job waits for it. It starts when
 the train stage will compile its unroll (train.compile_unroll, on CUDA by default) and has something to overlap
 with: a generate or extract stage that runs in this job (`auto`; `true` starts it even when they are cached). Under
 torchrun it does not start (the data-parallel trainer runs the eager unroll). The train stage waits for it (logging
 every 30 s), at most WAIT_MAX_S, then stops it. Nothing depends on it: a failed or stopped warm-up leaves the train
-stage to compile as it would have, and says so with the tail of its log.
+stage to compile what it lacks, as it would have, and says so with the tail of its log.
 
-Run with an argument list (no shell), on the job's resolved config written to a temporary folder; its output goes to
-a log file there, not to the job's console, where it would interleave with generate's progress bars.
+Run with argument lists (no shell), on the job's resolved config written to a temporary folder; their output goes to
+log files there, not to the job's console, where it would interleave with generate's progress bars.
 """
 
 from __future__ import annotations
@@ -48,61 +48,77 @@ def wanted(cfg, planned: dict, names: list[str]) -> bool:
 
 
 class Warmup:
-    """One job's warm-up process: `start` it, then `finish` (before train) or `stop` (the job ends without it)."""
+    """One job's warm-up processes, one per graph (training's, validation's): `start` them, then `finish` (before
+    train) or `stop` (the job ends without train)."""
 
-    def __init__(self, folder: Path, process: subprocess.Popen) -> None:
-        self.folder, self.process, self.started = folder, process, time.monotonic()
+    GRAPHS = {"training": [], "validation": ["--validation"]}
+
+    def __init__(self, folder: Path, processes: dict[str, subprocess.Popen]) -> None:
+        self.folder, self.processes, self.started = folder, processes, time.monotonic()
 
     @classmethod
     def start(cls, cfg) -> "Warmup":
         folder = Path(tempfile.mkdtemp(prefix="draftlab-warmup-"))
         OmegaConf.save(cfg, folder / "config.yaml", resolve=True)
-        env = dict(os.environ)  # the child imports this same draftlab, installed or not
+        env = dict(os.environ)  # the children import this same draftlab, installed or not
         package_root = str(Path(draftlab.__file__).resolve().parents[1])
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
-        with open(folder / "warmup.log", "wb") as out:
-            process = subprocess.Popen([sys.executable, "-m", "draftlab", "warm-compile", str(folder / "config.yaml"),
-                                        str(folder / "result.json")], stdout=out, stderr=subprocess.STDOUT, env=env)
-        log.info("train: compiling the unroll in the background while the stages before train run (pid %d; "
-                 "train.compile_warmup=false turns this off)", process.pid)
-        return cls(folder, process)
+        processes = {}
+        for graph, flags in cls.GRAPHS.items():
+            with open(folder / f"{graph}.log", "wb") as out:
+                processes[graph] = subprocess.Popen(
+                    [sys.executable, "-m", "draftlab", "warm-compile", str(folder / "config.yaml"),
+                     str(folder / f"{graph}.json"), *flags], stdout=out, stderr=subprocess.STDOUT, env=env)
+        log.info("train: compiling the unroll's graphs in the background while the stages before train run (pids %s; "
+                 "train.compile_warmup=false turns this off)", ", ".join(str(p.pid) for p in processes.values()))
+        return cls(folder, processes)
 
     def finish(self) -> dict[str, float]:
-        """Waits for the warm-up; returns train/compile_warmup_ok (1 when its graph is in the cache) and
-        train/compile_warmup_s (its whole run: start, trace, compile)."""
+        """Waits for the warm-up; returns train/compile_warmup_ok (1 when both graphs are in the cache) and
+        train/compile_warmup_s (the longer process's whole run: start, trace, compile)."""
         waited = time.monotonic()
-        while self.process.poll() is None:
+        while running := [p for p in self.processes.values() if p.poll() is None]:
             elapsed = time.monotonic() - self.started
             if elapsed > WAIT_MAX_S:
                 log.warning("train: the compile warm-up ran %.0f s, past %.0f s: stopped; the train stage compiles "
-                            "the unroll itself", elapsed, WAIT_MAX_S)
-                self.process.kill()
-                self.process.wait()
+                            "what it had not built", elapsed, WAIT_MAX_S)
+                self._kill()
                 break
             log.info("train: waiting for the compile warm-up (running for %.0f s)", elapsed)
             try:
-                self.process.wait(timeout=min(30.0, WAIT_MAX_S - elapsed + 1))
+                running[0].wait(timeout=min(30.0, WAIT_MAX_S - elapsed + 1))
             except subprocess.TimeoutExpired:
                 pass
-        result = read_json(self.folder / "result.json")
-        if self.process.returncode != 0 or result is None:
-            tail = (self.folder / "warmup.log").read_text(errors="replace").strip().splitlines()[-6:]
-            log.warning("train: the compile warm-up failed (exit %s), so the train stage compiles the unroll itself; "
-                        "its log ends:\n  %s", self.process.returncode, "\n  ".join(tail))
-            metrics = {"train/compile_warmup_ok": 0.0}
-        else:
-            log.info("train: the compile warm-up built the unroll in %.1f s (%.1f s in all; waited %.1f s for it)",
-                     result["train/compile_s"], result["warmup_s"], time.monotonic() - waited)
-            metrics = {"train/compile_warmup_ok": 1.0, "train/compile_warmup_s": float(result["warmup_s"])}
+        results = {graph: self._result(graph, process) for graph, process in self.processes.items()}
+        log.info("train: waited %.1f s for the compile warm-up", time.monotonic() - waited)
         self._clean()
+        done = [r for r in results.values() if r is not None]
+        metrics = {"train/compile_warmup_ok": float(len(done) == len(results))}
+        if done:
+            metrics["train/compile_warmup_s"] = max(float(r["warmup_s"]) for r in done)
         return metrics
 
+    def _result(self, graph: str, process: subprocess.Popen) -> dict | None:
+        result = read_json(self.folder / f"{graph}.json")
+        if process.returncode == 0 and result is not None:
+            log.info("train: the compile warm-up built the unroll's %s graph in %.1f s (%.1f s in all)", graph,
+                     result["train/compile_s"], result["warmup_s"])
+            return result
+        tail = (self.folder / f"{graph}.log").read_text(errors="replace").strip().splitlines()[-6:]
+        log.warning("train: the compile warm-up of the %s graph failed (exit %s), so the train stage compiles it "
+                    "itself; its log ends:\n  %s", graph, process.returncode, "\n  ".join(tail))
+        return None
+
     def stop(self) -> None:
-        """Ends the process if it still runs (the job failed or stopped before train) and removes its folder."""
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+        """Ends the processes still running (the job failed or stopped before train) and removes their folder."""
+        self._kill()
         self._clean()
+
+    def _kill(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
 
     def _clean(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)

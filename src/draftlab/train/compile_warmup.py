@@ -1,4 +1,4 @@
-"""The compile warm-up: the compiled unroll's graph built on a synthetic batch, in a process of its own, while the
+"""The compile warm-up: the compiled unroll's graphs built on a synthetic batch, in processes of their own, while the
 job's generate and extract stages run (started and awaited by draftlab/warmup.py).
 
 Compiling the unroll is the first training step's work, 157.5 s cold in the 50,000-sample headline run on the H200
@@ -8,15 +8,19 @@ the feature layers (extract.layers), draft.* and train.*. torch.compile keeps wh
 and Inductor's caches under TORCHINDUCTOR_CACHE_DIR), so when the train stage's first step traces the same graph it
 loads it instead of compiling it; `train/compile_cache_hits` says whether it did.
 
+Two graphs, one process each (they build in parallel; the host has cores to spare while generate runs): training's
+forward and backward, and validation's forward (train/compiled_unroll.py), stepped by the trainer's own code: a
+forward and backward (`Trainer.build_graphs`), and `Trainer.evaluate` on a source of this one batch.
+
 The batch is the reader's layout (data/features.batch_buffers), in rows of uneven length whose first 40% is prompt
 (outside the loss, ShareGPT's share), padded to about half of train.batch_tokens: a real batch's tokens fill 46-69%
 of its budget (BENCHMARKS.md). The cache holds a graph with the guards of the batch it was built on, and a real
 batch must pass them: at least two rows and every TTT step with many pairs (a one-row batch, or a step of 0 or 1
 pairs, would specialise: train/compiled_unroll.py), and on the CPU no more than 4,096 pairs in all and positions in
-the batch (Inductor's CPU code guards these; no such guard was seen on the H200). The draft is built from the target's config by the train
-stage's own `draft_config`, and stepped by the trainer's own forward and backward (`Trainer.build_graphs`).
+the batch (Inductor's CPU code guards these; no such guard was seen on the H200). The draft is built from the target's
+config by the train stage's own `draft_config`.
 
-    python -m draftlab warm-compile CONFIG.yaml RESULT.json    (CONFIG: a job's resolved config)
+    python -m draftlab warm-compile CONFIG.yaml RESULT.json [--validation]    (CONFIG: a job's resolved config)
 """
 
 from __future__ import annotations
@@ -84,16 +88,31 @@ def warm_trainer(cfg, folder: Path) -> tuple[Trainer, dict]:
     return trainer, warm_batch(cfg, tc["hidden_size"], tc["vocab_size"], len(layer_ids))
 
 
-def warm(cfg) -> dict[str, float]:
-    """Builds the compiled unroll's graph (and the compiled loss) into the compile cache; returns the unroll's
-    train/compile_* metrics. Raises when the unroll is not compiled here or its compile failed."""
+class OneBatch:
+    """A source whose every split is one batch (what `Trainer.evaluate` reads)."""
+
+    def __init__(self, batch: dict) -> None:
+        self.batch = batch
+
+    def batches(self, split, epoch, batch_tokens, max_seq_len, seed, shuffle=True, prepare=None):
+        yield prepare(self.batch) if prepare else self.batch
+
+
+def warm(cfg, validation: bool = False) -> dict[str, float]:
+    """Builds the compiled unroll's training graph (and the compiled loss), or its validation graph, into the compile
+    cache; returns the unroll's train/compile_* metrics. Raises when the unroll is not compiled here or its compile
+    failed."""
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="draftlab-warmup-") as tmp:
         trainer, batch = warm_trainer(cfg, Path(tmp))
         if trainer.core is None:
             raise RuntimeError(f"train.compile_unroll={cfg.train.compile_unroll} on {trainer.device}: the unroll "
                                "is not compiled, so there is nothing to warm")
-        trainer.build_graphs(batch)
+        if validation:
+            trainer.source = OneBatch(batch)
+            trainer.evaluate()
+        else:
+            trainer.build_graphs(batch)
     if trainer.core.failed is not None:
         raise RuntimeError(f"the unroll's compile failed: {trainer.core.failed}") from trainer.core.failed
     return {**trainer.core.metrics(), "warmup_s": round(time.perf_counter() - started, 2)}
@@ -103,8 +122,9 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m draftlab warm-compile", description=__doc__.splitlines()[0])
     ap.add_argument("config", type=Path, help="a job's resolved config (YAML)")
     ap.add_argument("result", type=Path, help="where the metrics go (JSON, written when the graph is built)")
+    ap.add_argument("--validation", action="store_true", help="validation's graph (forward only), not training's")
     args = ap.parse_args(argv)
-    result = warm(OmegaConf.load(args.config))
+    result = warm(OmegaConf.load(args.config), args.validation)
     fsutil.atomic_write_json(args.result, result)
     log.info("compile warm-up: %s", result)
     return 0

@@ -22,9 +22,12 @@ took 10-150 s on the H200):
 Python floats (the loss decay) are constants of the graph: traced as symbols, they made the compiler give up its
 first trace half-way and start again (dynamo's "Restarting analysis due to ... _tensorify_python_scalars"), which
 cost a whole trace on every compile.
-Validation runs eager: a forward-only graph would be a second compile (~85 s cold on the H200), for passes over
-cached batches that take 0.1-2 s. Each compile is logged with its time, so a recompile in the middle of a run is seen,
-not guessed from a slow step.
+Validation (no grad, the model in eval mode) is a graph of its own: a forward-only one. It was run eager while its
+compile (~85 s cold on the H200) sat on the critical path, and then took 86 of the headline's 366 training seconds
+(58 passes of 1.5 s). The compile warm-up (train/compile_warmup.py) now builds it beside the training graph. After the
+first validation graph, a validation batch that would need another runs eager (`eager_on_recompile`): the passes read
+the same batches every time, and one odd batch must not cost a compile. Each compile is logged with its time, so a
+recompile in the middle of a run is seen, not guessed from a slow step.
 
 A machine where torch.compile cannot build the graph (no Triton, no C++ compiler) trains with the eager core,
 which computes the same loss, gradients and stats (tests/test_compiled_unroll.py), and says so once. The backward
@@ -64,6 +67,8 @@ class CompiledUnroll:
     `packed_unroll`'s `core`. The loss inside is the plain `soft_ce`, fused into the graph with the rest (the `ce`
     argument, which may be the separately compiled loss, is not traced)."""
 
+    MODES = ("training", "validation")  # grad mode decides: a guard of the graph
+
     def __init__(self, backend: str = "inductor") -> None:
         options = None
         if backend == "inductor" and hasattr(inductor_config.triton, "mix_order_reduction"):
@@ -71,7 +76,8 @@ class CompiledUnroll:
         self._compiled = torch.compile(packed_core, dynamic=True, backend=backend, options=options)
         self.failed: Exception | None = None
         self.compile_seconds = 0.0  # spent in calls that built a graph
-        self.graphs = 0  # graphs built for the unroll (a second one is a recompile)
+        self.graphs = 0  # graphs built for the unroll: one for training, one for validation, more are recompiles
+        self.built = dict.fromkeys(self.MODES, 0)
         self.cache_hits = 0  # of those, loaded from the compile cache (train/compile_warmup.py)
 
     def metrics(self) -> dict[str, float]:
@@ -81,14 +87,17 @@ class CompiledUnroll:
 
     def __call__(self, model, batch, lm_head, plan, steps, decay, loss_norm, ce):
         args = (model, batch, lm_head, plan, steps, decay, loss_norm)
-        # validation, pools without target_top and one-row batches: eager (module docstring)
-        if (self.failed is not None or not torch.is_grad_enabled() or "target_top" not in batch
-                or batch["input_ids"].shape[0] < 2):
+        # pools without target_top and one-row batches: eager (module docstring)
+        if self.failed is not None or "target_top" not in batch or batch["input_ids"].shape[0] < 2:
             return packed_core(*args, ce)
+        mode = self.MODES[0] if torch.is_grad_enabled() else self.MODES[1]
+        # validation's second graph would be for one odd batch of the few it reads every pass: that one runs eager
+        stance = torch.compiler.set_stance("eager_on_recompile") if mode == "validation" and self.built[mode] \
+            else contextlib.nullcontext()
         graphs, hits, started = _graphs(), _cache_hits(), time.perf_counter()
         try:
             with fx_config.patch(use_duck_shape=False), dynamo_config.patch(specialize_float=True), \
-                    _backward_with_forward():
+                    _backward_with_forward(), stance:
                 out = self._compiled(*args, soft_ce)
         except torch._dynamo.exc.TorchDynamoException as error:  # BackendCompilerFailed, Unsupported, ...
             self.failed = error
@@ -99,11 +108,12 @@ class CompiledUnroll:
             seconds = time.perf_counter() - started
             self.compile_seconds += seconds
             self.graphs += 1
+            self.built[mode] += 1
             cached = _cache_hits() > hits
             self.cache_hits += cached
-            log.info("train: compiled the unroll in %.1f s (graph %d%s%s)", seconds, self.graphs,
+            log.info("train: compiled the unroll for %s in %.1f s (graph %d%s%s)", mode, seconds, self.graphs,
                      ", from the compile cache" if cached else "",
-                     "" if self.graphs == 1 else ": a recompile, TORCH_LOGS=recompiles says why")
+                     "" if self.built[mode] == 1 else ": a recompile, TORCH_LOGS=recompiles says why")
         return out
 
 
