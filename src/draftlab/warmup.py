@@ -40,7 +40,7 @@ def wanted(cfg, planned: dict, names: list[str]) -> bool:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         return False
     from draftlab.target import resolve_device
-    from draftlab.train.ttt import compile_wanted
+    from draftlab.train.compile_choice import compile_wanted
 
     if not compile_wanted("train.compile_unroll", cfg.train.compile_unroll, resolve_device(cfg.train.device)):
         return False

@@ -48,7 +48,8 @@ from torch._inductor import config as inductor_config
 from torch.fx.experimental import _config as fx_config
 
 from draftlab.train.packed import packed_core
-from draftlab.train.ttt import compile_wanted, soft_ce
+from draftlab.train.compile_choice import compile_wanted
+from draftlab.train.ttt import soft_ce
 
 log = logging.getLogger("draftlab")
 

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from draftlab.model.draft import Eagle3Draft, TTTCache
+from draftlab.train.compile_choice import compile_wanted
 
 # rows of the stats tensor [len(STATS), steps]; all are sums over positions
 STATS = ("ce", "n_loss", "correct", "n", "chain", "valid", "chain_prev", "oov")
@@ -91,15 +92,6 @@ def compiled_soft_ce():
     vocab] is a chain of memory-bound passes in eager mode (upcast, max, exp, sum, product, and as many in
     backward): fused, it reads the logits and soft targets about once each way (BENCHMARKS.md, issue 11)."""
     return torch.compile(soft_ce, dynamic=True)
-
-
-def compile_wanted(key: str, choice, device: torch.device) -> bool:
-    """A train.compile_* setting: auto = on CUDA (on the CPU a step is matmul-bound and compiling costs seconds to
-    minutes), true, false."""
-    value = str(choice).lower()  # a YAML true arrives as "True" in the str field
-    if value not in ("auto", "true", "false"):
-        raise ValueError(f"{key}: {choice!r}; expected auto, true or false")
-    return device.type == "cuda" if value == "auto" else value == "true"
 
 
 def soft_ce_for(compile_loss: str, device: torch.device, dtype: torch.dtype):
