@@ -164,7 +164,8 @@ def main() -> None:
         wall = time.perf_counter() - start
     tokens = source.num_tokens("train") * result.final["train/epochs_seen"]
     rest = wall - sum(totals.values())
-    compile_s = trainer.core.compile_seconds if trainer.core is not None else 0.0  # every graph built (validation: eager)
+    # every graph built (validation's too once training's came from the cache: train/compiled_unroll.py)
+    compile_s = trainer.core.compile_seconds if trainer.core is not None else 0.0
     print(json.dumps({
         "device": args.device, "batch_tokens": args.batch_tokens, "prompt_frac": args.prompt_frac,
         "samples": args.samples, "shards": len(source.manifest["shards"]),

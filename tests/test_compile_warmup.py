@@ -16,6 +16,8 @@ from draftlab.config import validate
 from draftlab.pipeline import plan
 from draftlab.train.compile_warmup import warm_batch
 from draftlab.train.device_batch import attach_plan
+from draftlab import warmup as warmup_module
+from draftlab.reporting import RecordingReporter
 from draftlab.warmup import Warmup, wanted
 
 STAGES = ["generate", "extract", "train"]
@@ -34,7 +36,7 @@ def test_the_warm_up_starts_when_the_unroll_is_compiled_and_has_stages_to_overla
     assert wanted(cfg, planned, STAGES)
     assert not wanted(cfg, planned, ["generate", "extract"])  # no train in this job
     assert not wanted(validate(tiny_cfg("train.compile_unroll=true", "train.compile_warmup=false")), planned, STAGES)
-    assert not wanted(validate(tiny_cfg()), planned, STAGES)  # auto: compiled on CUDA only, and this is the CPU
+    assert not wanted(validate(tiny_cfg("train.device=cpu")), planned, STAGES)  # auto: compiled on CUDA only
     monkeypatch.setenv("WORLD_SIZE", "2")  # torchrun's data-parallel trainer runs the eager unroll
     assert not wanted(cfg, planned, STAGES)
     monkeypatch.delenv("WORLD_SIZE")
@@ -52,16 +54,16 @@ def test_the_warm_batch_passes_the_guards_a_real_batch_passes(tiny_cfg, override
     B, T = batch["input_ids"].shape
     steps = int(cfg.train.ttt_steps)
     packed = attach_plan(batch, steps, 8)["packed_plan"]
-    # two rows or more and every step with two pairs or more (0 and 1 specialise); within half the token budget
+    # two rows or more and every step with two pairs or more (0 and 1 specialise)
     assert B >= 2 and min(packed.sizes) >= 2 and len(packed.sizes) == steps
-    assert B * T <= max(2 * T, int(cfg.train.batch_tokens) // 2)
     assert batch["features"].dtype == getattr(__import__("torch"), cfg.extract.dtype)
     # the prompt share is outside the loss, padding is zero
     lengths = batch["attention_mask"].sum(1)
-    assert (batch["loss_mask"].sum(1) < lengths).all() and float(batch["features"][~batch["attention_mask"]].abs().sum()) == 0
+    assert (batch["loss_mask"].sum(1) < lengths).all()
+    assert float(batch["features"][~batch["attention_mask"]].abs().sum()) == 0
 
 
-def test_a_failed_warm_up_is_said_and_the_train_stage_compiles_itself(tiny_cfg, caplog):
+def test_a_failed_warm_up_is_a_warning_with_its_log(tiny_cfg, caplog):
     cfg = validate(tiny_cfg("train.compile_unroll=false", "train.compile_warmup=true"))  # nothing to warm: it fails
     warmup = Warmup.start(cfg)
     with caplog.at_level(logging.INFO, logger="draftlab"):
@@ -73,8 +75,47 @@ def test_a_failed_warm_up_is_said_and_the_train_stage_compiles_itself(tiny_cfg, 
 
 def test_a_warm_up_still_running_when_the_job_ends_is_stopped(tiny_cfg):
     warmup = Warmup.start(validate(tiny_cfg("train.compile_unroll=true")))
+    assert all(p.poll() is None for p in warmup.processes.values())  # importing torch takes them seconds
     warmup.stop()
     assert all(p.returncode is not None for p in warmup.processes.values()) and not warmup.folder.exists()
+
+
+def test_a_warm_up_past_its_time_is_stopped_and_train_compiles(tiny_cfg, caplog, monkeypatch):
+    monkeypatch.setattr(warmup_module, "WAIT_MAX_S", 1.0)
+    warmup = Warmup.start(validate(tiny_cfg("train.compile_unroll=true")))
+    with caplog.at_level(logging.INFO, logger="draftlab"):
+        assert warmup.finish() == {"train/compile_warmup_ok": 0.0}
+    assert "past 1 s: stopped" in caplog.text and all(p.returncode is not None for p in warmup.processes.values())
+
+
+def test_a_stage_failing_before_train_stops_the_warm_up(tiny_cfg, monkeypatch):
+    from draftlab import pipeline
+    from draftlab.stages import generate
+
+    calls = []
+
+    class Recording:
+        @classmethod
+        def start(cls, cfg):
+            calls.append("start")
+            return cls()
+
+        def finish(self):
+            calls.append("finish")
+            return {}
+
+        def stop(self):
+            calls.append("stop")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("stage exploded")
+
+    monkeypatch.setattr(pipeline, "Warmup", Recording)
+    monkeypatch.setattr(pipeline, "warmup_wanted", lambda *args: True)
+    monkeypatch.setattr(generate, "run", broken)
+    with pytest.raises(RuntimeError, match="stage exploded"):
+        pipeline.run_stages(validate(tiny_cfg()), RecordingReporter())
+    assert calls == ["start", "stop"]
 
 
 @pytest.mark.slow

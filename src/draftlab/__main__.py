@@ -10,7 +10,7 @@ COMMANDS = {
     "check-draft": ("draftlab.sglang.cli", "check a draft folder against what SGLang loads"),
     "convert": ("draftlab.sglang.cli", "convert a draft folder between SGLang and speculators formats"),
     "import-runs": ("draftlab.import_runs", "log jobs run without a tracking store (results.json) into MLflow"),
-    "warm-compile": ("draftlab.train.compile_warmup", "build the train stage's compiled graph ahead (what jobs start)"),
+    "warm-compile": ("draftlab.train.compile_warmup", "build the train stage's compiled graphs ahead"),
 }
 
 

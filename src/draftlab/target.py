@@ -160,23 +160,6 @@ def load_target(target_cfg, cache_dir: Path | str) -> Target:
     return _load_hf(target_cfg.path, target_cfg.gguf_file, target_cfg.path, device, dtype, device_map)
 
 
-def target_config(target_cfg, cache_dir: Path | str) -> dict:
-    """The configured target's config, as `Target.config_dict()` gives it once loaded, without loading its weights
-    (the compile warm-up shapes the draft from it while the generate stage holds the target: train/compile_warmup.py)."""
-    from transformers import AutoConfig
-
-    if target_cfg.name == "tiny":
-        return tiny_config(target_cfg.tiny, tiny_tokenizer()).to_dict()
-    if target_cfg.name == "smollm2":
-        converted = _smollm2_folder(Path(cache_dir))
-        if (converted / "config.json").exists():
-            return AutoConfig.from_pretrained(converted).to_dict()
-        gguf = embedded_gguf_folder() / SMOLLM2_GGUF  # its metadata only: the conversion may be under way
-        return AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name).to_dict()
-    kwargs = {"gguf_file": target_cfg.gguf_file} if target_cfg.gguf_file else {}
-    return AutoConfig.from_pretrained(target_cfg.path, **kwargs).to_dict()
-
-
 def serving_path(target_cfg, cache_dir: Path | str) -> str:
     """The model folder or hub name another engine (SGLang) loads for this target."""
     if target_cfg.name == "hf":
@@ -276,11 +259,15 @@ def tiny_tokenizer():
     return tokenizer
 
 
-def tiny_config(arch, tokenizer):
-    """The tiny target's LlamaConfig: its shape from `arch` (target.tiny), its special ids from the tokenizer."""
-    from transformers import LlamaConfig
+def tiny_target(arch=None, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> Target:
+    """A deterministic random Llama (default 8 layers x 64 wide) with the byte tokenizer: the test target."""
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    return LlamaConfig(
+    from draftlab.config import tiny_arch
+
+    arch = arch or tiny_arch()
+    tokenizer = tiny_tokenizer()
+    config = LlamaConfig(
         vocab_size=320,  # 3 specials + 256 bytes, padded
         hidden_size=arch.hidden_size,
         intermediate_size=arch.intermediate_size,
@@ -294,17 +281,6 @@ def tiny_config(arch, tokenizer):
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-
-
-def tiny_target(arch=None, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> Target:
-    """A deterministic random Llama (default 8 layers x 64 wide) with the byte tokenizer: the test target."""
-    from transformers import LlamaForCausalLM
-
-    from draftlab.config import tiny_arch
-
-    arch = arch or tiny_arch()
-    tokenizer = tiny_tokenizer()
-    config = tiny_config(arch, tokenizer)
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(arch.seed)
     model = LlamaForCausalLM(config)

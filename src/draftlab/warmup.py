@@ -1,4 +1,4 @@
-"""The compile warm-up's processes (train.compile_warmup): started by the pipeline before generate, awaited before train.
+"""The compile warm-up's processes (train.compile_warmup): started by the pipeline with generate, awaited before train.
 
 What it does and why: train/compile_warmup.py. Here: when to start it, and how the job waits for it. It starts when
 the train stage will compile its unroll (train.compile_unroll, on CUDA by default) and has something to overlap
@@ -8,7 +8,10 @@ every 30 s), at most WAIT_MAX_S, then stops it. Nothing depends on it: a failed 
 stage to compile what it lacks, as it would have, and says so with the tail of its log.
 
 Run with argument lists (no shell), on the job's resolved config written to a temporary folder; their output goes to
-log files there, not to the job's console, where it would interleave with generate's progress bars.
+log files there, not to the job's console, where it would interleave with generate's progress bars. Each holds a
+CUDA context, the draft and one batch on the training GPU while generate runs (not measured alone): with little
+memory to spare, a GPU shared with a serving engine (data.engine=server) or one in exclusive-process mode,
+set train.compile_warmup=false.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import site
 import subprocess
 import sys
 import tempfile
@@ -28,7 +32,7 @@ import draftlab
 from draftlab.fsutil import read_json
 
 log = logging.getLogger("draftlab")
-WAIT_MAX_S = 900.0  # a cold compile took 157.5 s on the H200 (BENCHMARKS.md); past this the warm-up is stopped
+WAIT_MAX_S = 900.0  # a cold build took 133 s on the H200 (BENCHMARKS.md); past this the warm-up is stopped
 UPSTREAM = ("generate", "extract")
 
 
@@ -47,6 +51,17 @@ def wanted(cfg, planned: dict, names: list[str]) -> bool:
     return choice == "true" or any(n in names and not planned[n].done_record.exists() for n in UPSTREAM)
 
 
+def _child_env() -> dict[str, str]:
+    """This environment, with the folder this draftlab is imported from on PYTHONPATH unless the interpreter finds it
+    anyway (an installed package: a site-packages folder there would come before the standard library)."""
+    env = dict(os.environ)
+    package_root = str(Path(draftlab.__file__).resolve().parents[1])
+    installed = {str(Path(p).resolve()) for p in (*site.getsitepackages(), site.getusersitepackages())}
+    if package_root not in installed:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+    return env
+
+
 class Warmup:
     """One job's warm-up processes, one per graph (training's, validation's): `start` them, then `finish` (before
     train) or `stop` (the job ends without train)."""
@@ -57,21 +72,24 @@ class Warmup:
         self.folder, self.processes, self.started = folder, processes, time.monotonic()
 
     @classmethod
-    def start(cls, cfg) -> "Warmup":
-        folder = Path(tempfile.mkdtemp(prefix="draftlab-warmup-"))
-        OmegaConf.save(cfg, folder / "config.yaml", resolve=True)
-        env = dict(os.environ)  # the children import this same draftlab, installed or not
-        package_root = str(Path(draftlab.__file__).resolve().parents[1])
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
-        processes = {}
-        for graph, flags in cls.GRAPHS.items():
-            with open(folder / f"{graph}.log", "wb") as out:
-                processes[graph] = subprocess.Popen(
-                    [sys.executable, "-m", "draftlab", "warm-compile", str(folder / "config.yaml"),
-                     str(folder / f"{graph}.json"), *flags], stdout=out, stderr=subprocess.STDOUT, env=env)
+    def start(cls, cfg) -> "Warmup | None":
+        """The started warm-up; None, with a warning, when it cannot start (the train stage then compiles)."""
+        warmup = cls(Path(tempfile.mkdtemp(prefix="draftlab-warmup-")), {})
+        try:
+            OmegaConf.save(cfg, warmup.folder / "config.yaml", resolve=True)
+            for graph, flags in cls.GRAPHS.items():
+                with open(warmup.folder / f"{graph}.log", "wb") as out:
+                    warmup.processes[graph] = subprocess.Popen(
+                        [sys.executable, "-m", "draftlab", "warm-compile", str(warmup.folder / "config.yaml"),
+                         str(warmup.folder / f"{graph}.json"), *flags],
+                        stdout=out, stderr=subprocess.STDOUT, env=_child_env())
+        except OSError as error:
+            log.warning("train: the compile warm-up could not start (%s); the train stage compiles its graphs", error)
+            warmup.stop()
+            return None
         log.info("train: compiling the unroll's graphs in the background while the stages before train run (pids %s; "
-                 "train.compile_warmup=false turns this off)", ", ".join(str(p.pid) for p in processes.values()))
-        return cls(folder, processes)
+                 "train.compile_warmup=false turns this off)", ", ".join(str(p.pid) for p in warmup.processes.values()))
+        return warmup
 
     def finish(self) -> dict[str, float]:
         """Waits for the warm-up; returns train/compile_warmup_ok (1 when both graphs are in the cache) and

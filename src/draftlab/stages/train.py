@@ -181,7 +181,8 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter: Reporter) -> dict[str
                # the data axis of a scaling sweep: tokens (prompt and answer) of the training split
                "train/train_tokens": float(source.num_tokens("train")),
                "train/train_samples": float(source.num_samples_in("train")),
-               **(trainer.core.metrics() if trainer.core is not None else {})}
+               # the data-parallel trainer builds a core but runs the padded unroll: no compile metrics
+               **(trainer.core.metrics() if trainer.core is not None and trainer.packed else {})}
     metrics.pop("epoch", None)
     fsutil.atomic_write_json(out / "metrics.json", metrics)
     fsutil.atomic_write_json(out / "manifest.json", {

@@ -17,8 +17,11 @@ The batch is the reader's layout (data/features.batch_buffers), in rows of uneve
 of its budget (BENCHMARKS.md). The cache holds a graph with the guards of the batch it was built on, and a real
 batch must pass them: at least two rows and every TTT step with many pairs (a one-row batch, or a step of 0 or 1
 pairs, would specialise: train/compiled_unroll.py), and on the CPU no more than 4,096 pairs in all and positions in
-the batch (Inductor's CPU code guards these; no such guard was seen on the H200). The draft is built from the target's
-config by the train stage's own `draft_config`.
+the batch (Inductor's CPU code guards these, so a CPU warm-up serves batches of at most about 8,192 tokens, such as
+the smoke recipe's 2,048; no such guard was seen on the H200). The draft is built from the target's config (read
+without its weights) by the train stage's own `draft_config`.
+
+A warm-up whose job is killed (no `finally` runs) notices that its parent is gone and exits.
 
     python -m draftlab warm-compile CONFIG.yaml RESULT.json [--validation]    (CONFIG: a job's resolved config)
 """
@@ -27,7 +30,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -39,12 +44,29 @@ from draftlab.data.features import batch_buffers
 from draftlab.data.layers import resolve_layers
 from draftlab.model.draft import Eagle3Draft
 from draftlab.stages.train import draft_config
-from draftlab.target import target_config
+from draftlab.target import SMOLLM2_GGUF, _smollm2_folder, embedded_gguf_folder, tiny_target
 from draftlab.train.loop import LoopSettings, Trainer
 
 log = logging.getLogger("draftlab")
 PROMPT_SHARE = 0.4  # of each synthetic row, outside the loss
 ROW_LENGTH = 256  # the longest synthetic row (train.max_seq_len if shorter); rows are [half of it, all of it]
+
+
+def target_config(target_cfg, cache_dir: Path) -> dict:
+    """The configured target's config as `Target.config_dict()` gives it, without loading its weights (generate holds
+    the target meanwhile): the tiny target is built (it is small), the others' configs are read."""
+    from transformers import AutoConfig
+
+    if target_cfg.name == "tiny":
+        return tiny_target(target_cfg.tiny).config_dict()
+    if target_cfg.name == "smollm2":
+        converted = _smollm2_folder(cache_dir)
+        if (converted / "config.json").exists():
+            return AutoConfig.from_pretrained(converted).to_dict()
+        gguf = embedded_gguf_folder() / SMOLLM2_GGUF  # its metadata only: generate may be converting it
+        return AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name).to_dict()
+    kwargs = {"gguf_file": target_cfg.gguf_file} if target_cfg.gguf_file else {}
+    return AutoConfig.from_pretrained(target_cfg.path, **kwargs).to_dict()
 
 
 def warm_batch(cfg, hidden: int, vocab: int, layers: int, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -110,12 +132,26 @@ def warm(cfg, validation: bool = False) -> dict[str, float]:
                                "is not compiled, so there is nothing to warm")
         if validation:
             trainer.source = OneBatch(batch)
+            trainer.core.validation = True  # the train stage compiles it once training's graph comes from the cache
             trainer.evaluate()
         else:
             trainer.build_graphs(batch)
-    if trainer.core.failed is not None:
-        raise RuntimeError(f"the unroll's compile failed: {trainer.core.failed}") from trainer.core.failed
+    failed = trainer.core.failed or (trainer.core.validation_failed if validation else None)
+    if failed is not None:
+        raise RuntimeError(f"the unroll's compile failed: {failed}") from failed
     return {**trainer.core.metrics(), "warmup_s": round(time.perf_counter() - started, 2)}
+
+
+def _exit_with_parent() -> None:
+    """Exits this process when the job that started it is gone (it was killed, so its `finally` never ran)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(5)
+        os._exit(3)
+
+    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
 
 
 def main(argv: list[str]) -> int:
@@ -124,6 +160,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("result", type=Path, help="where the metrics go (JSON, written when the graph is built)")
     ap.add_argument("--validation", action="store_true", help="validation's graph (forward only), not training's")
     args = ap.parse_args(argv)
+    _exit_with_parent()
     result = warm(OmegaConf.load(args.config), args.validation)
     fsutil.atomic_write_json(args.result, result)
     log.info("compile warm-up: %s", result)

@@ -22,9 +22,10 @@ took 10-150 s on the H200):
 Python floats (the loss decay) are constants of the graph: traced as symbols, they made the compiler give up its
 first trace half-way and start again (dynamo's "Restarting analysis due to ... _tensorify_python_scalars"), which
 cost a whole trace on every compile.
-Validation (no grad, the model in eval mode) is a graph of its own: a forward-only one. It was run eager while its
-compile (~85 s cold on the H200) sat on the critical path, and then took 86 of the headline's 366 training seconds
-(58 passes of 1.5 s). The compile warm-up (train/compile_warmup.py) now builds it beside the training graph. After the
+Validation (no grad, the model in eval mode) is a graph of its own: a forward-only one. Eager, it took 86 of the
+headline's 366 training seconds (58 passes of 1.5 s; compiled, 2.5x faster), but its compile (73 s cold on the H200)
+would sit on the critical path. So it is compiled when the cache is warm, which training's graph tells: the compile
+warm-up (train/compile_warmup.py) builds both beside generate and extract, and an earlier run leaves both. After the
 first validation graph, a validation batch that would need another runs eager (`eager_on_recompile`): the passes read
 the same batches every time, and one odd batch must not cost a compile. Each compile is logged with its time, so a
 recompile in the middle of a run is seen, not guessed from a slow step.
@@ -70,40 +71,59 @@ class CompiledUnroll:
 
     MODES = ("training", "validation")  # grad mode decides: a guard of the graph
 
-    def __init__(self, backend: str = "inductor") -> None:
+    def __init__(self, backend: str = "inductor", validation: bool | None = None) -> None:
         options = None
         if backend == "inductor" and hasattr(inductor_config.triton, "mix_order_reduction"):
             options = {"triton.mix_order_reduction": False}  # its size test is a guard (module docstring)
         self._compiled = torch.compile(packed_core, dynamic=True, backend=backend, options=options)
-        self.failed: Exception | None = None
+        # validation compiled: True, False, or None = once training's graph came from the compile cache. A warm cache
+        # (the warm-up's, or an earlier run's) holds validation's graph too; a cold one would put its compile (73 s on
+        # the H200) on the critical path, for passes that take 86 s in all eager in the headline
+        self.validation = validation
+        self.failed: Exception | None = None  # training's graph could not be built: everything runs eager
+        self.validation_failed: Exception | None = None  # validation's alone: validation runs eager
         self.compile_seconds = 0.0  # spent in calls that built a graph
         self.graphs = 0  # graphs built for the unroll: one for training, one for validation, more are recompiles
         self.built = dict.fromkeys(self.MODES, 0)
-        self.cache_hits = 0  # of those, loaded from the compile cache (train/compile_warmup.py)
+        self.hits = dict.fromkeys(self.MODES, 0)  # of those, loaded from the compile cache (train/compile_warmup.py)
 
     def metrics(self) -> dict[str, float]:
         """train/compile_s (seconds in calls that built a graph), train/compile_graphs, train/compile_cache_hits."""
         return {"train/compile_s": round(self.compile_seconds, 2), "train/compile_graphs": float(self.graphs),
-                "train/compile_cache_hits": float(self.cache_hits)}
+                "train/compile_cache_hits": float(sum(self.hits.values()))}
+
+    def _eager(self, mode: str, batch: dict) -> bool:
+        """Pools without target_top, one-row batches and what could not be built run eager (module docstring)."""
+        if self.failed is not None or "target_top" not in batch or batch["input_ids"].shape[0] < 2:
+            return True
+        if mode == "validation":
+            wanted = self.validation if self.validation is not None else self.hits["training"] > 0
+            return not wanted or self.validation_failed is not None
+        return False
 
     def __call__(self, model, batch, lm_head, plan, steps, decay, loss_norm, ce):
         args = (model, batch, lm_head, plan, steps, decay, loss_norm)
-        # pools without target_top and one-row batches: eager (module docstring)
-        if self.failed is not None or "target_top" not in batch or batch["input_ids"].shape[0] < 2:
-            return packed_core(*args, ce)
         mode = self.MODES[0] if torch.is_grad_enabled() else self.MODES[1]
-        # validation's second graph would be for one odd batch of the few it reads every pass: that one runs eager
-        stance = torch.compiler.set_stance("eager_on_recompile") if mode == "validation" and self.built[mode] \
-            else contextlib.nullcontext()
+        if self._eager(mode, batch):
+            return packed_core(*args, ce)
         graphs, hits, started = _graphs(), _cache_hits(), time.perf_counter()
         try:
-            with fx_config.patch(use_duck_shape=False), dynamo_config.patch(specialize_float=True), \
-                    _backward_with_forward(), stance:
+            with contextlib.ExitStack() as settings:
+                settings.enter_context(fx_config.patch(use_duck_shape=False))
+                settings.enter_context(dynamo_config.patch(specialize_float=True))
+                settings.enter_context(_backward_with_forward())
+                if mode == "validation" and self.built[mode]:
+                    # a second validation graph would serve one odd batch of the few read every pass: run it eager
+                    settings.enter_context(torch.compiler.set_stance("eager_on_recompile"))
                 out = self._compiled(*args, soft_ce)
         except torch._dynamo.exc.TorchDynamoException as error:  # BackendCompilerFailed, Unsupported, ...
-            self.failed = error
-            log.warning("train: torch.compile of the unroll failed (%s: %s); training with the eager unroll "
-                        "(train.compile_unroll=false skips the attempt)", type(error).__name__, str(error)[:300])
+            if mode == "training":
+                self.failed = error
+            else:
+                self.validation_failed = error
+            log.warning("train: torch.compile of the unroll failed for %s (%s: %s); %s runs the eager unroll "
+                        "(train.compile_unroll=false skips the attempt)", mode, type(error).__name__,
+                        str(error)[:300], "everything" if mode == "training" else "validation")
             return packed_core(*args, ce)
         if _graphs() > graphs:
             seconds = time.perf_counter() - started
@@ -111,7 +131,7 @@ class CompiledUnroll:
             self.graphs += 1
             self.built[mode] += 1
             cached = _cache_hits() > hits
-            self.cache_hits += cached
+            self.hits[mode] += cached
             log.info("train: compiled the unroll for %s in %.1f s (graph %d%s%s)", mode, seconds, self.graphs,
                      ", from the compile cache" if cached else "",
                      "" if self.built[mode] == 1 else ": a recompile, TORCH_LOGS=recompiles says why")
