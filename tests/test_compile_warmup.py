@@ -8,6 +8,7 @@ import logging
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -78,6 +79,24 @@ def test_a_warm_up_still_running_when_the_job_ends_is_stopped(tiny_cfg):
     assert all(p.poll() is None for p in warmup.processes.values())  # importing torch takes them seconds
     warmup.stop()
     assert all(p.returncode is not None for p in warmup.processes.values()) and not warmup.folder.exists()
+
+
+def test_a_warm_up_that_cannot_start_is_a_warning_and_leaves_nothing(tiny_cfg, caplog, monkeypatch, tmp_path):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # where its folder goes
+    (tmp_path / "tmp").mkdir()
+    started, popen = [], subprocess.Popen
+
+    def popen_once(*args, **kwargs):  # the second process cannot start (say, no memory to fork)
+        if started:
+            raise OSError("Cannot allocate memory")
+        started.append(popen(*args, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(warmup_module.subprocess, "Popen", popen_once)
+    with caplog.at_level(logging.WARNING, logger="draftlab"):
+        assert Warmup.start(validate(tiny_cfg("train.compile_unroll=true"))) is None
+    assert "could not start (Cannot allocate memory)" in caplog.text
+    assert started[0].returncode is not None and not any((tmp_path / "tmp").iterdir())  # stopped, folder removed
 
 
 def test_a_warm_up_past_its_time_is_stopped_and_train_compiles(tiny_cfg, caplog, monkeypatch):

@@ -33,7 +33,7 @@ def run_stages(cfg, reporter: Reporter, names: list[str] | None = None) -> dict[
     commit = _current_commit()
     results: dict[str, float] = {}
     tags: dict[str, str] = {}
-    # the train stage's compiled graph, built while generate and extract run (draftlab/warmup.py)
+    # the train stage's compiled graphs, built while generate and extract run (draftlab/warmup.py)
     warmup = Warmup.start(cfg) if warmup_wanted(cfg, planned, wanted) else None
     try:  # the stages that finished are tagged even when a later one fails
         for name in wanted:

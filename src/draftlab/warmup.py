@@ -74,8 +74,9 @@ class Warmup:
     @classmethod
     def start(cls, cfg) -> "Warmup | None":
         """The started warm-up; None, with a warning, when it cannot start (the train stage then compiles)."""
-        warmup = cls(Path(tempfile.mkdtemp(prefix="draftlab-warmup-")), {})
+        warmup = None
         try:
+            warmup = cls(Path(tempfile.mkdtemp(prefix="draftlab-warmup-")), {})
             OmegaConf.save(cfg, warmup.folder / "config.yaml", resolve=True)
             for graph, flags in cls.GRAPHS.items():
                 with open(warmup.folder / f"{graph}.log", "wb") as out:
@@ -85,7 +86,8 @@ class Warmup:
                         stdout=out, stderr=subprocess.STDOUT, env=_child_env())
         except OSError as error:
             log.warning("train: the compile warm-up could not start (%s); the train stage compiles its graphs", error)
-            warmup.stop()
+            if warmup is not None:
+                warmup.stop()
             return None
         log.info("train: compiling the unroll's graphs in the background while the stages before train run (pids %s; "
                  "train.compile_warmup=false turns this off)", ", ".join(str(p.pid) for p in warmup.processes.values()))
