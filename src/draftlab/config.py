@@ -115,6 +115,7 @@ class TrainConfig:
     ttt_steps: int = 7
     loss_decay: float = 0.8
     batch_tokens: int = 4096
+    plan_window: int = 256  # samples sorted by length together before batches are cut (data/features.plan_batches)
     max_seq_len: int = 2048
     grad_clip: float = 0.5
     weight_decay: float = 0.0
@@ -287,7 +288,7 @@ def _check_values(c: DictConfig) -> None:
     _choice("train.schedule", c.train.schedule, SCHEDULES)
     if not 0.0 <= c.train.warmup_ratio < 1.0:
         raise ConfigError(f"train.warmup_ratio: must be in [0, 1), got {c.train.warmup_ratio}")
-    for key in ("ttt_steps", "batch_tokens", "max_seq_len", "log_every", "checkpoint_every"):
+    for key in ("ttt_steps", "batch_tokens", "plan_window", "max_seq_len", "log_every", "checkpoint_every"):
         _positive(f"train.{key}", c.train[key])
     if not 0.0 < c.train.loss_decay <= 1.0:
         raise ConfigError(f"train.loss_decay: must be in (0, 1], got {c.train.loss_decay}")

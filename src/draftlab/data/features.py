@@ -123,18 +123,21 @@ def pad_batch(seqs: list[torch.Tensor], pad: int = 0) -> tuple[torch.Tensor, tor
     return ids, mask
 
 
-def plan_batches(lengths: list[int], batch_tokens: int, seed: int, epoch: int, shuffle: bool) -> list[list[int]]:
+def plan_batches(lengths: list[int], batch_tokens: int, seed: int, epoch: int, shuffle: bool,
+                 window_size: int = PLAN_WINDOW) -> list[list[int]]:
     """Positions into `lengths` grouped so that B * T_padded <= batch_tokens (a too-long sample goes alone).
 
-    Shuffled: a seeded permutation, sorted by length inside windows of PLAN_WINDOW samples (little padding), then
-    the batch order shuffled again. Not shuffled: index order. Deterministic for (seed, epoch).
+    Shuffled: a seeded permutation, sorted by length inside windows of `window_size` samples (little padding), then
+    the batch order shuffled again. Not shuffled: index order. Deterministic for (seed, epoch). Each window's last
+    batch takes what is left: at 256 samples and the GPU preset's 16,384 tokens a batch held 69% of its budget on
+    average (BENCHMARKS.md), so train.plan_window trades a more random order for fuller batches.
     """
     n = len(lengths)
     gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + int(epoch))
     order = torch.randperm(n, generator=gen).tolist() if shuffle else list(range(n))
     batches: list[list[int]] = []
-    for start in range(0, n, PLAN_WINDOW):
-        window = order[start:start + PLAN_WINDOW]
+    for start in range(0, n, window_size):
+        window = order[start:start + window_size]
         if shuffle:
             window.sort(key=lambda i: -lengths[i])
         current: list[int] = []
@@ -188,8 +191,9 @@ class FeatureSource:
     the target's device online: call `.to(device)`."""
 
     def __init__(self, manifest: dict, entries: list[_Entry], folder: Path | None, num_samples: int,
-                 vocab_size: int, target=None, layer_ids: list[int] | None = None):
+                 vocab_size: int, target=None, layer_ids: list[int] | None = None, plan_window: int = PLAN_WINDOW):
         self.manifest = manifest
+        self.plan_window = plan_window  # train.plan_window
         self.entries = entries
         self.folder = Path(folder) if folder is not None else None
         self.num_samples = num_samples
@@ -226,7 +230,7 @@ class FeatureSource:
         chosen = [e for e in self.entries if e.split == split]
         lengths = [min(e.length, max_seq_len) for e in chosen]
         return [[chosen[p] for p in positions]
-                for positions in plan_batches(lengths, batch_tokens, seed, epoch, shuffle)]
+                for positions in plan_batches(lengths, batch_tokens, seed, epoch, shuffle, self.plan_window)]
 
     def num_batches(self, split: str, epoch: int, batch_tokens: int, max_seq_len: int, seed: int,
                     shuffle: bool = True) -> int:
@@ -375,7 +379,8 @@ def open_source(cfg, inputs: dict[str, Path], target=None) -> FeatureSource:
             raise FileNotFoundError(f"{folder}: no features manifest.json (did the extract stage run?)")
         if manifest.get("mode") != "offline":
             raise ValueError(f"{folder}: extracted in {manifest.get('mode')} mode, extract.mode=offline asked for")
-        return FeatureSource(manifest, offline_entries(folder, manifest, n), folder, n, cfg.draft.vocab_size)
+        return FeatureSource(manifest, offline_entries(folder, manifest, n), folder, n, cfg.draft.vocab_size,
+                             plan_window=int(cfg.train.plan_window))
     if target is None:
         from draftlab.target import load_target
 
@@ -385,7 +390,7 @@ def open_source(cfg, inputs: dict[str, Path], target=None) -> FeatureSource:
         manifest = {"format": FORMAT, "mode": "online", "layer_ids": layer_ids, "target": target_info(target),
                     "dtype": cfg.extract.dtype}
     return FeatureSource(manifest, online_entries(Path(inputs["generate"]), n), folder, n, cfg.draft.vocab_size,
-                         target=target, layer_ids=layer_ids)
+                         target=target, layer_ids=layer_ids, plan_window=int(cfg.train.plan_window))
 
 
 def target_info(target) -> dict:
