@@ -63,9 +63,14 @@ watch() {  # until the runs have exit codes or this call's budget is spent, then
     [ -f $ROOT/log-$name.txt ] && grep -h "stage \|compiled\|Error\|error" $ROOT/log-$name.txt | cut -c1-200 | tail -n 20
   done
   df -h /tmp | tail -n 1
-  # the stage manifests (each stage's metrics; train's holds every validation pass) come back too
-  (cd $ROOT && tar czf "$OUT"/headline.tgz log-*.txt e2e/results.json e2e/.hydra b32/results.json b32/.hydra \
-    $(ls -d {generate,extract,train,bench}/*/manifest.json 2>/dev/null) 2>/dev/null)
+  pack headline.tgz 'log-*.txt' e2e/results.json e2e/.hydra b32/results.json b32/.hydra
+}
+
+pack() {  # pack NAME FILE...: FILEs under $ROOT (patterns quoted: expanded there) and the stage manifests (each
+  # stage's metrics; train's holds every validation pass) into $OUT/NAME
+  local name=$1; shift
+  (cd $ROOT && tar czf "$OUT/$name" $@ $(ls -d {generate,extract,train,bench}/*/manifest.json 2>/dev/null) \
+    2>/dev/null)
 }
 
 case "$step" in
@@ -88,8 +93,7 @@ small)
   DRAFTLAB_GIT_COMMIT=$(cat $H/COMMIT) && export DRAFTLAB_GIT_COMMIT
   timeout "$BUDGET" bash -c "$(run_cmd small ${EXTRA:-})" > $ROOT/log-small.txt 2>&1; echo "small rc=$?"
   grep -a "stage \|compiled\|warm-up\|s pass\|Error" $ROOT/log-small.txt | cut -c1-220 | tail -n 40
-  (cd $ROOT && tar czf "$OUT"/small.tgz log-small.txt small/results.json small/.hydra \
-    $(ls -d {generate,extract,train,bench}/*/manifest.json 2>/dev/null) 2>/dev/null) ;;
+  pack small.tgz log-small.txt small/results.json small/.hydra ;;
 warm)  # after the headline, same machine: the trainer twice on a 64-shard pool; the second compiles warm
   for run in 1 2; do
     (cd $H/main && PYTHONPATH=$SITE timeout 280 python3 bench/trainer_speed.py --batch-tokens 16384 --samples 8192 \

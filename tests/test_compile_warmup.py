@@ -1,4 +1,4 @@
-"""train.compile_warmup: the compiled unroll's graph built in a second process while generate and extract run, and
+"""train.compile_warmup: the compiled unroll's graphs built in background processes while generate and extract run, and
 loaded from torch.compile's cache by the train stage (draftlab/warmup.py, train/compile_warmup.py)."""
 
 from __future__ import annotations

@@ -128,8 +128,8 @@ class TrainConfig:
     strategy: str = "auto"  # under torchrun: auto (= ddp when WORLD_SIZE > 1) | ddp | fsdp (FSDP2 fully_shard)
     compile_loss: str = "auto"  # auto (= on CUDA) | true | false: the soft cross-entropy under torch.compile
     compile_unroll: str = "auto"  # auto (= on CUDA) | true | false: the packed unroll (forward + loss) compiled
-    # auto (= when the unroll is compiled and generate or extract run first) | true | false: build its graph in a
-    # process of its own while they run (train/compile_warmup.py)
+    # auto (= when the unroll is compiled and generate or extract run first) | true | false: build its graphs in
+    # background processes while they run (draftlab/warmup.py)
     compile_warmup: str = "auto"
 
 

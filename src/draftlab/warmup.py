@@ -41,7 +41,7 @@ def wanted(cfg, planned: dict, names: list[str]) -> bool:
     choice = str(cfg.train.compile_warmup).lower()
     if choice == "false" or "train" not in names or planned["train"].done_record.exists():
         return False
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # set by torchrun, or from submitit's tasks by task.py first
         return False
     from draftlab.target import resolve_device
     from draftlab.train.compile_choice import compile_wanted
@@ -78,12 +78,13 @@ class Warmup:
         try:
             warmup = cls(Path(tempfile.mkdtemp(prefix="draftlab-warmup-")), {})
             OmegaConf.save(cfg, warmup.folder / "config.yaml", resolve=True)
+            env = _child_env()
             for graph, flags in cls.GRAPHS.items():
                 with open(warmup.folder / f"{graph}.log", "wb") as out:
                     warmup.processes[graph] = subprocess.Popen(
                         [sys.executable, "-m", "draftlab", "warm-compile", str(warmup.folder / "config.yaml"),
                          str(warmup.folder / f"{graph}.json"), *flags],
-                        stdout=out, stderr=subprocess.STDOUT, env=_child_env())
+                        stdout=out, stderr=subprocess.STDOUT, env=env)
         except OSError as error:
             log.warning("train: the compile warm-up could not start (%s); the train stage compiles its graphs", error)
             if warmup is not None:
