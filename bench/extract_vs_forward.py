@@ -1,12 +1,19 @@
 """Extraction cost against a plain target forward over the same batches; goal: extraction <= 1.1x the forward.
 
 Extraction = the extract stage's inner loop exactly (`extract_shard`: hooked forward + per-sample gather + cast to
-the storage dtype, then `ShardWriter`: device->host copy + safetensors write on its background thread). Forward =
-`model.model(...)` without any capture on the same padded batches (same host-side padding and copies). The two are
-run alternately, `--repeats` times each, and the best time of each is compared (robust to a shared machine).
+the storage dtype + the full-vocabulary top-1, then `ShardWriter`: device->host copy + safetensors writes on its
+background threads). Forward = `model.model(...)` without any capture on the same padded batches (same host-side
+padding and copies). Variants, each timed in turn `--repeats` times (best and median kept; robust to a shared
+machine), so that the cost splits into its parts:
+  forward        the target's body alone (the goal's baseline)
+  forward_head   plus the full-vocabulary argmax (`head_top1`), which extraction stores as `target_top`
+  extract_host   extraction with the shards copied to pinned host memory and dropped: no file written
+  extract_wN     the stage's loop writing to --root's disk with N writer threads (`--writers 1 2`)
+  extract_shm    the same into /dev/shm (`--shm`): the write without the disk
 
     python bench/extract_vs_forward.py --device cpu --target smollm2 --samples 32 --threads 2
-    python bench/extract_vs_forward.py --device cuda --target smollm2 --samples 1024 --batch-size 64
+    python bench/extract_vs_forward.py --device cuda --target shaped --samples 8192 --batch-size 64 \
+        --shard-size 1024 --writers 1 2 --shm --root /tmp/dl
 
 Prints one JSON line.
 """
@@ -14,6 +21,9 @@ Prints one JSON line.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
+import importlib.metadata
 import json
 import tempfile
 import time
@@ -22,10 +32,10 @@ from pathlib import Path
 import torch
 
 from draftlab.config import default_config
-from draftlab.data.features import HiddenTap, model_mask, pad_batch
+from draftlab.data.features import HiddenTap, head_top1, model_mask, pad_batch
 from draftlab.data.layers import resolve_layers
 from draftlab.data.samples import Sample
-from draftlab.stages.extract import ShardWriter, extract_shard
+from draftlab.stages.extract import ShardWriter, extract_shard, start_host_copy
 from draftlab.target import load_target
 
 
@@ -46,8 +56,10 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def plain_forward(target, shards: list[list[Sample]], batch_size: int) -> None:
-    """The same batches as `extract_shard` makes (sorted by length inside a shard), without capture or storage."""
+def plain_forward(target, shards: list[list[Sample]], batch_size: int, head: bool = False) -> None:
+    """The same batches as `extract_shard` makes (sorted by length inside a shard), without capture or storage.
+    `head`: plus the full-vocabulary argmax of every position (what a causal LM's forward would add)."""
+    weight = target.model.get_output_embeddings().weight
     with torch.inference_mode():
         for shard in shards:
             order = sorted(shard, key=lambda s: len(s.input_ids))
@@ -55,14 +67,28 @@ def plain_forward(target, shards: list[list[Sample]], batch_size: int) -> None:
                 seqs = [s.input_ids for s in order[start:start + batch_size]]
                 ids, mask = pad_batch(seqs)
                 mask = model_mask(seqs, mask)
-                target.model.model(input_ids=ids.to(target.device),
-                                   attention_mask=None if mask is None else mask.to(target.device), use_cache=False)
+                out = target.model.model(input_ids=ids.to(target.device),
+                                         attention_mask=None if mask is None else mask.to(target.device),
+                                         use_cache=False)
+                if head:
+                    head_top1(out.last_hidden_state, weight)
     sync(target.device)
 
 
-def extraction(target, tap, shards, batch_size: int, dtype: torch.dtype, folder: Path) -> int:
+def extraction(target, tap, shards, batch_size: int, dtype: torch.dtype, folder: Path | None, writers: int) -> int:
+    """The stage's loop; `folder` None: the shards are copied to the host (pinned, side stream) and dropped."""
+    if folder is None:
+        nbytes = 0
+        for shard in shards:
+            host, events = start_host_copy(extract_shard(tap, shard, batch_size, dtype, target.device))
+            for event in events:
+                event.synchronize()
+            nbytes += sum(t.numel() * t.element_size() for t in host.values())
+        return nbytes
+    for old in folder.glob("shard-*"):
+        old.unlink()
     manifest = {"shards": [], "num_samples": 0}
-    writer = ShardWriter(folder, manifest)
+    writer = ShardWriter(folder, manifest, writers)
     try:
         for shard in shards:
             writer.submit(extract_shard(tap, shard, batch_size, dtype, target.device), 0.0)
@@ -77,10 +103,25 @@ def timed(fn) -> float:
     return time.perf_counter() - start
 
 
+def shaped_target(device: str, dtype: torch.dtype):
+    """A random Llama of SmolLM2-135M's shape: the same cost as the real one without its 98 MB GGUF."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from draftlab.target import Target, config_fingerprint
+
+    config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+                         rope_theta=100000.0, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).to(device=device, dtype=dtype).eval()
+    return Target(model, None, "shaped", config_fingerprint("shaped", config.to_dict()), torch.device(device), dtype)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--target", choices=("smollm2", "tiny"), default="smollm2")
+    parser.add_argument("--target", choices=("smollm2", "shaped", "tiny"), default="smollm2",
+                        help="shaped: a random Llama of SmolLM2's shape")
     parser.add_argument("--dtype", default="bfloat16", help="target compute dtype")
     parser.add_argument("--store-dtype", default="bfloat16", help="extract.dtype")
     parser.add_argument("--layers", default="auto")
@@ -89,38 +130,62 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=8, help="extract.batch_size")
     parser.add_argument("--shard-size", type=int, default=16, help="extract.shard_size")
+    parser.add_argument("--writers", type=int, nargs="+", default=[1], help="extract.writers values to time")
+    parser.add_argument("--shm", action="store_true", help="also write the shards to /dev/shm (memory, no disk)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     parser.add_argument("--root", default="outputs", help="paths.root (the converted SmolLM2 is cached there)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = default_config({"target": {"name": args.target, "device": args.device, "dtype": args.dtype},
-                          "paths": {"root": args.root}})
-    target = load_target(cfg.target, Path(args.root) / "models")
+    dtype = getattr(torch, args.dtype)
+    if args.target == "shaped":
+        target = shaped_target(args.device, dtype)
+    else:
+        cfg = default_config({"target": {"name": args.target, "device": args.device, "dtype": args.dtype},
+                              "paths": {"root": args.root}})
+        target = load_target(cfg.target, Path(args.root) / "models")
     layer_ids = resolve_layers(args.layers, target.num_layers)
     tap = HiddenTap(target.model, layer_ids)
     samples = synthetic_samples(args.samples, args.min_len, args.max_len, target.vocab_size, seed=0)
     shards = [samples[i:i + args.shard_size] for i in range(0, len(samples), args.shard_size)]
     store = getattr(torch, args.store_dtype)
     tokens = sum(len(s.input_ids) for s in samples)
-    with tempfile.TemporaryDirectory(prefix="extract-bench-", dir=args.root if Path(args.root).exists() else None) \
-            as tmp:
+    with contextlib.ExitStack() as stack:
+        disk = Path(stack.enter_context(tempfile.TemporaryDirectory(
+            prefix="extract-bench-", dir=args.root if Path(args.root).exists() else None)))
+        variants = {"forward": lambda _: plain_forward(target, shards, args.batch_size),
+                    "forward_head": lambda _: plain_forward(target, shards, args.batch_size, head=True),
+                    "extract_host": lambda w: w.append(extraction(target, tap, shards, args.batch_size, store, None,
+                                                                  1))}
+        for n in args.writers:
+            variants[f"extract_w{n}"] = functools.partial(
+                lambda n, w: w.append(extraction(target, tap, shards, args.batch_size, store, disk, n)), n)
+        if args.shm:
+            shm = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="extract-bench-", dir="/dev/shm")))
+            variants["extract_shm"] = lambda w: w.append(extraction(target, tap, shards, args.batch_size, store,
+                                                                    shm, args.writers[-1]))
+        written: list[int] = []
         plain_forward(target, shards[:1], args.batch_size)  # warm-up: kernels, allocator, first-touch pages
-        extraction(target, tap, shards[:1], args.batch_size, store, Path(tmp))
-        forward_s, extract_s, written = [], [], []
-        for _ in range(args.repeats):  # alternate so that load on a shared machine hits both alike
-            forward_s.append(timed(lambda: plain_forward(target, shards, args.batch_size)))
-            extract_s.append(timed(lambda: written.append(
-                extraction(target, tap, shards, args.batch_size, store, Path(tmp)))))
-    best_f, best_e = min(forward_s), min(extract_s)
+        extraction(target, tap, shards[:1], args.batch_size, store, disk, 1)
+        seconds: dict[str, list[float]] = {name: [] for name in variants}
+        for _ in range(args.repeats):  # alternate so that load on a shared machine hits every variant alike
+            for name, fn in variants.items():
+                seconds[name].append(timed(lambda: fn(written)))
+    best = {name: min(times) for name, times in seconds.items()}
+    median = {name: sorted(times)[len(times) // 2] for name, times in seconds.items()}
+    main_extract = f"extract_w{args.writers[0]}"
     print(json.dumps({
         "device": args.device, "target": args.target, "dtype": args.dtype, "store_dtype": args.store_dtype,
         "layer_ids": layer_ids, "samples": args.samples, "tokens": tokens, "batch_size": args.batch_size,
-        "threads": torch.get_num_threads(), "forward_tok_s": round(tokens / best_f, 1),
-        "extract_tok_s": round(tokens / best_e, 1), "ratio": round(best_e / best_f, 3),
-        "ratio_median": round(sorted(extract_s)[len(extract_s) // 2] / sorted(forward_s)[len(forward_s) // 2], 3),
-        "forward_s": [round(t, 3) for t in forward_s], "extract_s": [round(t, 3) for t in extract_s],
+        "shard_size": args.shard_size, "threads": torch.get_num_threads(),
+        "safetensors": importlib.metadata.version("safetensors"), "torch": torch.__version__,
+        "forward_tok_s": round(tokens / best["forward"], 1), "extract_tok_s": round(tokens / best[main_extract], 1),
+        "ratio": round(best[main_extract] / best["forward"], 3),
+        "ratio_median": round(median[main_extract] / median["forward"], 3),
+        "ratios_to_forward": {name: round(best[name] / best["forward"], 3) for name in variants},
+        "tok_s": {name: round(tokens / best[name], 1) for name in variants},
+        "seconds": {name: [round(t, 3) for t in times] for name, times in seconds.items()},
         "bytes_per_token": round(written[-1] / tokens, 1), "goal_ratio": 1.1,
     }))
 

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Issue 11 part 3: where extraction's time goes on one nvidia-h200 (BENCHMARKS.md "Left to run", extraction at
+# 1.92x a plain forward, goal 1.1x). One call, from the repository root, carrying .whl and .whl-tf (no GGUF: the
+# target is a random Llama of SmolLM2's shape, whose forward costs what the real one does):
+#   bash bench/h200_extract.sh
+# It prints the machine's disk facts and a sequential write's speed (dd, 16 GB: more than the page cache holds
+# dirty), then bench/extract_vs_forward.py's parts (forward, forward_head, extract_host, extract_w1/2/4,
+# extract_shm when /dev/shm has room). What comes back: $OUT/extract_parts.jsonl and $OUT/disk.txt.
+set -uo pipefail
+export PYTHONUNBUFFERED=1 SITE=/tmp/site
+. "$(dirname "$0")/gpu_machine.sh"  # install_wheels, keep_first_half
+ROOT=${ROOT:-/tmp/dl}
+mkdir -p "$ROOT" "$OUT"
+install_wheels .whl .whl-tf && keep_first_half || exit 1
+
+{
+  nvidia-smi -L; nproc; free -g | head -n 2
+  df -hT /tmp /dev/shm; findmnt -T /tmp -o TARGET,SOURCE,FSTYPE,OPTIONS | cut -c1-160
+  echo "dirty_ratio $(cat /proc/sys/vm/dirty_ratio) dirty_background_ratio $(cat /proc/sys/vm/dirty_background_ratio)"
+  echo "# dd 16 GB, no sync (page cache, then throttled to the disk):"
+  dd if=/dev/zero of="$ROOT/dd.bin" bs=64M count=256 2>&1 | tail -n 1
+  rm -f "$ROOT/dd.bin"
+  echo "# dd 4 GB with fdatasync (what reaches the disk):"
+  dd if=/dev/zero of="$ROOT/dd.bin" bs=64M count=64 conv=fdatasync 2>&1 | tail -n 1
+  rm -f "$ROOT/dd.bin"
+  sync
+} 2>&1 | tee "$OUT/disk.txt"
+
+shm=()
+avail_gb=$(df --output=avail -BG /dev/shm | tail -n 1 | tr -dc 0-9)
+[ "${avail_gb:-0}" -ge 12 ] && shm=(--shm)
+PYTHONPATH=$SITE:src timeout 420 python3 bench/extract_vs_forward.py --device cuda --target shaped \
+  --dtype bfloat16 --samples "${SAMPLES:-8192}" --batch-size 64 --shard-size 1024 --writers 1 2 4 "${shm[@]}" \
+  --repeats 3 --root "$ROOT" >> "$OUT/extract_parts.jsonl" 2> "$OUT/extract_parts.err"
+echo "rc=$?"; tail -n 3 "$OUT/extract_parts.err" | cut -c1-300
+python3 -c "import json,sys; r=json.loads(open(sys.argv[1]).readlines()[-1]); print(json.dumps({k: r[k] for k in \
+  ('tokens', 'safetensors', 'torch', 'ratios_to_forward', 'tok_s', 'seconds', 'bytes_per_token')}, indent=1))" \
+  "$OUT/extract_parts.jsonl"
