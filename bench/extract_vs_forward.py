@@ -8,12 +8,13 @@ machine), so that the cost splits into its parts:
   forward        the target's body alone (the goal's baseline)
   forward_head   plus the full-vocabulary argmax (`head_top1`), which extraction stores as `target_top`
   extract_host   extraction with the shards copied to pinned host memory and dropped: no file written
-  extract_wN     the stage's loop writing to --root's disk with N writer threads (`--writers 1 2`)
+  extract        the stage's loop writing to --root's disk
   extract_shm    the same into /dev/shm (`--shm`): the write without the disk
+(Two and four writer threads were measured at f32eddd, where ShardWriter took a count: both slower than one.)
 
     python bench/extract_vs_forward.py --device cpu --target smollm2 --samples 32 --threads 2
     python bench/extract_vs_forward.py --device cuda --target shaped --samples 8192 --batch-size 64 \
-        --shard-size 1024 --writers 1 2 --shm --root /tmp/dl
+        --shard-size 1024 --shm --root /tmp/dl
 
 Prints one JSON line.
 """
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import importlib.metadata
 import json
 import tempfile
@@ -75,7 +75,7 @@ def plain_forward(target, shards: list[list[Sample]], batch_size: int, head: boo
     sync(target.device)
 
 
-def extraction(target, tap, shards, batch_size: int, dtype: torch.dtype, folder: Path | None, writers: int) -> int:
+def extraction(target, tap, shards, batch_size: int, dtype: torch.dtype, folder: Path | None) -> int:
     """The stage's loop; `folder` None: the shards are copied to the host (pinned, side stream) and dropped."""
     if folder is None:
         nbytes = 0
@@ -88,7 +88,7 @@ def extraction(target, tap, shards, batch_size: int, dtype: torch.dtype, folder:
     for old in folder.glob("shard-*"):
         old.unlink()
     manifest = {"shards": [], "num_samples": 0}
-    writer = ShardWriter(folder, manifest, writers)
+    writer = ShardWriter(folder, manifest)
     try:
         for shard in shards:
             writer.submit(extract_shard(tap, shard, batch_size, dtype, target.device), 0.0)
@@ -130,7 +130,6 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=8, help="extract.batch_size")
     parser.add_argument("--shard-size", type=int, default=16, help="extract.shard_size")
-    parser.add_argument("--writers", type=int, nargs="+", default=[1], help="extract.writers values to time")
     parser.add_argument("--shm", action="store_true", help="also write the shards to /dev/shm (memory, no disk)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
@@ -156,33 +155,29 @@ def main() -> None:
             prefix="extract-bench-", dir=args.root if Path(args.root).exists() else None)))
         variants = {"forward": lambda _: plain_forward(target, shards, args.batch_size),
                     "forward_head": lambda _: plain_forward(target, shards, args.batch_size, head=True),
-                    "extract_host": lambda w: w.append(extraction(target, tap, shards, args.batch_size, store, None,
-                                                                  1))}
-        for n in args.writers:
-            variants[f"extract_w{n}"] = functools.partial(
-                lambda n, w: w.append(extraction(target, tap, shards, args.batch_size, store, disk, n)), n)
+                    "extract_host": lambda w: w.append(extraction(target, tap, shards, args.batch_size, store, None)),
+                    "extract": lambda w: w.append(extraction(target, tap, shards, args.batch_size, store, disk))}
         if args.shm:
             shm = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="extract-bench-", dir="/dev/shm")))
             variants["extract_shm"] = lambda w: w.append(extraction(target, tap, shards, args.batch_size, store,
-                                                                    shm, args.writers[-1]))
+                                                                    shm))
         written: list[int] = []
         plain_forward(target, shards[:1], args.batch_size)  # warm-up: kernels, allocator, first-touch pages
-        extraction(target, tap, shards[:1], args.batch_size, store, disk, 1)
+        extraction(target, tap, shards[:1], args.batch_size, store, disk)
         seconds: dict[str, list[float]] = {name: [] for name in variants}
         for _ in range(args.repeats):  # alternate so that load on a shared machine hits every variant alike
             for name, fn in variants.items():
                 seconds[name].append(timed(lambda: fn(written)))
     best = {name: min(times) for name, times in seconds.items()}
     median = {name: sorted(times)[len(times) // 2] for name, times in seconds.items()}
-    main_extract = f"extract_w{args.writers[0]}"
     print(json.dumps({
         "device": args.device, "target": args.target, "dtype": args.dtype, "store_dtype": args.store_dtype,
         "layer_ids": layer_ids, "samples": args.samples, "tokens": tokens, "batch_size": args.batch_size,
         "shard_size": args.shard_size, "threads": torch.get_num_threads(),
         "safetensors": importlib.metadata.version("safetensors"), "torch": torch.__version__,
-        "forward_tok_s": round(tokens / best["forward"], 1), "extract_tok_s": round(tokens / best[main_extract], 1),
-        "ratio": round(best[main_extract] / best["forward"], 3),
-        "ratio_median": round(median[main_extract] / median["forward"], 3),
+        "forward_tok_s": round(tokens / best["forward"], 1), "extract_tok_s": round(tokens / best["extract"], 1),
+        "ratio": round(best["extract"] / best["forward"], 3),
+        "ratio_median": round(median["extract"] / median["forward"], 3),
         "ratios_to_forward": {name: round(best[name] / best["forward"], 3) for name in variants},
         "tok_s": {name: round(tokens / best[name], 1) for name in variants},
         "seconds": {name: [round(t, 3) for t in times] for name, times in seconds.items()},

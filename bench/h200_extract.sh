@@ -4,7 +4,7 @@
 # target is a random Llama of SmolLM2's shape, whose forward costs what the real one does):
 #   bash bench/h200_extract.sh
 # It prints the machine's disk facts and a sequential write's speed (dd, 16 GB: more than the page cache holds
-# dirty), then bench/extract_vs_forward.py's parts (forward, forward_head, extract_host, extract_w1/2/4,
+# dirty), then bench/extract_vs_forward.py's parts (forward, forward_head, extract_host, extract,
 # extract_shm when /dev/shm has room). What comes back: $OUT/extract_parts.jsonl and $OUT/disk.txt.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 SITE=/tmp/site
@@ -30,7 +30,7 @@ shm=()
 avail_gb=$(df --output=avail -BG /dev/shm | tail -n 1 | tr -dc 0-9)
 [ "${avail_gb:-0}" -ge 12 ] && shm=(--shm)
 PYTHONPATH=$SITE:src timeout 420 python3 bench/extract_vs_forward.py --device cuda --target shaped \
-  --dtype bfloat16 --samples "${SAMPLES:-8192}" --batch-size 64 --shard-size 1024 --writers 1 2 4 "${shm[@]}" \
+  --dtype bfloat16 --samples "${SAMPLES:-8192}" --batch-size 64 --shard-size 1024 "${shm[@]}" \
   --repeats 3 --root "$ROOT" >> "$OUT/extract_parts.jsonl" 2> "$OUT/extract_parts.err"
 echo "rc=$?"; tail -n 3 "$OUT/extract_parts.err" | cut -c1-300
 python3 -c "import json,sys; r=json.loads(open(sys.argv[1]).readlines()[-1]); print(json.dumps({k: r[k] for k in \

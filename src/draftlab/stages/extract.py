@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -99,51 +98,40 @@ def _copy_stream(device):
 
 
 class ShardWriter:
-    """Writes shards on `writers` background threads (device->host copy + safetensors write overlap the next
-    shard's forward). A shard waits for a free writer, so host memory holds `writers` + 1 shards at most. Files
-    may finish out of order; the manifest takes them in order (the main thread records each finished write), so
-    a resumed run never sees a gap."""
+    """Writes shards on one background thread (device->host copy + safetensors write overlap the next shard's
+    forward); at most one shard waits, so memory holds two shards at most. The manifest is rewritten after each."""
 
-    def __init__(self, out: Path, manifest: dict, writers: int = 1):
-        if writers < 1:
-            raise ValueError(f"extract.writers={writers}: at least 1")
-        self.out, self.manifest, self.writers = out, manifest, writers
-        self.pool = ThreadPoolExecutor(max_workers=writers)
-        self.pending: deque[tuple[Future, dict]] = deque()
+    def __init__(self, out: Path, manifest: dict):
+        self.out, self.manifest = out, manifest
+        self.pool = ThreadPoolExecutor(max_workers=1)
+        self.pending: Future | None = None
 
     def submit(self, tensors: dict, seconds: float) -> None:
-        while len(self.pending) >= self.writers:
-            self._record_oldest()
-        host, events = start_host_copy(tensors)  # sample_index and input_ids are host tensors already
-        name = samples_fmt.shard_name(len(self.manifest["shards"]) + len(self.pending))
-        entry = {"name": name, "first": int(host["sample_index"][0]), "samples": len(host["sample_index"]),
-                 "tokens": len(host["input_ids"]), "seconds": seconds}
-        self.pending.append((self.pool.submit(self._write, self.out / f"{name}.safetensors", host, events), entry))
+        self.wait()
+        host, events = start_host_copy(tensors)
+        self.pending = self.pool.submit(self._write, host, events, seconds)
 
     def wait(self) -> None:
-        while self.pending:
-            self._record_oldest()
+        if self.pending is not None:
+            self.pending.result()  # re-raises a write error in the main thread
+            self.pending = None
 
     def close(self) -> None:
-        try:
-            self.wait()
-        finally:
-            self.pool.shutdown()
+        self.wait()
+        self.pool.shutdown()
 
-    def _record_oldest(self) -> None:
-        future, entry = self.pending.popleft()
-        entry["bytes"] = future.result()  # re-raises a write error in the main thread
-        self.manifest["shards"].append(entry)
-        self.manifest["num_samples"] += entry["samples"]
-        _totals(self.manifest)
-        atomic_write_json(self.out / "manifest.json", self.manifest)
-
-    @staticmethod
-    def _write(path: Path, cpu: dict, events: list) -> int:
+    def _write(self, cpu: dict, events: list, seconds: float) -> None:
         for event in events:
             event.synchronize()
+        name = samples_fmt.shard_name(len(self.manifest["shards"]))
+        path = self.out / f"{name}.safetensors"
         atomic_save_safetensors(path, cpu, metadata={"format": FORMAT})
-        return path.stat().st_size
+        n, tokens = len(cpu["sample_index"]), len(cpu["input_ids"])
+        self.manifest["shards"].append({"name": name, "first": int(cpu["sample_index"][0]), "samples": n,
+                                        "tokens": tokens, "bytes": path.stat().st_size, "seconds": seconds})
+        self.manifest["num_samples"] += n
+        _totals(self.manifest)
+        atomic_write_json(self.out / "manifest.json", self.manifest)
 
 
 def _totals(manifest: dict) -> None:
