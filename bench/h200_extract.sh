@@ -3,6 +3,8 @@
 # 1.92x a plain forward, goal 1.1x). One call, from the repository root, carrying .whl and .whl-tf (no GGUF: the
 # target is a random Llama of SmolLM2's shape, whose forward costs what the real one does):
 #   bash bench/h200_extract.sh
+#   DISK=0 bash bench/h200_extract.sh   (no dd and no disk variant: the disk's write-back, which runs on after a
+#     write and slowed the next variant by up to 1.9x, then disturbs nothing; five repeats)
 # It prints the machine's disk facts and a sequential write's speed (dd, 16 GB: more than the page cache holds
 # dirty), then bench/extract_vs_forward.py's parts (forward, forward_head, extract_host, extract,
 # extract_shm when /dev/shm has room). What comes back: $OUT/extract_parts.jsonl and $OUT/disk.txt.
@@ -13,7 +15,7 @@ ROOT=${ROOT:-/tmp/dl}
 mkdir -p "$ROOT" "$OUT"
 install_wheels .whl .whl-tf && keep_first_half || exit 1
 
-{
+[ "${DISK:-1}" = 1 ] && {
   nvidia-smi -L; nproc; free -g | head -n 2
   df -hT /tmp /dev/shm; findmnt -T /tmp -o TARGET,SOURCE,FSTYPE,OPTIONS | cut -c1-160
   echo "dirty_ratio $(cat /proc/sys/vm/dirty_ratio) dirty_background_ratio $(cat /proc/sys/vm/dirty_background_ratio)"
@@ -26,12 +28,13 @@ install_wheels .whl .whl-tf && keep_first_half || exit 1
   sync
 } 2>&1 | tee "$OUT/disk.txt"
 
+flags=(--repeats 3); [ "${DISK:-1}" = 1 ] || flags=(--repeats 5 --no-disk)
 shm=()
 avail_gb=$(df --output=avail -BG /dev/shm | tail -n 1 | tr -dc 0-9)
 [ "${avail_gb:-0}" -ge 12 ] && shm=(--shm)
 PYTHONPATH=$SITE:src timeout 420 python3 bench/extract_vs_forward.py --device cuda --target shaped \
   --dtype bfloat16 --samples "${SAMPLES:-8192}" --batch-size 64 --shard-size 1024 "${shm[@]}" \
-  --repeats 3 --root "$ROOT" >> "$OUT/extract_parts.jsonl" 2> "$OUT/extract_parts.err"
+  "${flags[@]}" --root "$ROOT" >> "$OUT/extract_parts.jsonl" 2> "$OUT/extract_parts.err"
 echo "rc=$?"; tail -n 3 "$OUT/extract_parts.err" | cut -c1-300
 python3 -c "import json,sys; r=json.loads(open(sys.argv[1]).readlines()[-1]); print(json.dumps({k: r[k] for k in \
   ('tokens', 'safetensors', 'torch', 'ratios_to_forward', 'tok_s', 'seconds', 'bytes_per_token')}, indent=1))" \
