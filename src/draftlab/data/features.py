@@ -30,11 +30,11 @@ from draftlab.fsutil import read_json
 FORMAT = "draftlab.features/1"
 HEAD_FILE = "target_head.safetensors"
 PLAN_WINDOW = 256  # samples sorted by length together: little padding, still a shuffled order
-# Shards kept open (their handles and small tensors): a shuffled batch takes rows from all over the pool, and the
-# headline run's 49 shards under a bound of 16 reopened about 60 shards a batch (BENCHMARKS.md, eighth session)
+# Shards kept open: a shuffled batch takes rows from all over the pool (16 reopened ~60 a batch: BENCHMARKS.md)
 MAX_OPEN_SHARDS = 128
-SMALL_TENSORS = ("input_ids", "loss_mask", "target_top")  # 9 bytes a token: taken whole when a shard opens
-PREFETCH = 2  # offline batches built ahead on a worker thread while the caller trains on the current one
+SMALL_TENSORS = ("input_ids", "loss_mask", "target_top")  # 9 bytes a token: the loss mask copied when a shard opens
+WIDE_TENSORS = ("features", "last_hidden")  # 4.6 kB a token (SmolLM2, bf16): only the batch's rows are ever read
+PREFETCH = 2  # offline batches built ahead, each on its own worker thread, while the caller trains on the current one
 
 
 def read_manifest(folder: Path) -> dict | None:
@@ -162,17 +162,18 @@ def model_mask(seqs: list[torch.Tensor], mask: torch.Tensor) -> torch.Tensor | N
 
 
 class OpenShard:
-    """A shard's safetensors handle (the wide tensors are read a row span at a time, through its mmap) and its
-    small per-token tensors taken whole (views of the mmap; the loss mask a bool copy): through the handle each
-    row's ids, mask and top-1 cost a call of about 30 us (4 us sliced from a whole tensor), and a 16k-token batch
-    has about 90 rows."""
+    """A shard's tensors as views of its mmap (safetensors' default backend: `get_tensor` maps the file and copies
+    nothing, so opening a shard reads no rows and memory stays in the page cache). Rows are then sliced from these
+    views: through the handle, each row span cost a call of about 90 us (`get_slice`) and each small tensor's row
+    about 30 us, and a 16k-token batch has about 90 rows (bench/read_batches.py). The loss mask is a bool copy."""
 
     def __init__(self, path: Path):
-        self.handle = safe_open(str(path), framework="pt")
-        keys = set(self.handle.keys())
-        self.small = {key: self.handle.get_tensor(key) for key in SMALL_TENSORS if key in keys}
+        handle = safe_open(str(path), framework="pt")
+        keys = set(handle.keys())
+        self.small = {key: handle.get_tensor(key) for key in SMALL_TENSORS if key in keys}
         if "loss_mask" in self.small:
             self.small["loss_mask"] = self.small["loss_mask"].bool()
+        self.wide = {key: handle.get_tensor(key) for key in WIDE_TENSORS}
 
 
 @dataclass
@@ -201,7 +202,7 @@ class FeatureSource:
         self.target = target  # online only
         self._tap = HiddenTap(target.model, layer_ids) if target is not None else None
         self._handles: dict[int, OpenShard] = {}
-        self._read_lock = threading.Lock()  # two iterators (train paused mid-epoch, val) share the shard handles
+        self._open_lock = threading.Lock()  # the read-ahead workers of two iterators (train, val) share the handles
 
     @property
     def online(self) -> bool:
@@ -239,18 +240,18 @@ class FeatureSource:
 
     def batches(self, split: str, epoch: int, batch_tokens: int, max_seq_len: int, seed: int,
                 shuffle: bool = True, prepare: Callable[[dict], dict] | None = None) -> Iterator[dict]:
-        """Offline, the next PREFETCH batches are read on a worker thread while the caller trains, so slow reads
-        (a cold page cache, a busy CPU: 0.2 s for a 32k-token SmolLM2 batch on our 2 cores) overlap the step. On
-        the H200 host with warm shards the gain was small (BENCHMARKS.md). Same batches, same order either way.
-        `prepare`, when given, maps each batch: offline on that worker too (the trainer lists its packed rows
-        there), online in line."""
+        """Offline, the next PREFETCH batches are read while the caller trains, each on a worker thread of its own
+        (their row copies release the GIL, so two batches build at once), so slow reads (a cold page cache, a busy
+        CPU) overlap the step; the headline's compiled step waited 14% of its time on one worker (BENCHMARKS.md).
+        Same batches, same order either way. `prepare`, when given, maps each batch: offline on those workers too
+        (the trainer lists its packed rows there; it must be thread-safe), online in line."""
         plan = self._plan(split, epoch, batch_tokens, max_seq_len, seed, shuffle)
         if self.online:  # the target runs on the caller's device and stream: nothing to overlap on a thread
             for group in plan:
                 batch = self._online_batch(group, max_seq_len)
                 yield prepare(batch) if prepare else batch
             return
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="draftlab-batches")
+        pool = ThreadPoolExecutor(max_workers=PREFETCH, thread_name_prefix="draftlab-batches")
         ahead: deque = deque()
         groups = iter(plan)
         try:
@@ -284,8 +285,7 @@ class FeatureSource:
                 "attention_mask": mask, "sample_index": torch.tensor([e.sample_index for e in group])}
 
     def _offline_batch(self, group: list[_Entry], max_seq_len: int, prepare=None) -> dict:
-        with self._read_lock:
-            batch = self._read_batch(group, max_seq_len)
+        batch = self._read_batch(group, max_seq_len)  # row copies release the GIL: workers read in parallel
         return prepare(batch) if prepare else batch
 
     def _read_batch(self, group: list[_Entry], max_seq_len: int) -> dict:
@@ -300,8 +300,8 @@ class FeatureSource:
             span = slice(e.start, e.start + n)
             out["input_ids"][i, :n] = shard.small["input_ids"][span]
             out["loss_mask"][i, :n] = shard.small["loss_mask"][span]
-            out["features"][i, :n] = shard.handle.get_slice("features")[span]  # reads only these rows (mmap)
-            out["last_hidden"][i, :n] = shard.handle.get_slice("last_hidden")[span]
+            out["features"][i, :n] = shard.wide["features"][span]  # the one copy: page cache -> batch buffer
+            out["last_hidden"][i, :n] = shard.wide["last_hidden"][span]
             out["features"][i, n:] = 0
             out["last_hidden"][i, n:] = 0
             out["attention_mask"][i, :n] = True
@@ -311,12 +311,14 @@ class FeatureSource:
         return out
 
     def _shard(self, number: int) -> OpenShard:
-        if number not in self._handles:
-            if len(self._handles) >= MAX_OPEN_SHARDS:  # bounded open files for large pools
-                self._handles.pop(next(iter(self._handles)))
-            name = self.manifest["shards"][number]["name"]
-            self._handles[number] = OpenShard(self.folder / f"{name}.safetensors")
-        return self._handles[number]
+        with self._open_lock:
+            shard = self._handles.get(number)
+            if shard is None:
+                if len(self._handles) >= MAX_OPEN_SHARDS:  # bounded open files; a worker still reading an
+                    self._handles.pop(next(iter(self._handles)))  # evicted shard keeps its views alive
+                name = self.manifest["shards"][number]["name"]
+                shard = self._handles[number] = OpenShard(self.folder / f"{name}.safetensors")
+            return shard
 
     def head(self) -> dict[str, torch.Tensor]:
         """fp32 `embed_tokens.weight` and `lm_head.weight` of the target (tied in SmolLM2: equal tensors)."""
