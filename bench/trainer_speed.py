@@ -113,6 +113,8 @@ def main() -> None:
     ap.add_argument("--compile-unroll", default="auto", help="train.compile_unroll: auto (= on CUDA) | true | false")
     ap.add_argument("--read-batches", type=int, default=20, help="batches timed for the read-only pass")
     ap.add_argument("--sync-reads", action="store_true", help="read batches on the training thread (no worker)")
+    ap.add_argument("--read-workers", type=int, default=0,
+                    help="threads building the read-ahead batches (features.READ_WORKERS; 0: the code's own)")
     ap.add_argument("--device-plan", action="store_true",
                     help="list the packed rows on the device, as before the host plan (host syncs each step)")
     ap.add_argument("--plan-in-loop", action="store_true",
@@ -124,6 +126,8 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)  # compiles, passes
     if args.sync_reads:
         features.ThreadPoolExecutor = InlineExecutor
+    if args.read_workers:
+        features.READ_WORKERS = args.read_workers
 
     model = smollm2_draft()
     lm_head = torch.randn(V, H) * 0.02
@@ -173,6 +177,7 @@ def main() -> None:
         "unroll_compiled": trainer.core is not None and trainer.core.failed is None,
         "unroll_graphs": trainer.core.graphs if trainer.core is not None else 0,
         "packed": trainer.packed, "sync_reads": args.sync_reads,
+        "read_workers": getattr(features, "READ_WORKERS", 1),
         "device_plan": args.device_plan, "plan_in_loop": args.plan_in_loop,
         "profiled_steps": args.profile, "threads": torch.get_num_threads(),
         "eval_every": args.eval_every, "checkpoint_every": args.checkpoint_every, "steps": result.steps,

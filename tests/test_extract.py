@@ -315,22 +315,72 @@ def test_prefetched_batches_equal_batches_read_in_line(pool):
 
 
 def test_prepare_maps_each_batch_on_the_read_ahead_worker(pool):
-    """The trainer lists its packed rows in `prepare`: it runs on the worker thread, once per batch, in order."""
+    """The trainer lists its packed rows in `prepare`: it runs on the read-ahead workers, once per batch (two
+    workers may call it in either order), and the mapped batches come back in the plan's order."""
     import threading
 
     run(pool, config(pool, samples=20))
     source = open_source(config(pool, samples=20), {"extract": pool / "extract"})
-    threads = []
+    threads, lock = [], threading.Lock()
 
     def prepare(batch):
-        threads.append(threading.current_thread().name)
-        return dict(batch, seen=len(threads))
+        with lock:
+            threads.append(threading.current_thread().name)
+        return dict(batch, seen=tuple(batch["sample_index"].tolist()))
 
     plain = list(source.batches("train", 1, 64, 24, seed=1))
     mapped = list(source.batches("train", 1, 64, 24, seed=1, prepare=prepare))
-    assert [b["seen"] for b in mapped] == list(range(1, len(plain) + 1))
+    assert [b["seen"] for b in mapped] == [tuple(b["sample_index"].tolist()) for b in plain]
     assert all(torch.equal(a["input_ids"], b["input_ids"]) for a, b in zip(plain, mapped))
-    assert threads and all(name.startswith("draftlab-batches") for name in threads)
+    assert len(threads) == len(plain) and all(name.startswith("draftlab-batches") for name in threads)
+
+
+def test_two_workers_reading_at_once_through_evictions_read_the_stored_rows(pool, monkeypatch):
+    """Two read-ahead workers build batches at the same time (a barrier holds each until the other is inside too),
+    a validation iterator reads while training is paused, and one open shard at a time forces evictions under
+    them: every row equals the rows stored in the shard files, read here without the reader."""
+    import itertools
+    import threading
+
+    from draftlab.data import features
+
+    run(pool, config(pool, samples=20))
+    monkeypatch.setattr(features, "MAX_OPEN_SHARDS", 1)
+    source = open_source(config(pool, samples=20), {"extract": pool / "extract"})
+    manifest = read_manifest(pool / "extract")
+    stored = {}  # sample index -> (features, last_hidden) from the files themselves
+    for shard in manifest["shards"]:
+        t = load_file(str(pool / "extract" / f"{shard['name']}.safetensors"))
+        offsets = t["offsets"].tolist()
+        for i, index in enumerate(t["sample_index"].tolist()):
+            span = slice(offsets[i], offsets[i + 1])
+            stored[index] = (t["features"][span], t["last_hidden"][span])
+    both_inside = threading.Barrier(2, timeout=10)  # broken (the read fails) unless two workers overlap
+    names, calls, lock = set(), itertools.count(), threading.Lock()
+
+    def prepare(batch):  # runs on the worker that built the batch
+        with lock:
+            names.add(threading.current_thread().name)
+            call = next(calls)
+        if call < 2:  # the first two batches: each waits here until the other has been built too
+            both_inside.wait()
+        return batch
+
+    train = source.batches("train", 0, 64, 24, seed=1, prepare=prepare)
+    batches = [next(train)]
+    batches += list(source.batches("val", 0, 64, 24, seed=1, shuffle=False))
+    batches += list(train)
+    assert len(names) >= 2 and len(source._handles) == 1
+    rows = 0
+    for batch in batches:
+        for i, index in enumerate(batch["sample_index"].tolist()):
+            n = int(batch["attention_mask"][i].sum())
+            want_features, want_last = stored[index]
+            assert torch.equal(batch["features"][i, :n], want_features[:n])
+            assert torch.equal(batch["last_hidden"][i, :n], want_last[:n])
+            assert not batch["features"][i, n:].any()
+            rows += 1
+    assert rows == source.num_samples_in("train") + source.num_samples_in("val")
 
 
 def test_a_small_bound_on_open_shards_reads_the_same_batches(pool, monkeypatch):

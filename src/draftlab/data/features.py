@@ -34,7 +34,8 @@ PLAN_WINDOW = 256  # samples sorted by length together: little padding, still a 
 MAX_OPEN_SHARDS = 128
 SMALL_TENSORS = ("input_ids", "loss_mask", "target_top")  # 9 bytes a token: the loss mask copied when a shard opens
 WIDE_TENSORS = ("features", "last_hidden")  # 4.6 kB a token (SmolLM2, bf16): only the batch's rows are ever read
-PREFETCH = 2  # offline batches built ahead, each on its own worker thread, while the caller trains on the current one
+PREFETCH = 2  # offline batches built ahead while the caller trains on the current one
+READ_WORKERS = 2  # threads building them: each batch on its own (bench/read_batches.py --read-workers times 1 and 2)
 
 
 def read_manifest(folder: Path) -> dict | None:
@@ -162,10 +163,9 @@ def model_mask(seqs: list[torch.Tensor], mask: torch.Tensor) -> torch.Tensor | N
 
 
 class OpenShard:
-    """A shard's tensors as views of its mmap (safetensors' default backend: `get_tensor` maps the file and copies
-    nothing, so opening a shard reads no rows and memory stays in the page cache). Rows are then sliced from these
-    views: through the handle, each row span cost a call of about 90 us (`get_slice`) and each small tensor's row
-    about 30 us, and a 16k-token batch has about 90 rows (bench/read_batches.py). The loss mask is a bool copy."""
+    """A shard's tensors as views of its mmap (safetensors 0.8's `get_tensor` maps the file and copies nothing: no
+    row is read on open). Rows are sliced from the views; through the handle a row span cost about 90 us a call and
+    a 16k-token batch has about 90 rows of each tensor (bench/read_batches.py). The loss mask is a bool copy."""
 
     def __init__(self, path: Path):
         handle = safe_open(str(path), framework="pt")
@@ -240,8 +240,8 @@ class FeatureSource:
 
     def batches(self, split: str, epoch: int, batch_tokens: int, max_seq_len: int, seed: int,
                 shuffle: bool = True, prepare: Callable[[dict], dict] | None = None) -> Iterator[dict]:
-        """Offline, the next PREFETCH batches are read while the caller trains, each on a worker thread of its own
-        (their row copies release the GIL, so two batches build at once), so slow reads (a cold page cache, a busy
+        """Offline, the next PREFETCH batches are read while the caller trains, on READ_WORKERS threads (their row
+        copies release the GIL, so two batches build at once), so slow reads (a cold page cache, a busy
         CPU) overlap the step; the headline's compiled step waited 14% of its time on one worker (BENCHMARKS.md).
         Same batches, same order either way. `prepare`, when given, maps each batch: offline on those workers too
         (the trainer lists its packed rows there; it must be thread-safe), online in line."""
@@ -251,7 +251,7 @@ class FeatureSource:
                 batch = self._online_batch(group, max_seq_len)
                 yield prepare(batch) if prepare else batch
             return
-        pool = ThreadPoolExecutor(max_workers=PREFETCH, thread_name_prefix="draftlab-batches")
+        pool = ThreadPoolExecutor(max_workers=READ_WORKERS, thread_name_prefix="draftlab-batches")
         ahead: deque = deque()
         groups = iter(plan)
         try:
@@ -314,7 +314,7 @@ class FeatureSource:
         with self._open_lock:
             shard = self._handles.get(number)
             if shard is None:
-                if len(self._handles) >= MAX_OPEN_SHARDS:  # bounded open files; a worker still reading an
+                if len(self._handles) >= MAX_OPEN_SHARDS:  # bounded mappings; a worker still reading an
                     self._handles.pop(next(iter(self._handles)))  # evicted shard keeps its views alive
                 name = self.manifest["shards"][number]["name"]
                 shard = self._handles[number] = OpenShard(self.folder / f"{name}.safetensors")
