@@ -20,13 +20,15 @@
 #   or, instead of start and watch, a shorter job run within the call (carry .gguf-b .whl-tf):
 #     SAMPLES=16000 EXTRA="train.max_steps=1500" BUDGET=450 bash /tmp/headline/main/bench/h200_headline.sh small
 #     (what it checks: the compile warm-up's two graphs, loaded by the train stage; $OUT/small.tgz)
-#   then (nothing carried):                 bash /tmp/headline/main/bench/h200_headline.sh warm
+#   then (nothing carried):                 bash /tmp/headline/main/bench/h200_headline.sh reader
+#     (trainer_speed with one read-ahead worker, then two: data_wait_s and steps_per_s; about 6 minutes)
+#   or (nothing carried):                   bash /tmp/headline/main/bench/h200_headline.sh warm
 #     (the trainer twice on a 64-shard synthetic pool, ~9 GB: the second run's compile_s is a warm compile, and
 #      read_only_s_per_batch / data_wait_s show the reader on many shards; about 6 minutes)
 # What comes back: $OUT/headline.tgz (the job's results.json with every stage's seconds, and log-headline.txt). The end-to-end
 # time is the log's first to last timestamp; import the job with `python -m draftlab import-runs`.
 set -uo pipefail
-step=${1:?usage: h200_headline.sh install|start|watch|small|warm}
+step=${1:?usage: h200_headline.sh install|start|watch|small|warm|reader}
 export PYTHONUNBUFFERED=1 SITE=/tmp/site
 . "$(dirname "$0")/gpu_machine.sh"  # install_wheels, keep_first_half, smollm2_gguf, start_detached, watch_jobs
 ROOT=${ROOT:-/tmp/dl}; H=/tmp/headline; BUDGET=${BUDGET:-570}; START=$(date +%s)
@@ -101,4 +103,11 @@ warm)  # after the headline, same machine: the trainer twice on a 64-shard pool;
     tail -n 1 "$OUT"/trainer_warm.jsonl | cut -c1-400
   done
   grep "compiled the unroll" "$OUT"/trainer_warm.err ;;
+reader)  # the reader's two workers against one (features.READ_WORKERS), same pool, same machine: the first run
+  # also compiles the step cold, which read_only_s_per_batch and data_wait_s do not include
+  for workers in 1 2; do
+    (cd $H/main && PYTHONPATH=$SITE timeout 280 python3 bench/trainer_speed.py --batch-tokens 16384 --samples 8192 \
+      --per-shard 128 --steps 600 --read-workers $workers) >> "$OUT"/trainer_reader.jsonl 2>> "$OUT"/trainer_reader.err
+    tail -n 1 "$OUT"/trainer_reader.jsonl | cut -c1-500
+  done ;;
 esac
