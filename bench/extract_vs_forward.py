@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib.metadata
 import json
 import os
@@ -156,23 +157,25 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         disk = Path(stack.enter_context(tempfile.TemporaryDirectory(
             prefix="extract-bench-", dir=args.root if Path(args.root).exists() else None)))
-        variants = {"forward": lambda _: plain_forward(target, shards, args.batch_size),
-                    "forward_head": lambda _: plain_forward(target, shards, args.batch_size, head=True),
-                    "extract_host": lambda w: w.append(extraction(target, tap, shards, args.batch_size, store, None))}
+        folders = {"extract_host": None}  # where each extraction variant writes its shards (None: nowhere)
         if not args.no_disk:
-            variants["extract"] = lambda w: w.append(extraction(target, tap, shards, args.batch_size, store, disk))
+            folders["extract"] = disk
         if args.shm:
-            shm = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="extract-bench-", dir="/dev/shm")))
-            variants["extract_shm"] = lambda w: w.append(extraction(target, tap, shards, args.batch_size, store,
-                                                                    shm))
+            folders["extract_shm"] = Path(stack.enter_context(
+                tempfile.TemporaryDirectory(prefix="extract-bench-", dir="/dev/shm")))
         written: list[int] = []
+        variants = {"forward": lambda: plain_forward(target, shards, args.batch_size),
+                    "forward_head": lambda: plain_forward(target, shards, args.batch_size, head=True)}
+        for name, folder in folders.items():
+            variants[name] = functools.partial(
+                lambda folder: written.append(extraction(target, tap, shards, args.batch_size, store, folder)), folder)
         plain_forward(target, shards[:1], args.batch_size)  # warm-up: kernels, allocator, first-touch pages
         extraction(target, tap, shards[:1], args.batch_size, store, disk)
         os.sync()  # nothing of the warm-up's write-back left to slow the first timed variant
         seconds: dict[str, list[float]] = {name: [] for name in variants}
         for _ in range(args.repeats):  # alternate so that load on a shared machine hits every variant alike
             for name, fn in variants.items():
-                seconds[name].append(timed(lambda: fn(written)))
+                seconds[name].append(timed(fn))
     best = {name: min(times) for name, times in seconds.items()}
     median = {name: sorted(times)[len(times) // 2] for name, times in seconds.items()}
     main_name = "extract" if "extract" in best else "extract_host"

@@ -75,6 +75,14 @@ pack() {  # pack NAME FILE...: FILEs under $ROOT (patterns quoted: expanded ther
     2>/dev/null)
 }
 
+trainer_speed() {  # trainer_speed NAME ARG...: bench/trainer_speed.py on a 64-shard synthetic pool (~9 GB), its
+  # JSON line appended to $OUT/NAME.jsonl and its log to $OUT/NAME.err
+  local name=$1; shift
+  (cd $H/main && PYTHONPATH=$SITE timeout 280 python3 bench/trainer_speed.py --batch-tokens 16384 --samples 8192 \
+    --per-shard 128 "$@") >> "$OUT/$name.jsonl" 2>> "$OUT/$name.err"
+  tail -n 1 "$OUT/$name.jsonl" | cut -c1-500
+}
+
 case "$step" in
 install)
   nvidia-smi -L
@@ -97,17 +105,9 @@ small)
   grep -a "stage \|compiled\|warm-up\|s pass\|Error" $ROOT/log-small.txt | cut -c1-220 | tail -n 40
   pack small.tgz log-small.txt small/results.json small/.hydra ;;
 warm)  # after the headline, same machine: the trainer twice on a 64-shard pool; the second compiles warm
-  for run in 1 2; do
-    (cd $H/main && PYTHONPATH=$SITE timeout 280 python3 bench/trainer_speed.py --batch-tokens 16384 --samples 8192 \
-      --per-shard 128 --steps 300) >> "$OUT"/trainer_warm.jsonl 2>> "$OUT"/trainer_warm.err
-    tail -n 1 "$OUT"/trainer_warm.jsonl | cut -c1-400
-  done
+  for run in 1 2; do trainer_speed trainer_warm --steps 300; done
   grep "compiled the unroll" "$OUT"/trainer_warm.err ;;
 reader)  # the reader's two workers against one (features.READ_WORKERS), same pool, same machine: the first run
   # also compiles the step cold, which read_only_s_per_batch and data_wait_s do not include
-  for workers in 1 2; do
-    (cd $H/main && PYTHONPATH=$SITE timeout 280 python3 bench/trainer_speed.py --batch-tokens 16384 --samples 8192 \
-      --per-shard 128 --steps 600 --read-workers $workers) >> "$OUT"/trainer_reader.jsonl 2>> "$OUT"/trainer_reader.err
-    tail -n 1 "$OUT"/trainer_reader.jsonl | cut -c1-500
-  done ;;
+  for workers in 1 2; do trainer_speed trainer_reader --steps 600 --read-workers $workers; done ;;
 esac
