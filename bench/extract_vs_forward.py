@@ -9,12 +9,12 @@ machine), so that the cost splits into its parts:
   forward_head   plus the full-vocabulary argmax (`head_top1`), which extraction stores as `target_top`
   extract_host   extraction with the shards copied to pinned host memory and dropped: no file written
   extract        the stage's loop writing to --root's disk
-  extract_shm    the same into /dev/shm (`--shm`): the write without the disk
-(Two and four writer threads were measured at f32eddd, where ShardWriter took a count: both slower than one.)
+  extract_shm    the same into /dev/shm (`--shm`): the write without the disk (the GPU preset's pool)
+  extract_wN, extract_shm_wN   the same with N writer threads (`--writers 1 4`: extract.writers)
 
     python bench/extract_vs_forward.py --device cpu --target smollm2 --samples 32 --threads 2
     python bench/extract_vs_forward.py --device cuda --target shaped --samples 8192 --batch-size 64 \
-        --shard-size 1024 --shm --root /tmp/dl
+        --shard-size 1024 --shm --writers 1 4 --root /tmp/dl
 
 Prints one JSON line.
 """
@@ -77,7 +77,8 @@ def plain_forward(target, shards: list[list[Sample]], batch_size: int, head: boo
     sync(target.device)
 
 
-def extraction(target, tap, shards, batch_size: int, dtype: torch.dtype, folder: Path | None) -> int:
+def extraction(target, tap, shards, batch_size: int, dtype: torch.dtype, folder: Path | None,
+               writers: int = 1) -> int:
     """The stage's loop; `folder` None: the shards are copied to the host (pinned, side stream) and dropped."""
     if folder is None:
         nbytes = 0
@@ -90,7 +91,7 @@ def extraction(target, tap, shards, batch_size: int, dtype: torch.dtype, folder:
     for old in folder.glob("shard-*"):
         old.unlink()
     manifest = {"shards": [], "num_samples": 0}
-    writer = ShardWriter(folder, manifest)
+    writer = ShardWriter(folder, manifest, writers)
     try:
         for shard in shards:
             writer.submit(extract_shard(tap, shard, batch_size, dtype, target.device), 0.0)
@@ -133,6 +134,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8, help="extract.batch_size")
     parser.add_argument("--shard-size", type=int, default=16, help="extract.shard_size")
     parser.add_argument("--shm", action="store_true", help="also write the shards to /dev/shm (memory, no disk)")
+    parser.add_argument("--writers", type=int, nargs="+", default=[1],
+                        help="writer thread counts for the variants that write (extract.writers)")
     parser.add_argument("--no-disk", action="store_true",
                         help="leave out `extract`: the disk's write-back then slows no other variant")
     parser.add_argument("--repeats", type=int, default=3)
@@ -167,8 +170,10 @@ def main() -> None:
         variants = {"forward": lambda: plain_forward(target, shards, args.batch_size),
                     "forward_head": lambda: plain_forward(target, shards, args.batch_size, head=True)}
         for name, folder in folders.items():
-            variants[name] = functools.partial(
-                lambda folder: written.append(extraction(target, tap, shards, args.batch_size, store, folder)), folder)
+            for writers in ([1] if folder is None else args.writers):
+                variant = name if writers == 1 else f"{name}_w{writers}"
+                variants[variant] = functools.partial(lambda folder, writers: written.append(
+                    extraction(target, tap, shards, args.batch_size, store, folder, writers)), folder, writers)
         plain_forward(target, shards[:1], args.batch_size)  # warm-up: kernels, allocator, first-touch pages
         extraction(target, tap, shards[:1], args.batch_size, store, disk)
         os.sync()  # nothing of the warm-up's write-back left to slow the first timed variant

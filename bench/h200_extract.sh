@@ -7,7 +7,8 @@
 #     write and slowed the next variant by up to 1.9x, then disturbs nothing; five repeats)
 # It prints the machine's disk facts and a sequential write's speed (dd, 16 GB: more than the page cache holds
 # dirty), then bench/extract_vs_forward.py's parts (forward, forward_head, extract_host, extract,
-# extract_shm when /dev/shm has room). What comes back: $OUT/extract_parts.jsonl and $OUT/disk.txt.
+# extract_shm when /dev/shm has room; each writing variant with WRITERS writer threads, default "1 4"). What comes
+# back: $OUT/extract_parts.jsonl and $OUT/disk.txt.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 SITE=/tmp/site
 . "$(dirname "$0")/gpu_machine.sh"  # install_wheels, keep_first_half
@@ -33,7 +34,7 @@ shm=()
 avail_gb=$(df --output=avail -BG /dev/shm | tail -n 1 | tr -dc 0-9)
 [ "${avail_gb:-0}" -ge 12 ] && shm=(--shm)
 PYTHONPATH=$SITE:src timeout 420 python3 bench/extract_vs_forward.py --device cuda --target shaped \
-  --dtype bfloat16 --samples "${SAMPLES:-8192}" --batch-size 64 --shard-size 1024 "${shm[@]}" \
+  --dtype bfloat16 --samples "${SAMPLES:-8192}" --batch-size 64 --shard-size 1024 "${shm[@]}" --writers ${WRITERS:-1 4} \
   "${flags[@]}" --root "$ROOT" >> "$OUT/extract_parts.jsonl" 2> "$OUT/extract_parts.err"
 echo "rc=$?"; tail -n 3 "$OUT/extract_parts.err" | cut -c1-300
 python3 -c "import json,sys; r=json.loads(open(sys.argv[1]).readlines()[-1]); print(json.dumps({k: r[k] for k in \

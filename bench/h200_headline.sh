@@ -71,8 +71,9 @@ watch() {  # until the runs have exit codes or this call's budget is spent, then
 pack() {  # pack NAME FILE...: FILEs under $ROOT (patterns quoted: expanded there) and the stage manifests (each
   # stage's metrics; train's holds every validation pass) into $OUT/NAME
   local name=$1; shift
-  (cd $ROOT && tar czf "$OUT/$name" $@ $(ls -d {generate,extract,train,bench}/*/manifest.json 2>/dev/null) \
-    2>/dev/null)
+  # (the GPU preset keeps extract's pool in /dev/shm/draftlab: extract.pool_root)
+  (cd $ROOT && tar czf "$OUT/$name" $@ $(ls -d {generate,extract,train,bench}/*/manifest.json \
+    /dev/shm/draftlab/extract/*/manifest.json 2>/dev/null) 2>/dev/null)
 }
 
 trainer_speed() {  # trainer_speed NAME ARG...: bench/trainer_speed.py on a 64-shard synthetic pool (~9 GB), its
@@ -109,5 +110,5 @@ warm)  # after the headline, same machine: the trainer twice on a 64-shard pool;
   grep "compiled the unroll" "$OUT"/trainer_warm.err ;;
 reader)  # the reader's two workers against one (features.READ_WORKERS), same pool, same machine: the first run
   # also compiles the step cold, which read_only_s_per_batch and data_wait_s do not include
-  for workers in 1 2; do trainer_speed trainer_reader --steps 600 --read-workers $workers; done ;;
+  for workers in 1 2; do trainer_speed trainer_reader --steps ${STEPS:-600} --read-workers $workers; done ;;
 esac

@@ -22,6 +22,24 @@ def test_folders_depend_only_on_what_a_stage_reads(tiny_cfg):
     assert other_layers["train"].folder != base["train"].folder
 
 
+def test_extract_pool_root_moves_the_feature_pool_and_nothing_else(tiny_cfg, tmp_path):
+    """The GPU preset keeps the pool in memory (extract.pool_root): same keys, another folder; the later stages
+    read it there (train), and a rerun finds it cached."""
+    elsewhere = tmp_path / "memory"
+    base = plan(validate(tiny_cfg()))
+    moved = plan(validate(tiny_cfg(f"extract.pool_root={elsewhere}", "extract.writers=2")))
+    assert moved["extract"].folder == elsewhere / "extract" / base["extract"].folder.name
+    assert {n: s.key for n, s in moved.items()} == {n: s.key for n, s in base.items()}
+    assert all(moved[n].folder == base[n].folder for n in ("generate", "train", "bench"))
+    overrides = ("stages=[generate,extract,train]", "data.samples=8", "train.max_steps=2", "tracking.enabled=false",
+                 f"extract.pool_root={elsewhere}")
+    first = run_task(tiny_cfg(*overrides))
+    assert (moved["extract"].folder / "manifest.json").exists() and not base["extract"].folder.exists()
+    assert first["train/steps"] == 2
+    second = run_task(tiny_cfg(*overrides))
+    assert second["extract/cached"] == 1 and second["train/cached"] == 1
+
+
 def test_generate_job_is_tracked_and_cached_on_rerun(tiny_cfg, tmp_path):
     cfg = tiny_cfg("stages=[generate]", "data.samples=8")
     first = run_task(cfg)

@@ -80,6 +80,15 @@ def test_tiny_val_fraction_leaving_no_validation_prompt(tiny_cfg, tmp_path):
                    "data.samples=8").startswith("data.val_fraction: 0.0001 puts none")
 
 
+def test_a_pool_root_that_cannot_be_a_folder_is_refused_up_front(tiny_cfg, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    message = refused(tiny_cfg, f"extract.pool_root={blocker / 'pool'}")
+    assert message.startswith("extract.pool_root:") and "extract.pool_root=null" in message
+    preflight(validate(tiny_cfg(f"extract.pool_root={tmp_path / 'pool'}")))  # made on the way
+    assert (tmp_path / "pool").is_dir()
+
+
 def test_target_path_ignored_by_tiny_is_refused(tiny_cfg):
     assert refused(tiny_cfg, "target.path=/nonexistent").startswith("target.path: /nonexistent is not used by "
                                                                      "target=tiny")

@@ -89,6 +89,8 @@ class ExtractConfig:
     mode: str = MISSING  # offline (stored shards) | online (train runs the target)
     batch_size: int = MISSING
     shard_size: int = MISSING
+    writers: int = MISSING  # threads writing shards: more pay only where one cannot keep up (a memory pool)
+    pool_root: Optional[str] = MISSING  # where `src/run.py` keeps the pool; None = under paths.root
 
 
 @dataclass
@@ -268,6 +270,7 @@ def _check_values(c: DictConfig) -> None:
     _choice("extract.mode", c.extract.mode, ("offline", "online"))
     _positive("extract.batch_size", c.extract.batch_size)
     _positive("extract.shard_size", c.extract.shard_size)
+    _positive("extract.writers", c.extract.writers)
     for key in ("vocab_size", "num_layers", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads"):
         _positive(f"draft.{key}", c.draft[key])
     _positive("train.epochs", c.train.epochs)

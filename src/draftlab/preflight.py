@@ -23,6 +23,7 @@ def preflight(cfg) -> None:
     check_target_path(cfg.target)
     check_target_shape(cfg)
     check_val_fraction(cfg)
+    check_pool_root(cfg)
     if "generate" in cfg.stages and not _pool_holds(cfg):
         check_prompts(cfg)
 
@@ -70,6 +71,24 @@ def check_val_fraction(cfg) -> None:
     if cfg.data.val_fraction <= 0 and ({"train", "bench"} & set(cfg.stages)):
         raise ConfigError(f"data.val_fraction: {cfg.data.val_fraction} leaves no validation prompts; val/loss and "
                           f"bench (bench.prompts={cfg.bench.prompts}) need some, e.g. data.val_fraction=0.125")
+
+
+def check_pool_root(cfg) -> None:
+    """extract.pool_root (the GPU preset's /dev/shm) can hold a pool: a folder that can be made and written.
+    Whether the pool fits is known only once generate has counted the tokens (the extract stage checks it)."""
+    if not cfg.extract.pool_root or "extract" not in cfg.stages:
+        return
+    import os
+
+    folder = Path(cfg.extract.pool_root)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"extract.pool_root: cannot make {folder} ({err.strerror}); point it at a writable "
+                          f"folder, or extract.pool_root=null keeps the pool under paths.root") from None
+    if not os.access(folder, os.W_OK):
+        raise ConfigError(f"extract.pool_root: {folder} is not writable; point it at a writable folder, or "
+                          f"extract.pool_root=null keeps the pool under paths.root")
 
 
 def _pool_holds(cfg) -> bool:

@@ -53,7 +53,9 @@ NOT_FINGERPRINTED = {"train.log_every", "train.device", "train.strategy", "serve
                      # tests/test_compiled_unroll.py): speed settings
                      "train.compile_loss", "train.compile_unroll", "train.compile_warmup",
                      "target.device", "target.device_map",
-                     "data.shard_size", "extract.batch_size", "extract.shard_size",
+                     "data.shard_size", "extract.batch_size", "extract.shard_size", "extract.writers",
+                     # where the pool lives (memory or disk), not what it holds
+                     "extract.pool_root",
                      # a resumed run ends bit-identical wherever it was checkpointed (tests/test_train_loop.py)
                      "train.checkpoint_every",
                      # how long to wait for a server to start, not what it serves
@@ -130,6 +132,13 @@ def content_sha256(path: Path, cache_dir: Path) -> str:
     return remembered(Path(cache_dir) / "file_sha256.json", stamp, f"{path}|", lambda: file_sha256(path))
 
 
+def _stage_root(cfg, name: str) -> Path:
+    """paths.root, or extract.pool_root for the feature pool (the GPU preset keeps it in memory: BENCHMARKS.md)."""
+    if name == "extract" and cfg.extract.pool_root:
+        return Path(cfg.extract.pool_root)
+    return Path(cfg.paths.root)
+
+
 def plan(cfg, package_root: Path | None = None) -> dict[str, PlannedStage]:
     """Folders and keys of every stage for this config (cheap: reads source files, never a stage output)."""
     root = Path(cfg.paths.root)
@@ -146,7 +155,7 @@ def plan(cfg, package_root: Path | None = None) -> dict[str, PlannedStage]:
             reads["server_launch"] = _values(cfg, SERVER_LAUNCH_READS)
         folder_key = fingerprint(reads)
         full_key = fingerprint({"folder": folder_key, "grows": _values(cfg, spec.grows_with), "inputs": upstream_full})
-        planned[name] = PlannedStage(spec, root / name / folder_key[:16], folder_key[:16], full_key)
+        planned[name] = PlannedStage(spec, _stage_root(cfg, name) / name / folder_key[:16], folder_key[:16], full_key)
     return planned
 
 

@@ -8,9 +8,11 @@ remains; `extract.layers` is resolved (and refused) before that, from the target
 
 from __future__ import annotations
 
+import errno
 import logging
 import shutil
 import time
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,11 +23,13 @@ from draftlab.data import samples as samples_fmt
 from draftlab.data.features import (FORMAT, HEAD_FILE, HiddenTap, head_top1, model_mask, offline_entries,
                                     pad_batch, read_manifest, target_head, target_info)
 from draftlab.data.layers import CONVENTION, LAST_WARNING, num_target_layers, resolve_layers, sglang_servable, spec_name
+from draftlab.data.room import free_bytes
 from draftlab.data.vocab import count_tokens, vocab_name, vocab_path, write_vocab
 from draftlab.fsutil import atomic_save_safetensors, atomic_write_json
 from draftlab.progress import bar
 
 log = logging.getLogger("draftlab.extract")
+ROOM_MARGIN = 1 << 30  # bytes kept free beyond the estimate: the manifest, the vocab, a filesystem's own use
 
 
 def extract_batch(tap: HiddenTap, batch: list, dtype: torch.dtype, device) -> list[tuple[torch.Tensor, ...]]:
@@ -98,40 +102,57 @@ def _copy_stream(device):
 
 
 class ShardWriter:
-    """Writes shards on one background thread (device->host copy + safetensors write overlap the next shard's
-    forward); at most one shard waits, so memory holds two shards at most. The manifest is rewritten after each."""
+    """Writes shards on `writers` background threads (device->host copy + safetensors write overlap the next
+    shard's forward). A shard waits for a free writer, so host memory holds `writers` + 1 shards at most. Files
+    may finish out of order; the manifest takes them in order (the main thread records each finished write), so a
+    resumed run never sees a gap: a file written past the manifest's last shard is written again under its name.
 
-    def __init__(self, out: Path, manifest: dict):
-        self.out, self.manifest = out, manifest
-        self.pool = ThreadPoolExecutor(max_workers=1)
-        self.pending: Future | None = None
+    One writer keeps up with the H200 machine's disk and more were slower there; into memory (/dev/shm) one
+    writer is the bound and four are not (BENCHMARKS.md, "The GPU path at real scale")."""
+
+    def __init__(self, out: Path, manifest: dict, writers: int = 1):
+        if writers < 1:
+            raise ValueError(f"extract.writers={writers}: at least 1")
+        self.out, self.manifest, self.writers = out, manifest, writers
+        self.pool = ThreadPoolExecutor(max_workers=writers, thread_name_prefix="draftlab-shard-writer")
+        self.pending: deque[tuple[Future, dict]] = deque()
 
     def submit(self, tensors: dict, seconds: float) -> None:
-        self.wait()
-        host, events = start_host_copy(tensors)
-        self.pending = self.pool.submit(self._write, host, events, seconds)
+        while len(self.pending) >= self.writers:
+            self._record_oldest()
+        host, events = start_host_copy(tensors)  # sample_index and input_ids are host tensors already
+        name = samples_fmt.shard_name(len(self.manifest["shards"]) + len(self.pending))
+        entry = {"name": name, "first": int(host["sample_index"][0]), "samples": len(host["sample_index"]),
+                 "tokens": len(host["input_ids"]), "seconds": seconds}
+        self.pending.append((self.pool.submit(self._write, self.out / f"{name}.safetensors", host, events), entry))
 
     def wait(self) -> None:
-        if self.pending is not None:
-            self.pending.result()  # re-raises a write error in the main thread
-            self.pending = None
+        while self.pending:
+            self._record_oldest()
 
     def close(self) -> None:
-        self.wait()
-        self.pool.shutdown()
+        try:
+            self.wait()
+        finally:
+            for future, _ in self.pending:  # after a write error: the shards behind it are not recorded
+                future.cancel()
+            self.pool.shutdown()
 
-    def _write(self, cpu: dict, events: list, seconds: float) -> None:
-        for event in events:
-            event.synchronize()
-        name = samples_fmt.shard_name(len(self.manifest["shards"]))
-        path = self.out / f"{name}.safetensors"
-        atomic_save_safetensors(path, cpu, metadata={"format": FORMAT})
-        n, tokens = len(cpu["sample_index"]), len(cpu["input_ids"])
-        self.manifest["shards"].append({"name": name, "first": int(cpu["sample_index"][0]), "samples": n,
-                                        "tokens": tokens, "bytes": path.stat().st_size, "seconds": seconds})
-        self.manifest["num_samples"] += n
+    def _record_oldest(self) -> None:
+        future, entry = self.pending[0]
+        entry["bytes"] = future.result()  # re-raises a write error in the main thread
+        self.pending.popleft()
+        self.manifest["shards"].append(entry)
+        self.manifest["num_samples"] += entry["samples"]
         _totals(self.manifest)
         atomic_write_json(self.out / "manifest.json", self.manifest)
+
+    @staticmethod
+    def _write(path: Path, host: dict, events: list) -> int:
+        for event in events:
+            event.synchronize()
+        atomic_save_safetensors(path, host, metadata={"format": FORMAT})
+        return path.stat().st_size
 
 
 def _totals(manifest: dict) -> None:
@@ -203,6 +224,7 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter) -> dict:
                              f"not {target.fingerprint}; use another folder")
         atomic_save_safetensors(out / HEAD_FILE, target_head(target))
         if offline and done < n:
+            _check_room(cfg, out, manifest, _tokens_between(samples_manifest, done, n))
             _extract(cfg, out, samples_dir, manifest, target, layer_ids, done, n, reporter)
     metrics = _finish(cfg, out, samples_dir, manifest, n, reporter)
     metrics["extract/new_samples"] = float(max(0, n - done) if offline else 0)
@@ -211,11 +233,46 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter) -> dict:
     return metrics
 
 
+def _tokens_between(samples_manifest: dict, first: int, stop: int) -> int:
+    """Tokens of samples [first, stop), from the samples manifest's per-shard counts (pro rata in a shard)."""
+    tokens, start = 0.0, 0
+    for shard in samples_manifest["shards"]:
+        end = start + shard["samples"]
+        overlap = min(end, stop) - max(start, first)
+        if overlap > 0:
+            tokens += shard["tokens"] * overlap / shard["samples"]
+        start = end
+    return int(tokens)
+
+
+def estimated_bytes_per_token(manifest: dict) -> float:
+    """What a stored token takes: the pool's own average once it has shards, else its tensors' widths."""
+    if manifest["bytes_per_token"]:
+        return float(manifest["bytes_per_token"])
+    itemsize = torch.empty(0, dtype=getattr(torch, manifest["dtype"])).element_size()
+    width = manifest["shapes"]["features"][1] + manifest["shapes"]["last_hidden"][1]
+    return width * itemsize + 4 + 4 + 1  # + target_top (int32), input_ids (int32), loss_mask (uint8)
+
+
+def _check_room(cfg, out: Path, manifest: dict, tokens: int) -> None:
+    """Refuses to start an extraction that cannot fit, naming the setting that chose the place."""
+    need = int(tokens * estimated_bytes_per_token(manifest)) + ROOM_MARGIN
+    free, in_memory = free_bytes(out)
+    key = "extract.pool_root" if cfg.extract.pool_root else "paths.root"
+    where = "memory (tmpfs: the smaller of its free space and the host's available memory)" if in_memory else "disk"
+    if need > free:
+        raise OSError(errno.ENOSPC, f"{key}: extracting {tokens:,} tokens into {out} needs about {need / 1e9:.1f} "
+                      f"GB, and its {where} has {free / 1e9:.1f} GB free; point {key} at a larger place"
+                      + (" (extract.pool_root=null keeps the pool under paths.root)" if in_memory else ""))
+    log.info("extract: about %.1f GB into %s, %s with %.1f GB free%s", need / 1e9, out, where, free / 1e9,
+             "; the pool holds that memory until it is deleted (or the host restarts)" if in_memory else "")
+
+
 def _extract(cfg, out: Path, samples_dir: Path, manifest: dict, target, layer_ids: list[int], done: int, n: int,
              reporter) -> None:
     tap = HiddenTap(target.model, layer_ids)
     dtype = getattr(torch, cfg.extract.dtype)
-    writer = ShardWriter(out, manifest)
+    writer = ShardWriter(out, manifest, cfg.extract.writers)
     shard: list = []
     start = time.perf_counter()
     progress = bar(n - done, "extract", "sample")
