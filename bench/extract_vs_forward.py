@@ -2,10 +2,13 @@
 
 Extraction = the extract stage's inner loop exactly (`extract_shard`: hooked forward + per-sample gather + cast to
 the storage dtype + the full-vocabulary top-1, then `ShardWriter`: device->host copy + safetensors writes on its
-background threads). Forward = `model.model(...)` without any capture on the same padded batches (same host-side
-padding and copies). Variants, each timed in turn `--repeats` times (best and median kept; robust to a shared
-machine), so that the cost splits into its parts:
+background threads). Forward = `model.model(...)` without any capture on batches cut the same way (same host-side
+padding and copies) and with the stage's attention kernels (draftlab.attention). Variants, each timed in turn
+`--repeats` times (best and median tok/s kept; robust to a shared machine), so that the cost splits into its parts.
+Every timed run draws samples of its own (same count and length range), as the stage never sees a batch shape twice;
+`--same-shapes` reuses one set, which hid cuDNN's per-shape planning until 2026-12-02 (BENCHMARKS.md).
   forward        the target's body alone (the goal's baseline)
+  forward_cudnn  the same with PyTorch's own kernel choice (cuDNN's attention on an H200; CUDA only)
   forward_head   plus the full-vocabulary argmax (`head_top1`), which extraction stores as `target_top`
   extract_host   extraction with the shards copied to pinned host memory and dropped: no file written
   extract        the stage's loop writing to --root's disk
@@ -33,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from draftlab.attention import variable_shape_attention
 from draftlab.config import default_config
 from draftlab.data.features import HiddenTap, head_top1, model_mask, pad_batch
 from draftlab.data.layers import resolve_layers
@@ -58,11 +62,13 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def plain_forward(target, shards: list[list[Sample]], batch_size: int, head: bool = False) -> None:
+def plain_forward(target, shards: list[list[Sample]], batch_size: int, head: bool = False,
+                  cudnn: bool = False) -> None:
     """The same batches as `extract_shard` makes (sorted by length inside a shard), without capture or storage.
-    `head`: plus the full-vocabulary argmax of every position (what a causal LM's forward would add)."""
+    `head`: plus the full-vocabulary argmax of every position (what a causal LM's forward would add).
+    `cudnn`: PyTorch's own choice of attention kernel (cuDNN on an H200), which the stage leaves out."""
     weight = target.model.get_output_embeddings().weight
-    with torch.inference_mode():
+    with torch.inference_mode(), (contextlib.nullcontext() if cudnn else variable_shape_attention()):
         for shard in shards:
             order = sorted(shard, key=lambda s: len(s.input_ids))
             for start in range(0, len(order), batch_size):
@@ -136,6 +142,8 @@ def main() -> None:
     parser.add_argument("--shm", action="store_true", help="also write the shards to /dev/shm (memory, no disk)")
     parser.add_argument("--writers", type=int, nargs="+", default=[1],
                         help="writer thread counts for the variants that write (extract.writers)")
+    parser.add_argument("--same-shapes", action="store_true",
+                        help="every timed run on the same samples (as before 2026-12-02): per-shape plans amortise")
     parser.add_argument("--no-disk", action="store_true",
                         help="leave out `extract`: the disk's write-back then slows no other variant")
     parser.add_argument("--repeats", type=int, default=3)
@@ -153,10 +161,12 @@ def main() -> None:
         target = load_target(cfg.target, Path(args.root) / "models")
     layer_ids = resolve_layers(args.layers, target.num_layers)
     tap = HiddenTap(target.model, layer_ids)
-    samples = synthetic_samples(args.samples, args.min_len, args.max_len, target.vocab_size, seed=0)
-    shards = [samples[i:i + args.shard_size] for i in range(0, len(samples), args.shard_size)]
     store = getattr(torch, args.store_dtype)
-    tokens = sum(len(s.input_ids) for s in samples)
+
+    def shards_of(seed: int) -> list[list[Sample]]:
+        samples = synthetic_samples(args.samples, args.min_len, args.max_len, target.vocab_size, seed)
+        return [samples[i:i + args.shard_size] for i in range(0, len(samples), args.shard_size)]
+
     with contextlib.ExitStack() as stack:
         disk = Path(stack.enter_context(tempfile.TemporaryDirectory(
             prefix="extract-bench-", dir=args.root if Path(args.root).exists() else None)))
@@ -167,35 +177,46 @@ def main() -> None:
             folders["extract_shm"] = Path(stack.enter_context(
                 tempfile.TemporaryDirectory(prefix="extract-bench-", dir="/dev/shm")))
         written: list[int] = []
-        variants = {"forward": lambda: plain_forward(target, shards, args.batch_size),
-                    "forward_head": lambda: plain_forward(target, shards, args.batch_size, head=True)}
+        variants = {"forward": lambda shards: plain_forward(target, shards, args.batch_size),
+                    "forward_head": lambda shards: plain_forward(target, shards, args.batch_size, head=True)}
+        if args.device == "cuda":
+            variants["forward_cudnn"] = lambda shards: plain_forward(target, shards, args.batch_size, cudnn=True)
         for name, folder in folders.items():
             for writers in ([1] if folder is None else args.writers):
                 variant = name if writers == 1 else f"{name}_w{writers}"
-                variants[variant] = functools.partial(lambda folder, writers: written.append(
-                    extraction(target, tap, shards, args.batch_size, store, folder, writers)), folder, writers)
-        plain_forward(target, shards[:1], args.batch_size)  # warm-up: kernels, allocator, first-touch pages
-        extraction(target, tap, shards[:1], args.batch_size, store, disk)
+                variants[variant] = functools.partial(lambda folder, writers, shards: written.append((
+                    extraction(target, tap, shards, args.batch_size, store, folder, writers),
+                    sum(len(s.input_ids) for shard in shards for s in shard))), folder, writers)
+        warm = shards_of(10**6)[:1]
+        plain_forward(target, warm, args.batch_size)  # warm-up: kernels, allocator, first-touch pages
+        extraction(target, tap, warm, args.batch_size, store, disk)
         os.sync()  # nothing of the warm-up's write-back left to slow the first timed variant
-        seconds: dict[str, list[float]] = {name: [] for name in variants}
+        rates: dict[str, list[float]] = {name: [] for name in variants}
+        seeds = iter(range(1, 10**6))
+        fixed = shards_of(0)
         for _ in range(args.repeats):  # alternate so that load on a shared machine hits every variant alike
             for name, fn in variants.items():
-                seconds[name].append(timed(fn))
-    best = {name: min(times) for name, times in seconds.items()}
-    median = {name: sorted(times)[len(times) // 2] for name, times in seconds.items()}
+                # The stage never sees a batch shape twice, so by default neither does a timed run here: a
+                # kernel that plans per shape (cuDNN's attention) pays in the bench as in the stage.
+                shards = fixed if args.same_shapes else shards_of(next(seeds))
+                tokens = sum(len(s.input_ids) for shard in shards for s in shard)
+                rates[name].append(tokens / timed(functools.partial(fn, shards)))
+    best = {name: max(r) for name, r in rates.items()}
+    median = {name: sorted(r)[len(r) // 2] for name, r in rates.items()}
     main_name = "extract" if "extract" in best else "extract_host"
     print(json.dumps({
         "device": args.device, "target": args.target, "dtype": args.dtype, "store_dtype": args.store_dtype,
-        "layer_ids": layer_ids, "samples": args.samples, "tokens": tokens, "batch_size": args.batch_size,
-        "shard_size": args.shard_size, "threads": torch.get_num_threads(),
+        "layer_ids": layer_ids, "samples": args.samples, "tokens": sum(len(s.input_ids) for f in fixed for s in f),
+        "batch_size": args.batch_size, "shard_size": args.shard_size, "same_shapes": args.same_shapes,
+        "threads": torch.get_num_threads(),
         "safetensors": importlib.metadata.version("safetensors"), "torch": torch.__version__,
-        "forward_tok_s": round(tokens / best["forward"], 1), "extract_tok_s": round(tokens / best[main_name], 1),
-        "ratio": round(best[main_name] / best["forward"], 3),
-        "ratio_median": round(median[main_name] / median["forward"], 3),
-        "ratios_to_forward": {name: round(best[name] / best["forward"], 3) for name in variants},
-        "tok_s": {name: round(tokens / best[name], 1) for name in variants},
-        "seconds": {name: [round(t, 3) for t in times] for name, times in seconds.items()},
-        "bytes_per_token": round(written[-1] / tokens, 1), "goal_ratio": 1.1,
+        "forward_tok_s": round(best["forward"], 1), "extract_tok_s": round(best[main_name], 1),
+        "ratio": round(best["forward"] / best[main_name], 3),
+        "ratio_median": round(median["forward"] / median[main_name], 3),
+        "ratios_to_forward": {name: round(best["forward"] / best[name], 3) for name in variants},
+        "tok_s": {name: round(best[name], 1) for name in variants},
+        "tok_s_runs": {name: [round(r, 1) for r in runs] for name, runs in rates.items()},
+        "bytes_per_token": round(written[-1][0] / written[-1][1], 1), "goal_ratio": 1.1,
     }))
 
 

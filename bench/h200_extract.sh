@@ -38,5 +38,5 @@ PYTHONPATH=$SITE:src timeout 420 python3 bench/extract_vs_forward.py --device cu
   "${flags[@]}" --root "$ROOT" >> "$OUT/extract_parts.jsonl" 2> "$OUT/extract_parts.err"
 echo "rc=$?"; tail -n 3 "$OUT/extract_parts.err" | cut -c1-300
 python3 -c "import json,sys; r=json.loads(open(sys.argv[1]).readlines()[-1]); print(json.dumps({k: r[k] for k in \
-  ('tokens', 'safetensors', 'torch', 'ratios_to_forward', 'tok_s', 'seconds', 'bytes_per_token')}, indent=1))" \
+  ('tokens', 'safetensors', 'torch', 'ratios_to_forward', 'tok_s', 'tok_s_runs', 'bytes_per_token')}, indent=1))" \
   "$OUT/extract_parts.jsonl"

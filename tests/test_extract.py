@@ -212,3 +212,19 @@ def test_stored_target_top_gives_the_plain_soft_targets(pool, dtype):
         assert torch.allclose(fast.probs, plain.probs, atol=1e-6)
         checked += int(real.sum())
     assert checked == source.num_tokens("train")
+
+
+def test_extraction_attention_never_goes_to_cudnn(pool, monkeypatch):
+    """cuDNN's attention plans every new shape on the host; each extraction batch has its own padded length, and
+    the stage ran 1.8x faster on the H200 with cuDNN's kernel switched off (BENCHMARKS.md)."""
+    sdpa, cudnn_allowed = F.scaled_dot_product_attention, []
+
+    def spy(*args, **kwargs):
+        cudnn_allowed.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # PyTorch's default: the test can fail
+    run(pool, config(pool, samples=6, batch_size=3))
+    assert cudnn_allowed and not any(cudnn_allowed)
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # restored after the stage

@@ -23,6 +23,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+from draftlab.attention import variable_shape_attention
 from draftlab.data.samples import SPLITS, read_samples
 from draftlab.data.vocab import read_vocab, vocab_path
 from draftlab.fsutil import read_json
@@ -75,7 +76,8 @@ class HiddenTap:
         handles = [self.body.layers[k].register_forward_hook(functools.partial(copy, j))
                    for j, k in enumerate(self.layer_ids)]
         try:
-            out = self.body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+            with variable_shape_attention():  # every padded batch has its own length
+                out = self.body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
         finally:
             for handle in handles:
                 handle.remove()

@@ -107,8 +107,9 @@ class ShardWriter:
     may finish out of order; the manifest takes them in order (the main thread records each finished write), so a
     resumed run never sees a gap: a file written past the manifest's last shard is written again under its name.
 
-    One writer keeps up with the H200 machine's disk and more were slower there; into memory (/dev/shm) one
-    writer is the bound and four are not (BENCHMARKS.md, "The GPU path at real scale")."""
+    On the H200 machine's disk two and four writers were slower than one; into memory (/dev/shm) one thread wrote
+    1.5-2 GB/s on the dev machine, below the ~2 GB/s extraction needs at the forward's pace, hence the GPU preset's
+    four (BENCHMARKS.md, "The GPU path at real scale")."""
 
     def __init__(self, out: Path, manifest: dict, writers: int = 1):
         if writers < 1:

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.nn.attention import sdpa_kernel
 
 from draftlab import fsutil
-from draftlab.train.loop import TRAIN_ATTENTION, Trainer
+from draftlab.attention import variable_shape_attention
+from draftlab.train.loop import Trainer
 from draftlab.train.optim import build_optimizer
 from draftlab.train.ttt import soft_ce, target_distribution, ttt_unroll
 
@@ -211,7 +211,7 @@ class DistributedTrainer(Trainer):
     def _forward(self, batch: dict, plan=None):  # plan: always None here (self.packed is False)
         m = self.model
         amp = torch.autocast(self.device.type, dtype=self.amp) if self.amp else contextlib.nullcontext()
-        with amp, sdpa_kernel(TRAIN_ATTENTION):
+        with amp, variable_shape_attention():
             targets = target_distribution(batch["last_hidden"], self.lm_head, m.d2t, m.t2d, top=batch.get("target_top"))
             norm = loss_positions(batch, targets, self.s.ttt_steps)
             dist.all_reduce(norm)

@@ -37,9 +37,9 @@ from typing import Any, Callable
 
 import torch
 from omegaconf import OmegaConf
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from draftlab import fsutil
+from draftlab.attention import variable_shape_attention
 from draftlab.config import TrainConfig
 from draftlab.model.draft import Eagle3Draft
 from draftlab.reporting import NullReporter, Reporter
@@ -59,9 +59,6 @@ log = logging.getLogger("draftlab")
 # a GPU batch takes the packed unroll while at most this share of its positions count: measured 1.13x at 60%
 # (40% prompt), 0.90x at 100%; the break-even between them was not measured
 PACKED_MAX_KEPT = 0.8
-# Every batch has its own shapes. cuDNN's attention, PyTorch's first choice on the H200, plans each new shape on the
-# host, 44 ms a forward and a backward there (BENCHMARKS.md, the trainer profile); flash and mem-efficient plan nothing.
-TRAIN_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 @dataclass
@@ -152,7 +149,7 @@ class Trainer:
     def _forward(self, batch: dict, plan: PackedPlan | None = None):
         m = self.model
         amp = torch.autocast(self.device.type, dtype=self.amp) if self.amp else contextlib.nullcontext()
-        with amp, sdpa_kernel(TRAIN_ATTENTION):
+        with amp, variable_shape_attention():  # every batch has its own shapes
             if self.packed:
                 return packed_unroll(m, batch, self.lm_head, self.s.ttt_steps, self.s.loss_decay, ce=self.ce,
                                      max_kept=self.max_kept, plan=plan, core=self.core)

@@ -1,0 +1,16 @@
+"""The attention kernels for work whose shapes change from call to call: training batches and extraction batches.
+
+cuDNN's attention, PyTorch's first choice on the H200, builds an execution plan on the host for every new shape:
+44 ms a call in the trainer's profile, and the extract stage, whose padded batches each have their own length, ran
+1.8x faster without it (BENCHMARKS.md, issue 11). Flash and memory-efficient attention plan nothing. The engine and
+generate's CUDA graphs keep PyTorch's choice: their shapes repeat, so a plan is built once.
+"""
+
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+VARIABLE_SHAPE_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def variable_shape_attention():
+    """A context: scaled_dot_product_attention inside it never takes cuDNN."""
+    return sdpa_kernel(VARIABLE_SHAPE_ATTENTION)
