@@ -89,7 +89,7 @@ class ExtractConfig:
     mode: str = MISSING  # offline (stored shards) | online (train runs the target)
     batch_size: int = MISSING
     shard_size: int = MISSING
-    writers: int = MISSING  # threads writing shards: more pay only where one cannot keep up (a memory pool)
+    writers: int = MISSING  # threads writing shards: more help only where one cannot keep up with the forward
     pool_root: Optional[str] = MISSING  # where `src/run.py` keeps the pool; None = under paths.root
 
 

@@ -108,8 +108,8 @@ class ShardWriter:
     resumed run never sees a gap: a file written past the manifest's last shard is written again under its name.
 
     On the H200 machine's disk two and four writers were slower than one; into memory (/dev/shm) one thread wrote
-    1.5-2 GB/s on the dev machine, below the ~2 GB/s extraction needs at the forward's pace, hence the GPU preset's
-    four (BENCHMARKS.md, "The GPU path at real scale")."""
+    1.5-2 GB/s on the dev machine, below the ~2.2 GB/s extraction needs at the forward's pace, hence the GPU
+    preset's four (BENCHMARKS.md, "The GPU path at real scale")."""
 
     def __init__(self, out: Path, manifest: dict, writers: int = 1):
         if writers < 1:
