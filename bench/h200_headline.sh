@@ -22,13 +22,15 @@
 #     (what it checks: the compile warm-up's two graphs, loaded by the train stage; $OUT/small.tgz)
 #   then (nothing carried):                 bash /tmp/headline/main/bench/h200_headline.sh reader
 #     (trainer_speed with one read-ahead worker, then two: data_wait_s and steps_per_s; about 6 minutes)
+#   or, after a headline (nothing carried): bash /tmp/headline/main/bench/h200_headline.sh extract_stage
+#     (the extract stage alone on the headline's 50,000 samples: in memory with 1 and 4 writers, on the disk)
 #   or (nothing carried):                   bash /tmp/headline/main/bench/h200_headline.sh warm
 #     (the trainer twice on a 64-shard synthetic pool, ~9 GB: the second run's compile_s is a warm compile, and
 #      read_only_s_per_batch / data_wait_s show the reader on many shards; about 6 minutes)
 # What comes back: $OUT/headline.tgz (the job's results.json with every stage's seconds, and log-headline.txt). The end-to-end
 # time is the log's first to last timestamp; import the job with `python -m draftlab import-runs`.
 set -uo pipefail
-step=${1:?usage: h200_headline.sh install|start|watch|small|warm|reader}
+step=${1:?usage: h200_headline.sh install|start|watch|small|warm|reader|extract_stage}
 export PYTHONUNBUFFERED=1 SITE=/tmp/site
 . "$(dirname "$0")/gpu_machine.sh"  # install_wheels, keep_first_half, smollm2_gguf, start_detached, watch_jobs
 ROOT=${ROOT:-/tmp/dl}; H=/tmp/headline; BUDGET=${BUDGET:-570}; START=$(date +%s)
@@ -108,7 +110,22 @@ small)
 warm)  # after the headline, same machine: the trainer twice on a 64-shard pool; the second compiles warm
   for run in 1 2; do trainer_speed trainer_warm --steps 300; done
   grep "compiled the unroll" "$OUT"/trainer_warm.err ;;
-reader)  # the reader's two workers against one (features.READ_WORKERS), same pool, same machine: the first run
-  # also compiles the step cold, which read_only_s_per_batch and data_wait_s do not include
-  for workers in 1 2; do trainer_speed trainer_reader --steps ${STEPS:-600} --read-workers $workers; done ;;
+reader)  # the reader's two workers against one (features.READ_WORKERS), same pool, same machine. A short run first
+  # fills the compile cache, so that both timed runs load their graphs alike (2026-12-02: the first timed run
+  # compiled cold and the two runs' steps/s could not be compared)
+  trainer_speed trainer_reader_warm --steps 40
+  for workers in 1 2 1 2; do trainer_speed trainer_reader --steps ${STEPS:-400} --read-workers $workers; done ;;
+extract_stage)  # after the headline, same machine, its generate pool: the extract stage alone at 50,000 samples,
+  # each run into a fresh pool: in memory with one and four writers, and on the disk (about 70 s each)
+  DRAFTLAB_GIT_COMMIT=$(cat $H/COMMIT) && export DRAFTLAB_GIT_COMMIT
+  IFS=';' read -ra variants <<< "${VARIANTS:-w1 /dev/shm/dl-w1 1;w4 /dev/shm/dl-w4 4;disk1 null 1}"
+  for variant in "${variants[@]}"; do  # NAME POOL_ROOT WRITERS
+    set -- $variant
+    timeout 150 bash -c "$(run_cmd x$1 "'stages=[extract]'" extract.pool_root=$2 extract.writers=$3)" \
+      > $ROOT/log-x$1.txt 2>&1; echo "$1 rc=$?"
+    if [ "$2" = null ]; then rm -rf "$ROOT/extract"; else rm -rf "$2"; fi  # each pool is 40 GB
+    python3 -c "import json,sys; m=json.load(open(sys.argv[1]))['metrics']; print({k: m[k] for k in \
+      ('extract/seconds', 'extract/tokens_per_s', 'extract/bytes')})" $ROOT/x$1/results.json
+  done
+  pack extract_stage.tgz 'log-x*.txt' 'x*/results.json' ;;
 esac
