@@ -5,7 +5,7 @@ the storage dtype + the full-vocabulary top-1, then `ShardWriter`: device->host 
 background threads). Forward = `model.model(...)` without any capture on batches cut the same way (same host-side
 padding and copies) and with the stage's attention kernels (draftlab.attention). Variants, each timed in turn
 `--repeats` times (best and median tok/s kept; robust to a shared machine), so that the cost splits into its parts.
-Every timed run draws samples of its own (same count and length range), as the stage never sees a batch shape twice;
+Every timed run draws samples of its own (same count and length range), as the stage rarely sees a shape twice;
 `--same-shapes` reuses one set, which hid cuDNN's per-shape planning until 2026-12-02 (BENCHMARKS.md).
   forward        the target's body alone (the goal's baseline)
   forward_cudnn  the same with PyTorch's own kernel choice (cuDNN's attention on an H200; CUDA only)
@@ -196,7 +196,7 @@ def main() -> None:
         fixed = shards_of(0)
         for _ in range(args.repeats):  # alternate so that load on a shared machine hits every variant alike
             for name, fn in variants.items():
-                # The stage never sees a batch shape twice, so by default neither does a timed run here: a
+                # The stage's batch shapes vary, so by default a timed run here does not reuse the last one's: a
                 # kernel that plans per shape (cuDNN's attention) pays in the bench as in the stage.
                 shards = fixed if args.same_shapes else shards_of(next(seeds))
                 tokens = sum(len(s.input_ids) for shard in shards for s in shard)

@@ -1,7 +1,6 @@
 """The extract stage's writer threads (`extract.writers`) and its room check (`extract.pool_root`, paths.root)."""
 
 import threading
-import time
 
 import pytest
 
@@ -11,21 +10,23 @@ from draftlab.stages import extract
 from test_extract import config, pool, run, stored_samples  # noqa: F401 (pool is a fixture)
 
 
-def slow_first_writes(monkeypatch, fail: str | None = None) -> list[str]:
-    """Makes earlier shards take longer to write than later ones, so that several writers finish them out of
+def reversed_writes(monkeypatch, fail: str | None = None) -> list[str]:
+    """Makes shard-00000's write wait until shard-00001's has landed, so that several writers finish them out of
     order; `fail` names a shard whose write raises. Returns the shard names in the order their files landed."""
     landed: list[str] = []
-    lock = threading.Lock()
+    second_landed = threading.Event()
     original = extract.atomic_save_safetensors
 
     def write(path, tensors, metadata=None):
-        if path.stem.startswith("shard-"):  # not the head file
-            time.sleep(max(0.0, 0.15 - 0.05 * int(path.stem.split("-")[1])))
+        if path.stem == "shard-00000":
+            assert second_landed.wait(timeout=30), "shard-00001 was never written beside shard-00000"
         if path.stem == fail:
             raise OSError(28, "No space left on device", str(path))
         original(path, tensors, metadata)
-        with lock:
+        if path.stem.startswith("shard-"):  # not the head file
             landed.append(path.stem)
+        if path.stem == "shard-00001":
+            second_landed.set()
 
     monkeypatch.setattr(extract, "atomic_save_safetensors", write)
     return landed
@@ -37,9 +38,9 @@ def shard_entries(folder):
 
 def test_several_writers_store_what_one_writer_stores(pool, monkeypatch):
     run(pool, config(pool, samples=14), folder="one")
-    landed = slow_first_writes(monkeypatch)
+    landed = reversed_writes(monkeypatch)
     run(pool, config(pool, samples=14, writers=3), folder="three")
-    assert landed != sorted(landed)  # the files did land out of order ...
+    assert landed[:2] == ["shard-00001", "shard-00000"]  # the files did land out of order ...
     assert shard_entries(pool / "three") == shard_entries(pool / "one")  # ... and the manifest lists them in order
     for entry in shard_entries(pool / "one"):
         name = f"{entry['name']}.safetensors"
@@ -48,11 +49,11 @@ def test_several_writers_store_what_one_writer_stores(pool, monkeypatch):
 
 def test_a_failed_write_keeps_the_shards_before_it_and_the_rerun_completes(pool, monkeypatch):
     run(pool, config(pool, samples=14), folder="clean")
-    landed = slow_first_writes(monkeypatch, fail="shard-00001")
+    landed = reversed_writes(monkeypatch, fail="shard-00002")
     with pytest.raises(OSError, match="No space left"):
         run(pool, config(pool, samples=14, writers=3), folder="failed")
-    assert "shard-00002" in landed  # a later shard's file was written, but the manifest stops before the gap
-    assert [s["name"] for s in read_manifest(pool / "failed")["shards"]] == ["shard-00000"]
+    assert "shard-00003" in landed  # a later shard's file was written, but the manifest stops before the gap
+    assert [s["name"] for s in read_manifest(pool / "failed")["shards"]] == ["shard-00000", "shard-00001"]
     monkeypatch.undo()  # the disk has room again
     run(pool, config(pool, samples=14, writers=3), folder="failed")
     assert shard_entries(pool / "failed") == shard_entries(pool / "clean")
@@ -75,8 +76,8 @@ def test_an_extraction_that_cannot_fit_is_refused_before_it_starts(pool, monkeyp
 def test_the_estimate_covers_what_the_shards_take(pool, monkeypatch):
     estimates = []
     original = extract._check_room
-    monkeypatch.setattr(extract, "_check_room", lambda cfg, out, manifest, tokens: estimates.append(
-        (tokens, extract.estimated_bytes_per_token(manifest))) or original(cfg, out, manifest, tokens))
+    monkeypatch.setattr(extract, "_check_room", lambda cfg, out, manifest, tokens, samples: estimates.append(
+        (tokens, extract.estimated_bytes_per_token(manifest))) or original(cfg, out, manifest, tokens, samples))
     run(pool, config(pool, samples=16))
     manifest = read_manifest(pool / "extract")
     tokens, per_token = estimates[0]
@@ -98,6 +99,32 @@ def test_free_bytes_of_memory_counts_the_available_memory(tmp_path, monkeypatch)
     monkeypatch.setattr(room, "filesystem_type", lambda path: "tmpfs")
     monkeypatch.setattr(room, "available_memory", lambda: 1234)
     assert room.free_bytes(tmp_path) == (1234, True)
+    monkeypatch.setattr(room, "filesystem_type", lambda path: "ramfs")  # reports 0 free: memory alone counts
+    assert room.free_bytes(tmp_path) == (1234, True)
     monkeypatch.setattr(room, "filesystem_type", lambda path: "ext4")
     free, in_memory = room.free_bytes(tmp_path)
     assert free > 1234 and not in_memory
+
+
+def test_available_memory_keeps_within_a_containers_limit(tmp_path):
+    (tmp_path / "memory.max").write_text("3000\n")
+    (tmp_path / "memory.current").write_text("1000\n")
+    assert room.available_memory(tmp_path) == 2000  # far below any host's MemAvailable
+    (tmp_path / "memory.max").write_text("max\n")
+    assert room.available_memory(tmp_path) > 2000  # no limit: the host's MemAvailable
+
+
+def test_a_pool_in_memory_also_counts_the_pinned_staging_buffers(pool, monkeypatch):
+    cfg = config(pool, samples=1000, shard_size=64, writers=4)
+    manifest = {"bytes_per_token": 1000.0}
+    tokens, samples = 1_000_000, 1000  # 1 GB of shards; each shard of 64 samples 64 MB, 5 in flight at most
+    base = tokens * 1000 + extract.ROOM_MARGIN
+    staging = 2 * 5 * 64 * 1000 * 1000
+    for in_memory, free, fits in [(False, base + 100, True), (True, base + 100, False),
+                                  (True, base + staging + 100, True)]:
+        monkeypatch.setattr(extract, "free_bytes", lambda path, free=free, in_memory=in_memory: (free, in_memory))
+        if fits:
+            extract._check_room(cfg, pool, manifest, tokens, samples)
+        else:
+            with pytest.raises(OSError, match="extract.pool_root|paths.root"):
+                extract._check_room(cfg, pool, manifest, tokens, samples)

@@ -28,7 +28,9 @@ def test_extract_pool_root_moves_the_feature_pool_and_nothing_else(tiny_cfg, tmp
     elsewhere = tmp_path / "memory"
     base = plan(validate(tiny_cfg()))
     moved = plan(validate(tiny_cfg(f"extract.pool_root={elsewhere}", "extract.writers=2")))
-    assert moved["extract"].folder == elsewhere / "extract" / base["extract"].folder.name
+    assert moved["extract"].folder.relative_to(elsewhere).parts[1:] == ("extract", base["extract"].folder.name)
+    other_root = plan(validate(tiny_cfg(f"extract.pool_root={elsewhere}", f"paths.root={tmp_path / 'other'}")))
+    assert other_root["extract"].folder != moved["extract"].folder  # a pool of its own for each paths.root
     assert {n: s.key for n, s in moved.items()} == {n: s.key for n, s in base.items()}
     assert all(moved[n].folder == base[n].folder for n in ("generate", "train", "bench"))
     overrides = ("stages=[generate,extract,train]", "data.samples=8", "train.max_steps=2", "tracking.enabled=false",

@@ -60,6 +60,9 @@ def run_dvc_stage(name: str, params: Path, out: Path, inputs: dict[str, Path]) -
         # DVC keeps one train folder, so there is no shorter run beside it: train from scratch.
         log.warning("train.init_from=shorter has no meaning under DVC; training from scratch")
         cfg = OmegaConf.merge(cfg, {"train": {"init_from": None}})
+    if cfg.extract.pool_root:  # dvc.yaml names the stage's folder (dvcout/extract): nothing to make elsewhere
+        log.info("extract.pool_root=%s is src/run.py's; under DVC the pool is dvcout/extract", cfg.extract.pool_root)
+        cfg = OmegaConf.merge(cfg, {"extract": {"pool_root": None}})
     from draftlab.preflight import preflight
 
     preflight(cfg)

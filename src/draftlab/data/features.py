@@ -76,7 +76,7 @@ class HiddenTap:
         handles = [self.body.layers[k].register_forward_hook(functools.partial(copy, j))
                    for j, k in enumerate(self.layer_ids)]
         try:
-            with variable_shape_attention():  # every padded batch has its own length
+            with variable_shape_attention():  # padded lengths vary from batch to batch
                 out = self.body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
         finally:
             for handle in handles:

@@ -35,23 +35,33 @@ def filesystem_type(path: Path, mounts: Path = Path("/proc/mounts")) -> str:
     return fstype
 
 
-def available_memory() -> int | None:
-    """MemAvailable from /proc/meminfo in bytes (None where there is no such file)."""
+def available_memory(cgroup: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """Bytes of memory this process can still fill: MemAvailable from /proc/meminfo, lowered to the cgroup v2
+    limit's headroom (memory.max - memory.current) in a container, where tmpfs pages count against that limit.
+    None where neither is known."""
+    found = []
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
+                found.append(int(line.split()[1]) * 1024)
     except (OSError, ValueError, IndexError):
-        return None
-    return None
+        pass
+    try:
+        limit = (cgroup / "memory.max").read_text().strip()
+        if limit != "max":
+            found.append(max(0, int(limit) - int((cgroup / "memory.current").read_text())))
+    except (OSError, ValueError):
+        pass
+    return min(found) if found else None
 
 
 def free_bytes(path: Path) -> tuple[int, bool]:
     """(bytes that can still be written under `path`, whether they are memory). `path` must exist."""
-    free = shutil.disk_usage(path).free
-    in_memory = filesystem_type(path) in MEMORY_FILESYSTEMS
-    if in_memory:
-        memory = available_memory()
-        if memory is not None:
-            free = min(free, memory)
-    return free, in_memory
+    fstype = filesystem_type(path)
+    if fstype not in MEMORY_FILESYSTEMS:
+        return shutil.disk_usage(path).free, False
+    # ramfs has no size limit and reports 0 free; tmpfs reports its limit's headroom
+    free = shutil.disk_usage(path).free if fstype == "tmpfs" else None
+    memory = available_memory()
+    known = [b for b in (free, memory) if b is not None]
+    return (min(known) if known else 0), True

@@ -107,9 +107,10 @@ class ShardWriter:
     may finish out of order; the manifest takes them in order (the main thread records each finished write), so a
     resumed run never sees a gap: a file written past the manifest's last shard is written again under its name.
 
-    On the H200 machine's disk two and four writers were slower than one; into memory (/dev/shm) one thread wrote
-    1.5-2 GB/s on the dev machine, below the ~2.2 GB/s extraction needs at the forward's pace, hence the GPU
-    preset's four (BENCHMARKS.md, "The GPU path at real scale")."""
+    On the H200 machine's disk two and four writers were slower than one. Into memory (/dev/shm) one and four
+    took the same time in the stage, bound then by cuDNN's attention planning; one thread filled tmpfs at 1.5-2
+    GB/s on the dev machine, below the ~2.2 GB/s extraction needs at the forward's pace, hence the GPU preset's
+    four (BENCHMARKS.md, "The extract stage: cuDNN planned every batch")."""
 
     def __init__(self, out: Path, manifest: dict, writers: int = 1):
         if writers < 1:
@@ -225,7 +226,7 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter) -> dict:
                              f"not {target.fingerprint}; use another folder")
         atomic_save_safetensors(out / HEAD_FILE, target_head(target))
         if offline and done < n:
-            _check_room(cfg, out, manifest, _tokens_between(samples_manifest, done, n))
+            _check_room(cfg, out, manifest, _tokens_between(samples_manifest, done, n), n - done)
             _extract(cfg, out, samples_dir, manifest, target, layer_ids, done, n, reporter)
     metrics = _finish(cfg, out, samples_dir, manifest, n, reporter)
     metrics["extract/new_samples"] = float(max(0, n - done) if offline else 0)
@@ -255,10 +256,16 @@ def estimated_bytes_per_token(manifest: dict) -> float:
     return width * itemsize + 4 + 4 + 1  # + target_top (int32), input_ids (int32), loss_mask (uint8)
 
 
-def _check_room(cfg, out: Path, manifest: dict, tokens: int) -> None:
-    """Refuses to start an extraction that cannot fit, naming the setting that chose the place."""
-    need = int(tokens * estimated_bytes_per_token(manifest)) + ROOM_MARGIN
+def _check_room(cfg, out: Path, manifest: dict, tokens: int, samples: int) -> None:
+    """Refuses to start an extraction that cannot fit, naming the setting that chose the place. A pool in memory
+    also shares it with the pinned staging buffers: `writers` + 1 shards in flight, each tensor in a block rounded
+    up to a power of two by torch's pinned-memory cache, so up to twice a shard's bytes each."""
+    per_token = estimated_bytes_per_token(manifest)
+    need = int(tokens * per_token) + ROOM_MARGIN
     free, in_memory = free_bytes(out)
+    if in_memory and samples:
+        shard_bytes = tokens / samples * min(cfg.extract.shard_size, samples) * per_token
+        need += int(2 * (cfg.extract.writers + 1) * shard_bytes)
     key = "extract.pool_root" if cfg.extract.pool_root else "paths.root"
     where = "memory (tmpfs: the smaller of its free space and the host's available memory)" if in_memory else "disk"
     if need > free:
@@ -277,7 +284,7 @@ def _extract(cfg, out: Path, samples_dir: Path, manifest: dict, target, layer_id
     shard: list = []
     start = time.perf_counter()
     progress = bar(n - done, "extract", "sample")
-    try:
+    try:  # the shards written are recorded whatever happens; an error of the loop is the one raised
         for sample in samples_fmt.read_samples(samples_dir, limit=n):
             if sample.index < done:
                 continue
@@ -288,9 +295,15 @@ def _extract(cfg, out: Path, samples_dir: Path, manifest: dict, target, layer_id
                 writer.submit(tensors, now - start)
                 start, shard = now, []
                 reporter.metrics({"extract/progress_samples": float(sample.index + 1)}, step=sample.index + 1)
+    except BaseException:
+        try:
+            writer.close()
+        except Exception as err:  # noqa: BLE001 - secondary: the loop's own error follows
+            log.warning("extract: a shard write failed too: %s", err)
+        raise
     finally:
         progress.close()
-        writer.close()
+    writer.close()
     log.info("extracted samples %d..%d into %s", done, n - 1, out)
 
 
