@@ -298,8 +298,8 @@ def _extract(cfg, out: Path, samples_dir: Path, manifest: dict, target, layer_id
     except BaseException:
         try:
             writer.close()
-        except Exception as err:  # noqa: BLE001 - secondary: the loop's own error follows
-            log.warning("extract: a shard write failed too: %s", err)
+        except Exception as err:  # noqa: BLE001 - secondary (or the same write error again): the first follows
+            log.warning("extract: closing the shard writer after the error: %s", err)
         raise
     finally:
         progress.close()
