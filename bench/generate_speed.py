@@ -40,7 +40,7 @@ def runner(path: str, target, prompts: list[list[int]], args, variant):
     from draftlab.graphgen import generate_graphs
     from draftlab.stages.generate import generate_batch
 
-    size, new, width = args.batch_size, args.max_new_tokens, args.max_prompt_tokens
+    size, new, width = args.batch_size, args.max_new_tokens, args.cache_width or args.max_prompt_tokens
     # the attention the stage gives each path: eager in bf16 (stack-notes 3) except continuous (paged sdpa)
     own = "sdpa" if path == "continuous" or target.dtype == torch.float32 else "eager"
     target.model.set_attn_implementation(own)
@@ -85,7 +85,10 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--batch-size", type=int, default=512, help="data.batch_size: rows per batch / slots in flight")
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--max-prompt-tokens", type=int, default=256)
+    ap.add_argument("--max-prompt-tokens", type=int, default=256, help="keep prompts of at most this many tokens")
+    ap.add_argument("--cache-width", type=int, default=0,
+                    help="the width static and graphs size their cache for (data.max_prompt_tokens in the stage); "
+                         "default --max-prompt-tokens. Apart from it, a wider cache's cost is seen on the same prompts")
     ap.add_argument("--paths", nargs="+", default=["plain", "static", "graphs"])
     ap.add_argument("--refill", type=float, nargs="+", default=[0.25],
                     help="graphs runs, one per value: refill when this share of the slots is free (1.0: never "
@@ -104,7 +107,9 @@ def main() -> None:
     prompts = [ids for ids in (target.chat_ids(t) for t in texts) if len(ids) <= args.max_prompt_tokens]
     prompts = prompts[: args.count]
     common = {**machine(target), "prompts": len(prompts), "batch_size": args.batch_size,
-              "max_new_tokens": args.max_new_tokens, "max_prompt_tokens": args.max_prompt_tokens}
+              "max_new_tokens": args.max_new_tokens, "max_prompt_tokens": args.max_prompt_tokens,
+              "cache_width": args.cache_width or args.max_prompt_tokens,
+              "prompt_tokens": sum(len(p) for p in prompts)}
     emit(args.json, {"setup": common, "load_s": round(time.perf_counter() - started, 1)})
     reference = None
     for path in args.paths:

@@ -24,13 +24,16 @@
 #     (trainer_speed with one read-ahead worker, then two: data_wait_s and steps_per_s; about 6 minutes)
 #   or, after a headline (nothing carried): bash /tmp/headline/main/bench/h200_headline.sh extract_stage
 #     (the extract stage alone on the headline's 50,000 samples: in memory with 1 and 4 writers, on the disk)
+#   or, after a headline (nothing carried): bash /tmp/headline/main/bench/h200_headline.sh generate_probe
+#     (why the stage answers at ~40k tok/s where the bench said 62k: the bench on the headline's prompts at the
+#      stage's width and at the bench's old one, the compiled step, then the stage alone under cProfile; ~4 min)
 #   or (nothing carried):                   bash /tmp/headline/main/bench/h200_headline.sh warm
 #     (the trainer twice on a 64-shard synthetic pool, ~9 GB: the second run's compile_s is a warm compile, and
 #      read_only_s_per_batch / data_wait_s show the reader on many shards; about 6 minutes)
 # What comes back: $OUT/headline.tgz (the job's results.json with every stage's seconds, and log-headline.txt). The end-to-end
 # time is the log's first to last timestamp; import the job with `python -m draftlab import-runs`.
 set -uo pipefail
-step=${1:?usage: h200_headline.sh install|start|watch|small|warm|reader|extract_stage}
+step=${1:?usage: h200_headline.sh install|start|watch|small|warm|reader|extract_stage|generate_probe}
 export PYTHONUNBUFFERED=1 SITE=/tmp/site
 . "$(dirname "$0")/gpu_machine.sh"  # install_wheels, keep_first_half, smollm2_gguf, start_detached, watch_jobs
 ROOT=${ROOT:-/tmp/dl}; H=/tmp/headline; BUDGET=${BUDGET:-570}; START=$(date +%s)
@@ -128,4 +131,26 @@ extract_stage)  # after the headline, same machine, its generate pool: the extra
       ('extract/seconds', 'extract/tokens_per_s', 'extract/bytes')})" $ROOT/x$1/results.json
   done
   pack extract_stage.tgz 'log-x*.txt' 'x*/results.json' ;;
+generate_probe)  # after a headline, same machine (the GGUF and the prompts in place). The headline's generate
+  # answered at 40k tok/s, bench/generate_speed.py at 62k (2,048 prompts of at most 256 tokens, a 256-wide cache).
+  # One cause at a time on the same 8,192 prompts: the cache width alone (256 prompts at width 256, then 384), the
+  # prompt set alone (384 prompts at width 384: the stage's), the compiled step at the stage's settings; then the
+  # stage itself on those settings, profiled (its host time against its waits for the GPU)
+  mkdir -p "$OUT/genprobe"
+  gen() { (cd $H/main && PYTHONPATH=$SITE:src timeout 200 python3 bench/generate_speed.py --prompts \
+    $ROOT/headline_prompts.jsonl --count 8192 --device cuda --dtype bfloat16 --batch-size 512 --max-new-tokens 128 \
+    --repeats 2 --root $ROOT --json "$OUT/genprobe/generate_speed.jsonl" "$@") 2>> "$OUT/genprobe/generate_speed.err" \
+    | grep -h tokens_per_s | cut -c1-300; }
+  gen --paths graphs --max-prompt-tokens 256
+  gen --paths graphs --max-prompt-tokens 256 --cache-width 384
+  gen --paths graphs graphs-compiled --max-prompt-tokens 384
+  DRAFTLAB_GIT_COMMIT=$(cat $H/COMMIT) && export DRAFTLAB_GIT_COMMIT
+  (cd $H/main && PYTHONPATH=$SITE:src timeout 150 python3 -m cProfile -o $ROOT/gen.prof src/run.py hardware=gpu \
+    data.samples=8192 data.source=jsonl data.path=$ROOT/headline_prompts.jsonl paths.root=$ROOT/gp \
+    tracking.enabled=false hydra.run.dir=$ROOT/gp/run 'stages=[generate]') > "$OUT/genprobe/stage.log" 2>&1
+  echo "stage rc=$?"; grep -a "tok_s\|tokens_per_s\|captured" "$OUT/genprobe/stage.log" | tail -n 3 | cut -c1-300
+  python3 -c "import pstats,sys; s=pstats.Stats(sys.argv[1], stream=sys.stdout); s.sort_stats('tottime').print_stats(30); \
+    s.sort_stats('cumulative').print_stats(45)" $ROOT/gen.prof > "$OUT/genprobe/stage_profile.txt"
+  head -n 60 "$OUT/genprobe/stage_profile.txt" | cut -c1-200
+  cp $ROOT/gp/run/results.json "$OUT/genprobe/stage_results.json" 2>/dev/null ;;
 esac
