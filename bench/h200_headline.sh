@@ -27,13 +27,16 @@
 #   or, after a headline (nothing carried): bash /tmp/headline/main/bench/h200_headline.sh generate_probe
 #     (why the stage answers at ~40k tok/s where the bench said 62k: the bench on the headline's prompts at the
 #      stage's width and at the bench's old one, the compiled step, then the stage alone under cProfile; ~4 min)
+#   or (carry .gguf-b .whl-tf):             bash /tmp/headline/main/bench/h200_headline.sh generate_ab
+#     (the generate stage alone, 16,384 samples, three ways in turn: the preset's shards of 4,096, shards of 16,384,
+#      and those with data.compile_decode; one cause at a time, each into a fresh paths.root; ~4 min)
 #   or (nothing carried):                   bash /tmp/headline/main/bench/h200_headline.sh warm
 #     (the trainer twice on a 64-shard synthetic pool, ~9 GB: the second run's compile_s is a warm compile, and
 #      read_only_s_per_batch / data_wait_s show the reader on many shards; about 6 minutes)
 # What comes back: $OUT/headline.tgz (the job's results.json with every stage's seconds, and log-headline.txt). The end-to-end
 # time is the log's first to last timestamp; import the job with `python -m draftlab import-runs`.
 set -uo pipefail
-step=${1:?usage: h200_headline.sh install|start|watch|small|warm|reader|extract_stage|generate_probe}
+step=${1:?usage: h200_headline.sh install|start|watch|small|warm|reader|extract_stage|generate_probe|generate_ab}
 export PYTHONUNBUFFERED=1 SITE=/tmp/site
 . "$(dirname "$0")/gpu_machine.sh"  # install_wheels, keep_first_half, smollm2_gguf, start_detached, watch_jobs
 ROOT=${ROOT:-/tmp/dl}; H=/tmp/headline; BUDGET=${BUDGET:-570}; START=$(date +%s)
@@ -153,4 +156,22 @@ generate_probe)  # after a headline, same machine (the GGUF and the prompts in p
     s.sort_stats('cumulative').print_stats(45)" $ROOT/gen.prof > "$OUT/genprobe/stage_profile.txt"
   head -n 60 "$OUT/genprobe/stage_profile.txt" | cut -c1-200
   cp $ROOT/gp/run/results.json "$OUT/genprobe/stage_results.json" 2>/dev/null ;;
+generate_ab)  # the stage's per-shard drain (every shard's last answers leave slots idle) and its compiled step
+  install_wheels .whl-tf && smollm2_gguf || exit 1
+  DRAFTLAB_GIT_COMMIT=$(cat $H/COMMIT) && export DRAFTLAB_GIT_COMMIT
+  mkdir -p "$OUT/genab"
+  IFS=';' read -ra variants <<< "${VARIANTS:-s4096 data.shard_size=4096 data.compile_decode=false;\
+s16384 data.shard_size=16384 data.compile_decode=false;s16384c data.shard_size=16384 data.compile_decode=true}"
+  for variant in "${variants[@]}"; do  # NAME OVERRIDE...
+    set -- $variant; name=$1; shift
+    (cd $H/main && PYTHONPATH=$SITE:src timeout 170 python3 src/run.py hardware=gpu data.samples=${SAMPLES:-16384} \
+      data.source=jsonl data.path=$ROOT/headline_prompts.jsonl paths.root=$ROOT/ab-$name tracking.enabled=false \
+      hydra.run.dir=$ROOT/ab-$name/run 'stages=[generate]' "$@") > "$OUT/genab/log-$name.txt" 2>&1
+    echo "$name rc=$?"
+    cp $ROOT/ab-$name/run/results.json "$OUT/genab/results-$name.json"
+    python3 -c "import json,sys; m=json.load(open(sys.argv[1]))['metrics']; print({k: round(m[k], 1) for k in \
+      ('generate/seconds', 'generate/seconds_generating', 'generate/tokens_per_s', 'generate/tokens') if k in m})" \
+      "$OUT/genab/results-$name.json"
+    rm -rf $ROOT/ab-$name
+  done ;;
 esac

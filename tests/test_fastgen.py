@@ -158,6 +158,26 @@ def test_stage_with_each_fast_generator_writes_the_plain_samples(tiny_cfg, tmp_p
     assert graphgen._slots is None  # and the stage released its cache and graph
 
 
+def test_stage_passes_compile_decode_to_graphs_and_warns_where_it_does_nothing(tiny_cfg, tmp_path, caplog,
+                                                                                 monkeypatch):
+    seen = []
+
+    def recording(*args, compile=False, **kwargs):  # the flag as the stage passes it; decoded uncompiled here
+        seen.append(compile)
+        return generate_graphs(*args, **kwargs)
+
+    monkeypatch.setattr(graphgen, "generate_graphs", recording)
+    settings = ("data.samples=8", "data.shard_size=4", "data.batch_size=4")
+    for compile_decode in (True, False):
+        generate.run(validate(tiny_cfg(*settings, "data.generator=graphs", f"data.compile_decode={compile_decode}")),
+                     tmp_path / f"graphs-{compile_decode}", {}, RecordingReporter())
+    assert seen == [True, True, False, False]  # every shard, as configured
+    caplog.set_level(logging.WARNING, logger="draftlab.generate")
+    generate.run(validate(tiny_cfg(*settings, "data.compile_decode=true")), tmp_path / "plain", {}, RecordingReporter())
+    assert "data.compile_decode compiles the graphs generator's decode step" in caplog.text
+    assert _samples(tmp_path / "plain") == _samples(tmp_path / "graphs-True")
+
+
 def test_graphs_refuses_a_target_split_over_devices():
     with pytest.raises(ConfigError, match="data.generator: graphs needs the target on one device"):
         validate(compose_config(["data.generator=graphs", "target.device_map=auto"]))

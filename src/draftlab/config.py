@@ -78,6 +78,7 @@ class DataConfig:
     batch_size: int = MISSING
     shard_size: int = MISSING  # samples per shard: the unit of resume
     generator: str = MISSING  # plain | static (compiled decode) | graphs (CUDA-graph decode, refill) | continuous
+    compile_decode: bool = MISSING  # graphs: torch.compile the decode step before its capture
     engine: str = MISSING  # hf (transformers, in this process) | server (data.server.*)
     server: ServerConfig = field(default_factory=ServerConfig)
 

@@ -46,8 +46,8 @@ def generate_graphs(target, prompts: list[list[int]], max_new_tokens: int, slots
                     refill: float = REFILL, check_every: int = CHECK_EVERY, compile: bool = False) -> list[list[int]]:
     """Greedy answers, in prompt order; each ends at its first end-of-turn token (kept), as the plain path's do.
     `slots` rows decode at once; `width` (data.max_prompt_tokens) sizes the cache, so every call of a run has the
-    same shapes and reuses one graph. `compile` runs the step through torch.compile before capture (an option
-    for bench/generate_speed.py; the stage does not use it)."""
+    same shapes and reuses one graph. `compile` (data.compile_decode) runs the step through torch.compile before
+    its capture: once a process, since later calls of the same shapes reuse the compiled, captured step."""
     if not prompts:
         return []
     if max_new_tokens < 1:

@@ -35,7 +35,8 @@ _PROMPTS = ("data.source", "data.path", "data.seed", "data.val_fraction", "data.
 
 STAGES: dict[str, StageSpec] = {
     "generate": StageSpec("generate", _TARGET + _PROMPTS + (
-        "data.max_new_tokens", "data.temperature", "data.batch_size", "data.generator", "data.engine"),
+        "data.max_new_tokens", "data.temperature", "data.batch_size", "data.generator", "data.compile_decode",
+        "data.engine"),
         grows_with=("data.samples",)),
     "extract": StageSpec("extract", _TARGET + ("extract.layers", "extract.dtype", "extract.mode"),
                          needs=("generate",), grows_with=("data.samples", "draft.vocab_size")),

@@ -69,6 +69,9 @@ def _generate(cfg, out: Path, target, engine, prompts, fingerprint: str, have: i
     whole_shard = data.generator in WHOLE_SHARD and data.temperature == 0
     if data.generator in WHOLE_SHARD and not whole_shard:
         log.warning("generate: data.generator=%s is greedy only; sampling uses the plain path", data.generator)
+    if data.compile_decode and not (whole_shard and data.generator == "graphs" and engine is None):
+        log.warning("generate: data.compile_decode compiles the graphs generator's decode step; this run decodes "
+                    "another way (data.generator=%s, data.engine=%s), so it does nothing", data.generator, data.engine)
     writer = SampleWriter(out, fingerprint, meta={"target": target.fingerprint, "source": prompts.source,
                                                   "records_read": prompts.records_read})
     goal = -(-need // data.batch_size) * data.batch_size  # whole batches only
@@ -123,7 +126,7 @@ def _generate_shard(target: Target, data, first: int, items: list[tuple[Prompt, 
             from draftlab.graphgen import generate_graphs
 
             answers = generate_graphs(target, [ids for _, ids in chunk], data.max_new_tokens, data.batch_size,
-                                      data.max_prompt_tokens)
+                                      data.max_prompt_tokens, compile=data.compile_decode)
         elif whole_shard:
             from draftlab.fastgen import generate_continuous
 
