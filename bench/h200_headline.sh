@@ -81,7 +81,7 @@ pack() {  # pack NAME FILE...: FILEs under $ROOT (patterns quoted: expanded ther
   local name=$1; shift
   # (the GPU preset keeps extract's pool in /dev/shm/draftlab: extract.pool_root)
   (cd $ROOT && tar czf "$OUT/$name" $@ $(ls -d {generate,extract,train,bench}/*/manifest.json \
-    /dev/shm/draftlab/extract/*/manifest.json 2>/dev/null) 2>/dev/null)
+    /dev/shm/draftlab/root-*/extract/*/manifest.json 2>/dev/null) 2>/dev/null)
 }
 
 trainer_speed() {  # trainer_speed NAME ARG...: bench/trainer_speed.py on a 64-shard synthetic pool (~9 GB), its
