@@ -40,7 +40,7 @@ def runner(path: str, target, prompts: list[list[int]], args, variant):
     from draftlab.graphgen import generate_graphs
     from draftlab.stages.generate import generate_batch
 
-    size, new, width = args.batch_size, args.max_new_tokens, args.cache_width or args.max_prompt_tokens
+    size, new, width = args.batch_size, args.max_new_tokens, args.cache_width
     # the attention the stage gives each path: eager in bf16 (stack-notes 3) except continuous (paged sdpa)
     own = "sdpa" if path == "continuous" or target.dtype == torch.float32 else "eager"
     target.model.set_attn_implementation(own)
@@ -98,6 +98,7 @@ def main() -> None:
     ap.add_argument("--root", default="outputs")
     ap.add_argument("--json", type=Path, help="append each result line to this file")
     args = ap.parse_args()
+    args.cache_width = args.cache_width or args.max_prompt_tokens
     logging.basicConfig(format="%(name)s: %(message)s")  # draftlab's own lines: graph captured, or why not
     logging.getLogger("draftlab").setLevel(logging.INFO)
     cfg = default_config({"target": {"device": args.device, "dtype": args.dtype}, "paths": {"root": args.root}})
@@ -108,7 +109,7 @@ def main() -> None:
     prompts = prompts[: args.count]
     common = {**machine(target), "prompts": len(prompts), "batch_size": args.batch_size,
               "max_new_tokens": args.max_new_tokens, "max_prompt_tokens": args.max_prompt_tokens,
-              "cache_width": args.cache_width or args.max_prompt_tokens,
+              "cache_width": args.cache_width,
               "prompt_tokens": sum(len(p) for p in prompts)}
     emit(args.json, {"setup": common, "load_s": round(time.perf_counter() - started, 1)})
     reference = None

@@ -42,11 +42,17 @@ export PYTHONUNBUFFERED=1 SITE=/tmp/site
 ROOT=${ROOT:-/tmp/dl}; H=/tmp/headline; BUDGET=${BUDGET:-570}; START=$(date +%s)
 mkdir -p "$ROOT" "$OUT"
 
-run_cmd() {  # run_cmd DIR [OVERRIDE...]: the headline's command, its Hydra folder under $ROOT
+run_cmd() {  # run_cmd DIR [OVERRIDE...]: the headline's command, its Hydra folder under $ROOT. RUN_ROOT: another
+  # paths.root (a job whose stages must not find the headline's pools); PY: the interpreter's command (a profiler)
   local dir=$1; shift
-  echo "cd $H/main && PYTHONPATH=$SITE:$H/main/src python3 src/run.py hardware=gpu data.samples=${SAMPLES:-50000} \
-    data.source=jsonl data.path=$ROOT/headline_prompts.jsonl paths.root=$ROOT tracking.enabled=false \
-    hydra.run.dir=$ROOT/$dir $*"
+  echo "cd $H/main && PYTHONPATH=$SITE:$H/main/src ${PY:-python3} src/run.py hardware=gpu \
+    data.samples=${SAMPLES:-50000} data.source=jsonl data.path=$ROOT/headline_prompts.jsonl \
+    paths.root=${RUN_ROOT:-$ROOT} tracking.enabled=false hydra.run.dir=$ROOT/$dir $*"
+}
+
+show_metrics() {  # show_metrics RESULTS_JSON KEY...: those of the job's metrics that it has
+  python3 -c "import json,sys; m=json.load(open(sys.argv[1]))['metrics']; print({k: round(m[k], 1) for k in \
+    sys.argv[2:] if k in m})" "$@"
 }
 
 launch() {  # starts the run unless it is running or finished; B32=1: then the same data at 32,768-token batches
@@ -130,8 +136,7 @@ extract_stage)  # after the headline, same machine, its generate pool: the extra
     timeout 150 bash -c "$(run_cmd x$1 "'stages=[extract]'" extract.pool_root=$2 extract.writers=$3)" \
       > $ROOT/log-x$1.txt 2>&1; echo "$1 rc=$?"
     if [ "$2" = null ]; then rm -rf "$ROOT/extract"; else rm -rf "$2"; fi  # each pool is 40 GB
-    python3 -c "import json,sys; m=json.load(open(sys.argv[1]))['metrics']; print({k: m[k] for k in \
-      ('extract/seconds', 'extract/tokens_per_s', 'extract/bytes')})" $ROOT/x$1/results.json
+    show_metrics $ROOT/x$1/results.json extract/seconds extract/tokens_per_s extract/bytes
   done
   pack extract_stage.tgz 'log-x*.txt' 'x*/results.json' ;;
 generate_probe)  # after a headline, same machine (the GGUF and the prompts in place). The headline's generate
@@ -148,9 +153,8 @@ generate_probe)  # after a headline, same machine (the GGUF and the prompts in p
   gen --paths graphs --max-prompt-tokens 256 --cache-width 384
   gen --paths graphs graphs-compiled --max-prompt-tokens 384
   DRAFTLAB_GIT_COMMIT=$(cat $H/COMMIT) && export DRAFTLAB_GIT_COMMIT
-  (cd $H/main && PYTHONPATH=$SITE:src timeout 150 python3 -m cProfile -o $ROOT/gen.prof src/run.py hardware=gpu \
-    data.samples=8192 data.source=jsonl data.path=$ROOT/headline_prompts.jsonl paths.root=$ROOT/gp \
-    tracking.enabled=false hydra.run.dir=$ROOT/gp/run 'stages=[generate]') > "$OUT/genprobe/stage.log" 2>&1
+  timeout 150 bash -c "$(SAMPLES=8192 RUN_ROOT=$ROOT/gp PY="python3 -m cProfile -o $ROOT/gen.prof" \
+    run_cmd gp/run "'stages=[generate]'")" > "$OUT/genprobe/stage.log" 2>&1
   echo "stage rc=$?"; grep -a "tok_s\|tokens_per_s\|captured" "$OUT/genprobe/stage.log" | tail -n 3 | cut -c1-300
   python3 -c "import pstats,sys; s=pstats.Stats(sys.argv[1], stream=sys.stdout); s.sort_stats('tottime').print_stats(30); \
     s.sort_stats('cumulative').print_stats(45)" $ROOT/gen.prof > "$OUT/genprobe/stage_profile.txt"
@@ -164,14 +168,12 @@ generate_ab)  # the stage's per-shard drain (every shard's last answers leave sl
 s16384 data.shard_size=16384 data.compile_decode=false;s16384c data.shard_size=16384 data.compile_decode=true}"
   for variant in "${variants[@]}"; do  # NAME OVERRIDE...
     set -- $variant; name=$1; shift
-    (cd $H/main && PYTHONPATH=$SITE:src timeout 170 python3 src/run.py hardware=gpu data.samples=${SAMPLES:-16384} \
-      data.source=jsonl data.path=$ROOT/headline_prompts.jsonl paths.root=$ROOT/ab-$name tracking.enabled=false \
-      hydra.run.dir=$ROOT/ab-$name/run 'stages=[generate]' "$@") > "$OUT/genab/log-$name.txt" 2>&1
+    timeout 170 bash -c "$(SAMPLES=${SAMPLES:-16384} RUN_ROOT=$ROOT/ab-$name run_cmd ab-$name/run \
+      "'stages=[generate]'" "$@")" > "$OUT/genab/log-$name.txt" 2>&1
     echo "$name rc=$?"
     cp $ROOT/ab-$name/run/results.json "$OUT/genab/results-$name.json"
-    python3 -c "import json,sys; m=json.load(open(sys.argv[1]))['metrics']; print({k: round(m[k], 1) for k in \
-      ('generate/seconds', 'generate/seconds_generating', 'generate/tokens_per_s', 'generate/tokens') if k in m})" \
-      "$OUT/genab/results-$name.json"
+    show_metrics "$OUT/genab/results-$name.json" generate/seconds generate/seconds_generating generate/tokens_per_s \
+      generate/tokens
     rm -rf $ROOT/ab-$name
   done ;;
 esac
