@@ -27,9 +27,10 @@
 #   or, after a headline (nothing carried): bash /tmp/headline/main/bench/h200_headline.sh generate_probe
 #     (why the stage answers at ~40k tok/s where the bench said 62k: the bench on the headline's prompts at the
 #      stage's width and at the bench's old one, the compiled step, then the stage alone under cProfile; ~4 min)
-#   or (carry .gguf-b .whl-tf):             bash /tmp/headline/main/bench/h200_headline.sh generate_ab
-#     (the generate stage alone, 16,384 samples, three ways in turn: the preset's shards of 4,096, shards of 16,384,
-#      and those with data.compile_decode; one cause at a time, each into a fresh paths.root; ~4 min)
+#   or (carry .gguf-b .whl-tf):             [BENCH=1] bash /tmp/headline/main/bench/h200_headline.sh generate_ab
+#     (the generate stage alone, 16,384 samples, three ways in turn: the preset's, with data.compile_decode (its
+#      compiler cache cold), and again (warm); one cause at a time, each into a fresh paths.root; ~4 min; BENCH=1:
+#      then bench/generate_speed.py's graphs and graphs-compiled on 8,192 of the prompts, ~2 min more)
 #   or (nothing carried):                   bash /tmp/headline/main/bench/h200_headline.sh warm
 #     (the trainer twice on a 64-shard synthetic pool, ~9 GB: the second run's compile_s is a warm compile, and
 #      read_only_s_per_batch / data_wait_s show the reader on many shards; about 6 minutes)
@@ -90,6 +91,14 @@ pack() {  # pack NAME FILE...: FILEs under $ROOT (patterns quoted: expanded ther
     /dev/shm/draftlab/root-*/extract/*/manifest.json 2>/dev/null) 2>/dev/null)
 }
 
+gen() {  # gen ARG...: bench/generate_speed.py on the headline's first 8,192 prompts, twice each (the first captures)
+  mkdir -p "$OUT/genprobe"
+  (cd $H/main && PYTHONPATH=$SITE:src timeout 200 python3 bench/generate_speed.py --prompts \
+    $ROOT/headline_prompts.jsonl --count 8192 --device cuda --dtype bfloat16 --batch-size 512 --max-new-tokens 128 \
+    --repeats 2 --root $ROOT --json "$OUT/genprobe/generate_speed.jsonl" "$@") 2>> "$OUT/genprobe/generate_speed.err" \
+    | grep -h tokens_per_s | cut -c1-300
+}
+
 trainer_speed() {  # trainer_speed NAME ARG...: bench/trainer_speed.py on a 64-shard synthetic pool (~9 GB), its
   # JSON line appended to $OUT/NAME.jsonl and its log to $OUT/NAME.err
   local name=$1; shift
@@ -145,10 +154,6 @@ generate_probe)  # after a headline, same machine (the GGUF and the prompts in p
   # prompt set alone (384 prompts at width 384: the stage's), the compiled step at the stage's settings; then the
   # stage itself on those settings, profiled (its host time against its waits for the GPU)
   mkdir -p "$OUT/genprobe"
-  gen() { (cd $H/main && PYTHONPATH=$SITE:src timeout 200 python3 bench/generate_speed.py --prompts \
-    $ROOT/headline_prompts.jsonl --count 8192 --device cuda --dtype bfloat16 --batch-size 512 --max-new-tokens 128 \
-    --repeats 2 --root $ROOT --json "$OUT/genprobe/generate_speed.jsonl" "$@") 2>> "$OUT/genprobe/generate_speed.err" \
-    | grep -h tokens_per_s | cut -c1-300; }
   gen --paths graphs --max-prompt-tokens 256
   gen --paths graphs --max-prompt-tokens 256 --cache-width 384
   gen --paths graphs graphs-compiled --max-prompt-tokens 384
@@ -164,8 +169,9 @@ generate_ab)  # the stage's per-shard drain (every shard's last answers leave sl
   install_wheels .whl-tf && smollm2_gguf || exit 1
   DRAFTLAB_GIT_COMMIT=$(cat $H/COMMIT) && export DRAFTLAB_GIT_COMMIT
   mkdir -p "$OUT/genab"
-  IFS=';' read -ra variants <<< "${VARIANTS:-s4096 data.shard_size=4096 data.compile_decode=false;\
-s16384 data.shard_size=16384 data.compile_decode=false;s16384c data.shard_size=16384 data.compile_decode=true}"
+  # (the twelfth session's: VARIANTS="s4096 data.shard_size=4096 data.compile_decode=false;s16384 ...")
+  IFS=';' read -ra variants <<< "${VARIANTS:-s16384 data.compile_decode=false;c16384 data.compile_decode=true;\
+c16384w data.compile_decode=true}"
   for variant in "${variants[@]}"; do  # NAME OVERRIDE...
     set -- $variant; name=$1; shift
     timeout 170 bash -c "$(SAMPLES=${SAMPLES:-16384} RUN_ROOT=$ROOT/ab-$name run_cmd ab-$name/run \
@@ -175,5 +181,8 @@ s16384 data.shard_size=16384 data.compile_decode=false;s16384c data.shard_size=1
     show_metrics "$OUT/genab/results-$name.json" generate/seconds generate/seconds_generating generate/tokens_per_s \
       generate/tokens
     rm -rf $ROOT/ab-$name
-  done ;;
+  done
+  grep -ah "torch.compile built" "$OUT"/genab/log-*.txt | cut -c1-200
+  # BENCH=1: then the bench's steady state, the step plain and compiled, on the stage's settings
+  [ "${BENCH:-0}" = 1 ] && gen --paths graphs graphs-compiled --max-prompt-tokens 384 ;;
 esac

@@ -65,16 +65,23 @@ def test_graphs_equals_plain_in_fp32_with_early_ends_refills_and_ring_wraps(atte
     if slots == 2:  # 12 prompts through 2 slots: the ring of 64 columns wrapped at least once
         assert state.steps > state.columns
     assert target.model.config._attn_implementation == attention  # restored
+    assert not any(hasattr(layer.self_attn, "_draftlab_slot_ring") for layer in target.model.model.layers)
     assert graphgen.decode_mode() == "eager"  # a CPU runs the step eagerly
 
 
 @pytest.mark.slow  # inductor compiles the tiny step (~30 s cold on 2 cores)
 def test_graphs_compiled_step_equals_plain_in_fp32():
+    from torch._dynamo.utils import counters
+
     target = tiny_target()
     prompts = _prompts(12, seed=1)
     plain = _ending_early(target, prompts)
+    graphs_before = counters["stats"]["unique_graphs"]
     assert generate_graphs(target, prompts, max_new_tokens=16, slots=3, width=40, compile=True) == plain
     assert graphgen.decode_mode() == "eager+compiled"  # it did compile, not fall back
+    # one decoder layer compiled, reused by all 8 (regional compilation): a graph per layer would cost 8 compiles
+    assert counters["stats"]["unique_graphs"] - graphs_before == 1
+    assert not any("forward" in vars(layer) for layer in target.model.model.layers)  # the prefill's is the model's
 
 
 def test_graphs_falls_back_to_the_plain_step_when_compile_fails(monkeypatch, caplog):
@@ -116,7 +123,7 @@ def test_graphs_decode_step_never_reads_back_to_the_host():
     generate_graphs(target, _prompts(4), max_new_tokens=4, slots=4, width=24)
     state = graphgen._slots
     buffers = [t.data_ptr() for t in (state.tokens, state.positions, state.mask, state.out, state.done,
-                                      state.cache.layers[0].keys)]
+                                      state.keys[0])]
     with torch.inference_mode(), slot_attention(target.model):
         with Dispatched() as seen:
             state.step()
@@ -134,7 +141,7 @@ def test_graphs_decode_step_never_reads_back_to_the_host():
         assert check.ops & HOST_ROUND_TRIPS
     # the step writes into its static buffers in place: a graph replays the same addresses
     assert buffers == [t.data_ptr() for t in (state.tokens, state.positions, state.mask, state.out, state.done,
-                                              state.cache.layers[0].keys)]
+                                              state.keys[0])]
 
 
 def _samples(folder):

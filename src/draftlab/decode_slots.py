@@ -1,16 +1,21 @@
-"""The decode step of `data.generator=graphs`: B slots (rows) of one transformers StaticCache, one token per slot
-per step, every shape fixed, so the whole step is captured once as a CUDA graph and replayed.
+"""The decode step of `data.generator=graphs`: B slots (rows), one token per slot per step, every shape fixed, so the
+whole step is captured once as a CUDA graph and replayed.
 
 Why a graph: for SmolLM2 (135M) at batch 512 a decode step is over a thousand small kernels. Launched one by one
 from Python they take ~25 ms (BENCHMARKS.md); replayed as one graph they cost what the GPU needs (a few ms: the
 KV cache read and the kernels themselves).
 
-The cache is a ring of C columns shared by all slots. Step t writes column t mod C for every slot; each slot has
-its own RoPE position and its own additive mask row (0 = visible, dtype min = hidden), so a slot can start a new
-prompt at any step: its prompt's keys/values are copied into the C columns just before the current one and the
-rest of its mask row is hidden. A slot needs its prompt plus its answer, less one token, in the ring: C covers
-`width + max_new_tokens`. Keys are stored after RoPE, so where a token sits in the ring changes nothing but the
-order of the attention sums.
+The cache is a ring of C columns shared by all slots, one key and one value tensor per layer, kept here (not in a
+transformers Cache): step t writes column t mod C for every slot; each slot has its own RoPE position and its own
+additive mask row (0 = visible, dtype min = hidden), so a slot can start a new prompt at any step: its prompt's
+keys/values are copied into the C columns just before the current one and the rest of its mask row is hidden. A
+slot needs its prompt plus its answer, less one token, in the ring: C covers `width + max_new_tokens`. Keys are
+stored after RoPE, so where a token sits in the ring changes nothing but the order of the attention sums.
+
+During a step each attention module carries its layer's ring (`RING`); `_attention` writes the new key/value there
+and attends over it, so no layer reads its index. That is what lets `compile` build one decoder layer and reuse it
+for all of them (torch.compile's regional compilation: one layer's trace instead of the whole model's, which cost
+24 s cold on the H200); the embedding, the final norm and the head stay eager.
 
 Nothing in `step` reads a value back to the host (tests/test_fastgen.py checks the ops it dispatches), so it can be
 captured; on the CPU, or when capture fails, the same `step` runs eagerly, with a log line saying so.
@@ -21,6 +26,7 @@ from __future__ import annotations
 import inspect
 import logging
 import sys
+import time
 from contextlib import contextmanager
 from functools import partial
 
@@ -31,6 +37,7 @@ from draftlab.serve.cuda_graphs import recover, refuse_after_a_broken_capture, w
 
 log = logging.getLogger("draftlab.generate")
 
+RING = "_draftlab_slot_ring"  # the attribute that carries a layer's ring (keys, values, column) during a step
 ALIGN = 16            # cache columns: SDPA's memory-efficient kernel wants the mask's last dim a multiple of 16
 PREFILL_TOKENS = 65_536  # prompt tokens (padded) per prefill forward: bounds its activations and attention mask
 WARMUP_STEPS = 3      # eager steps on a side stream before capture (cuBLAS and allocator set-up happen there)
@@ -45,8 +52,7 @@ class DecodeSlots:
 
     def __init__(self, model, batch: int, columns: int, max_new_tokens: int, eos_ids: list[int], pad_id: int,
                  compile: bool = False):
-        from transformers import DynamicCache, StaticCache
-        from transformers.cache_utils import StaticLayer
+        from transformers import DynamicCache
 
         self.model, self.batch, self.columns, self.max_new = model, batch, columns, max_new_tokens
         self.pad_id, self._dynamic_cache = pad_id, DynamicCache
@@ -54,19 +60,13 @@ class DecodeSlots:
         param = next(model.parameters())
         device, dtype = param.device, param.dtype
         self.device, self.dtype, self.hidden = device, dtype, torch.finfo(dtype).min
+        self.layers = _decoder_layers(model, columns)
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self.cache = StaticCache(config=config, max_cache_len=columns)
         kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        self.cache.early_initialization(batch, kv_heads, head_dim, dtype, device)
-        if any(type(layer) is not StaticLayer or not hasattr(layer, "cumulative_length") for layer in self.cache.layers):
-            raise NotImplementedError("data.generator=graphs: needs a decoder whose every layer is full attention "
-                                      "(transformers StaticLayer); use data.generator=static or plain")
-        # StaticLayer writes at its `cumulative_length` and adds 1: pointing all layers into one buffer lets the
-        # step set the ring column for every layer with one copy.
-        self.offsets = torch.zeros(len(self.cache.layers), dtype=torch.long, device=device)
-        for i, layer in enumerate(self.cache.layers):
-            layer.cumulative_length = self.offsets[i]
-        # transformers 5.24 names the forward's cache argument `cache` (5.17: `past_key_values`)
+        ring = (batch, kv_heads, columns, head_dim)
+        self.keys = [torch.zeros(ring, dtype=dtype, device=device) for _ in self.layers]
+        self.values = [torch.zeros(ring, dtype=dtype, device=device) for _ in self.layers]
+        # transformers 5.24 names the forward's cache argument `cache` (5.17: `past_key_values`): the prefill's
         self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         long = {"dtype": torch.long, "device": device}
         self.tokens = torch.zeros(batch, 1, **long)       # the token each slot feeds next
@@ -79,20 +79,37 @@ class DecodeSlots:
         self.eos = torch.tensor(sorted(set(eos_ids)), **long)
         self.steps = 0  # steps taken (host count): the ring column is steps % columns
         self.graph = None
-        # optional: inductor fuses the step's small kernels (norms, RoPE, SiLU, residuals) before capture
-        self.forward = torch.compile(self._forward, dynamic=False) if compile else self._forward
+        # optional: inductor fuses each layer's small kernels (norms, RoPE, SiLU, residuals) before capture; one
+        # compiled forward per decoder layer class, shared by its layers (they differ only in their weights and ring)
+        self.layer_forward = ({cls: torch.compile(cls.forward, dynamic=False) for cls in {type(l) for l in self.layers}}
+                              if compile else {})
         self.compiled = compile
         self.key: tuple = ()  # what its owner built it for (graphgen reuses it while that stays the same)
 
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=tokens, position_ids=positions, attention_mask=mask, use_cache=True,
-                          logits_to_keep=1, **{self.cache_arg: self.cache}).logits[:, -1]
+        with self._rings():  # no transformers cache: each layer's attention writes and reads its ring
+            return self.model(input_ids=tokens, position_ids=positions, attention_mask=mask, use_cache=False,
+                              logits_to_keep=1).logits[:, -1]
+
+    @contextmanager
+    def _rings(self):
+        """For one forward: every layer's attention module carries its ring, and with `compile` every decoder layer
+        runs its class's compiled forward. Both are taken off afterwards, so the prefill is the model's own."""
+        for layer, keys, values in zip(self.layers, self.keys, self.values):
+            setattr(layer.self_attn, RING, (keys, values, self.column))
+            if self.layer_forward:
+                layer.forward = partial(self.layer_forward[type(layer)], layer)
+        try:
+            yield
+        finally:
+            for layer in self.layers:
+                delattr(layer.self_attn, RING)
+                vars(layer).pop("forward", None)
 
     def step(self) -> None:
         """One token for every slot, on device tensors only (capturable). Done slots compute junk that is never read."""
         self.mask.index_fill_(3, self.column, 0.0)  # the column written now is visible to its own query
-        self.offsets.copy_(self.column.expand_as(self.offsets))
-        token = self.forward(self.tokens, self.positions, self.mask).argmax(-1)
+        token = self._forward(self.tokens, self.positions, self.mask).argmax(-1)
         live = (~self.done).long()
         self.out.scatter_(1, self.lengths[:, None], token[:, None])
         self.lengths.add_(live)
@@ -132,10 +149,12 @@ class DecodeSlots:
 
     def _compile(self) -> None:
         """Compiles now (first call), so that a failure falls back to the plain step instead of failing the run."""
+        started = time.perf_counter()
         try:
             self.step()
+            log.info("generate: graphs: torch.compile built the decode step in %.1f s", time.perf_counter() - started)
         except Exception as error:  # any compile failure: the uncompiled step gives the same answers
-            self.forward, self.compiled = self._forward, False
+            self.layer_forward, self.compiled = {}, False
             log.warning("generate: graphs: torch.compile of the decode step failed (%s: %s); using it uncompiled",
                         type(error).__name__, str(error).splitlines()[0] if str(error) else "")
         self.reset()
@@ -191,9 +210,9 @@ class DecodeSlots:
             dst_col += [(nxt - count + j) % self.columns for j in range(count)]
         src_row, src_pos, dst_slot, dst_col = (torch.tensor(x, device=device) for x in
                                                (src_row, src_pos, dst_slot, dst_col))
-        for layer, new in zip(self.cache.layers, prefill.layers):
-            layer.keys[dst_slot, :, dst_col] = new.keys[src_row, :, src_pos]
-            layer.values[dst_slot, :, dst_col] = new.values[src_row, :, src_pos]
+        for keys, values, new in zip(self.keys, self.values, prefill.layers):
+            keys[dst_slot, :, dst_col] = new.keys[src_row, :, src_pos]
+            values[dst_slot, :, dst_col] = new.values[src_row, :, src_pos]
         index = torch.tensor(slots, device=device)
         self.mask[index] = self.hidden
         self.mask[dst_slot, 0, 0, dst_col] = 0.0
@@ -209,10 +228,29 @@ class DecodeSlots:
         return [row[:length] for row, length in zip(rows, lengths)]
 
 
+def _decoder_layers(model, columns: int) -> list:
+    """The decoder layers whose attention the step serves; refuses models it cannot (a sliding-window layer would
+    need another mask, and the ring needs `layers[i].self_attn`)."""
+    from transformers import StaticCache
+    from transformers.cache_utils import StaticLayer
+
+    if any(type(layer) is not StaticLayer for layer in StaticCache(config=model.config, max_cache_len=columns).layers):
+        raise NotImplementedError("data.generator=graphs: needs a decoder whose every layer is full attention "
+                                  "(transformers StaticLayer); use data.generator=static or plain")
+    layers = list(getattr(model.get_decoder(), "layers", []))[:model.config.num_hidden_layers]
+    if not layers or not all(hasattr(layer, "self_attn") for layer in layers) or \
+            any("forward" in vars(layer) for layer in layers):  # (a hooked layer's own forward would be lost)
+        raise NotImplementedError(f"data.generator=graphs: needs decoder layers with a `self_attn` and their class's "
+                                  f"forward ({type(model).__name__}); use data.generator=static or plain")
+    return layers
+
+
 def _attention(module, query, key, value, attention_mask, *args, prefill: str = "eager", **kwargs):
-    """One query token: the query heads sharing a key/value head attend together (no repeated keys/values), with
-    the slots' additive mask. Longer queries (the prefill) go to the model's own attention, `prefill`."""
-    if query.shape[2] != 1:
+    """In a decode step (the module carries its ring): writes the new key/value at the step's column, then the query
+    heads sharing a key/value head attend together over the ring (no repeated keys/values), with the slots'
+    additive mask. Any other call (the prefill) goes to the model's own attention, `prefill`."""
+    ring = getattr(module, RING, None)
+    if ring is None:
         if prefill == "eager":  # each transformers model file defines its own eager attention
             own = sys.modules[type(module).__module__].eager_attention_forward
         else:
@@ -220,9 +258,12 @@ def _attention(module, query, key, value, attention_mask, *args, prefill: str = 
 
             own = ALL_ATTENTION_FUNCTIONS[prefill]
         return own(module, query, key, value, attention_mask, *args, **kwargs)
+    keys, values, column = ring
+    keys.index_copy_(2, column, key)
+    values.index_copy_(2, column, value)
     batch, heads, _, dim = query.shape
-    grouped = query.reshape(batch, key.shape[1], heads // key.shape[1], dim)
-    out = F.scaled_dot_product_attention(grouped, key, value, attn_mask=attention_mask, scale=kwargs.get("scaling"))
+    grouped = query.reshape(batch, keys.shape[1], heads // keys.shape[1], dim)
+    out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=attention_mask, scale=kwargs.get("scaling"))
     return out.reshape(batch, 1, heads, dim), None
 
 
