@@ -33,6 +33,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
+from draftlab.attention import variable_shape_attention
 from draftlab.serve.cuda_graphs import recover, refuse_after_a_broken_capture, warm_up_and_capture
 
 log = logging.getLogger("draftlab.generate")
@@ -195,9 +196,11 @@ class DecodeSlots:
         seen = torch.ones(width, width, dtype=torch.bool).tril()[None] & real[:, None, :]
         mask = torch.zeros((n, 1, width, width), dtype=self.dtype).masked_fill_(~seen[:, None], self.hidden)
         prefill = self._dynamic_cache(config=self.model.config)
-        logits = self.model(input_ids=ids.to(device), attention_mask=mask.to(device),
-                            position_ids=positions.to(device), use_cache=True, logits_to_keep=1,
-                            **{self.cache_arg: prefill}).logits[:, -1]
+        # every prefill has another padded width: cuDNN's attention would plan each one on the host (attention.py)
+        with variable_shape_attention():
+            logits = self.model(input_ids=ids.to(device), attention_mask=mask.to(device),
+                                position_ids=positions.to(device), use_cache=True, logits_to_keep=1,
+                                **{self.cache_arg: prefill}).logits[:, -1]
         first = logits.argmax(-1)
         # prompt token j of slot s goes to ring column (next - len + j) % C, next being the column of the next step
         nxt = self.steps % self.columns
