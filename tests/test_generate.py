@@ -50,7 +50,7 @@ def test_killed_run_resumes_without_losing_or_repeating(tiny_cfg, tmp_path, monk
     _run(cfg, reference)
 
     folder = tmp_path / "killed"
-    real = generate._generate_shard
+    real = generate._answer_shard
     calls = {"n": 0}
 
     def dies_on_second_shard(*args, **kwargs):
@@ -59,14 +59,34 @@ def test_killed_run_resumes_without_losing_or_repeating(tiny_cfg, tmp_path, monk
             raise KeyboardInterrupt("killed")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(generate, "_generate_shard", dies_on_second_shard)
+    monkeypatch.setattr(generate, "_answer_shard", dies_on_second_shard)
     with pytest.raises(KeyboardInterrupt):
         _run(cfg, folder)
     assert count_samples(folder) == 16  # the first shard survived, nothing half-written is listed
-    monkeypatch.setattr(generate, "_generate_shard", real)
+    monkeypatch.setattr(generate, "_answer_shard", real)
     resumed = _run(cfg, folder)
     assert resumed["generate/new_samples"] == 32
     assert _samples(folder) == _samples(reference)
+
+
+def test_a_shard_write_error_stops_the_stage_and_names_the_file(tiny_cfg, tmp_path, monkeypatch):
+    """Shards are written on a thread while the next is answered: its error must still fail the stage."""
+    real_answer = generate._answer_shard
+    answered = {"n": 0}
+
+    def full_disk(*args):
+        raise OSError(28, "No space left on device", "shard-00000.safetensors")
+
+    def counting(*args, **kwargs):
+        answered["n"] += 1
+        return real_answer(*args, **kwargs)
+
+    monkeypatch.setattr(generate, "_write_shard", full_disk)
+    monkeypatch.setattr(generate, "_answer_shard", counting)
+    with pytest.raises(OSError, match="shard-00000"):
+        _run(validate(tiny_cfg("data.samples=48")), tmp_path / "full")
+    assert answered["n"] == 2  # it stopped at the next shard, not after answering all three
+    assert count_samples(tmp_path / "full") == 0
 
 
 def test_sampling_is_reproducible_and_independent_of_history(tiny_cfg, tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from itertools import islice
 from pathlib import Path
 
@@ -82,16 +83,24 @@ def _generate(cfg, out: Path, target, engine, prompts, fingerprint: str, have: i
         raise ValueError(f"data.samples: {need} asked, but {prompts.source} has only {len(usable)} prompts within "
                          f"data.max_prompt_tokens={data.max_prompt_tokens}")
     tokenized = iter(usable[have:])  # the first samples exist: their prompts are skipped
-    started, new_tokens = time.perf_counter(), 0
+    started, new_tokens, first = time.perf_counter(), 0, have
     progress = bar(goal - have, "generate", "sample")  # moves per batch, not per shard
-    while writer.num_samples < need:
-        first = writer.num_samples
-        size = min(data.shard_size - first % data.shard_size, goal - first)
-        batch = list(islice(tokenized, size))  # the last batch may be short: the file ran out past data.samples
-        samples = _generate_shard(target, data, first, batch, whole_shard, progress.update, engine)
-        writer.write_shard(samples)
-        new_tokens += sum(int(s.loss_mask.sum()) for s in samples)
-        progress.set_postfix(tok_s=f"{new_tokens / (time.perf_counter() - started):.0f}")
+    # A shard's samples are built (answers decoded to text) and written on a thread while the next shard is
+    # answered, so the GPU waits for neither: 16,384 samples take seconds of host time. Shards are written in
+    # order, one at a time; leaving the block (an error included) waits for the one being written.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="draftlab-sample-writer") as pool:
+        written = None
+        while first < need:
+            size = min(data.shard_size - first % data.shard_size, goal - first)
+            batch = list(islice(tokenized, size))  # the last batch may be short: the file ran out past data.samples
+            answers = _answer_shard(target, data, first, batch, whole_shard, progress.update, engine)
+            if written is not None:
+                written.result()  # re-raises the previous shard's write error
+            written = pool.submit(_write_shard, writer, target, data, first, batch, answers)
+            first += len(batch)
+            new_tokens += sum(len(answer) for answer in answers)
+            progress.set_postfix(tok_s=f"{new_tokens / (time.perf_counter() - started):.0f}")
+        written.result()
     progress.close()
     seconds = time.perf_counter() - started
     summary = _summary(out, min(need, writer.num_samples), new=writer.num_samples - have, seconds=seconds)
@@ -109,14 +118,20 @@ def _reset_if_foreign(out: Path, fingerprint: str) -> None:
         (out / "manifest.json").unlink()
 
 
-def _generate_shard(target: Target, data, first: int, items: list[tuple[Prompt, list[int]]],
-                    whole_shard: bool = False, on_batch=None, engine=None) -> list[Sample]:
+def _write_shard(writer: SampleWriter, target: Target, data, first: int, items: list[tuple[Prompt, list[int]]],
+                 answers: list[list[int]]) -> None:
+    writer.write_shard(_samples(target, data, first, items, answers))
+
+
+def _answer_shard(target: Target, data, first: int, items: list[tuple[Prompt, list[int]]],
+                  whole_shard: bool = False, on_batch=None, engine=None) -> list[list[int]]:
+    """The answers to a shard's prompts, in order."""
     if engine is not None:  # the server answers the whole shard, data.server.concurrency requests at a time
         answers = engine.answer([ids for _, ids in items], first, data)
         if on_batch is not None:
             on_batch(len(items))
-        return _samples(target, data, first, items, answers)
-    samples = []
+        return answers
+    answers = []
     # continuous, graphs: the whole shard in one call, refilling up to batch_size rows (fastgen.py, graphgen.py)
     step = len(items) if whole_shard else data.batch_size
     for start in range(0, len(items), step):
@@ -125,23 +140,22 @@ def _generate_shard(target: Target, data, first: int, items: list[tuple[Prompt, 
         if whole_shard and data.generator == "graphs":
             from draftlab.graphgen import generate_graphs
 
-            answers = generate_graphs(target, [ids for _, ids in chunk], data.max_new_tokens, data.batch_size,
-                                      data.max_prompt_tokens, compile=data.compile_decode)
+            answers += generate_graphs(target, [ids for _, ids in chunk], data.max_new_tokens, data.batch_size,
+                                       data.max_prompt_tokens, compile=data.compile_decode)
         elif whole_shard:
             from draftlab.fastgen import generate_continuous
 
-            answers = generate_continuous(target, [ids for _, ids in chunk], data.max_new_tokens, data.batch_size)
+            answers += generate_continuous(target, [ids for _, ids in chunk], data.max_new_tokens, data.batch_size)
         elif data.generator == "static":
             from draftlab.fastgen import generate_static
 
-            answers = generate_static(target, [ids for _, ids in chunk], data.max_new_tokens, data.temperature,
-                                      data.max_prompt_tokens)
+            answers += generate_static(target, [ids for _, ids in chunk], data.max_new_tokens, data.temperature,
+                                       data.max_prompt_tokens)
         else:
-            answers = generate_batch(target, [ids for _, ids in chunk], data.max_new_tokens, data.temperature)
-        samples += _samples(target, data, first + start, chunk, answers)
+            answers += generate_batch(target, [ids for _, ids in chunk], data.max_new_tokens, data.temperature)
         if on_batch is not None:
             on_batch(len(chunk))
-    return samples
+    return answers
 
 
 def _samples(target: Target, data, first: int, items: list[tuple[Prompt, list[int]]],
