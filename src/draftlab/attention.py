@@ -1,14 +1,14 @@
-"""The attention kernels for work whose shapes change from call to call: training batches, extraction batches and
-the graphs generator's prefills.
+"""The attention kernels for work whose shapes change from call to call: training batches, extraction batches, the
+graphs generator's prefills and the bench's prompts.
 
 cuDNN's attention, PyTorch's first choice on the H200, builds an execution plan on the host for every new shape:
 44 ms a call in the trainer's profile, and the extract stage, whose padded batch lengths vary from batch to batch,
-ran 1.8x faster without it (BENCHMARKS.md, issue 11). Flash and memory-efficient attention plan nothing. The engine and
-generate's CUDA graphs keep PyTorch's choice: their shapes repeat, so a plan is built once (their prefills do not).
+ran 1.8x faster without it (BENCHMARKS.md, issue 11). Flash and memory-efficient attention plan nothing. Generate's
+decode step keeps PyTorch's choice: its shape never changes, so a plan is built once.
 
 The switch is process-wide (torch.backends flags), not per thread: enter it only on the thread that runs the model
-(the trainer's, the extract stage's and the generate stage's main thread), never on reader or writer threads, whose
-overlapping enters and exits could leave cuDNN on or off for the others.
+(each stage's main thread), never on reader or writer threads, whose overlapping enters and exits could leave
+cuDNN on or off for the others.
 """
 
 from torch.nn.attention import SDPBackend, sdpa_kernel

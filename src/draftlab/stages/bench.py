@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from draftlab import fsutil
+from draftlab.attention import variable_shape_attention
 from draftlab.progress import bar_over
 from draftlab.reporting import Reporter
 from draftlab.serve import alarm
@@ -63,7 +64,16 @@ def measure(model, drafter, prompts: list[list[int]], num_steps: int, max_new_to
             temperature: float, eos_token_ids, seed: int = 0, warmup: bool = True,
             mode: EngineMode = DYNAMIC) -> BenchRun:
     """Speculative and plain decoding of every prompt, alternating which goes first; both decoders use `mode`'s
-    KV cache (and CUDA graphs), sized once for the longest prompt so every step keeps one shape."""
+    KV cache (and CUDA graphs), sized once for the longest prompt so every step keeps one shape. Every prompt's
+    prefill has another length, so the whole measurement keeps out of cuDNN's attention, which plans each new shape
+    on the host (attention.py): those plans would be timed, and would depend on what the process ran before."""
+    with variable_shape_attention():
+        return _measure(model, drafter, prompts, num_steps, max_new_tokens, temperature, eos_token_ids, seed, warmup,
+                        mode)
+
+
+def _measure(model, drafter, prompts, num_steps, max_new_tokens, temperature, eos_token_ids, seed, warmup,
+             mode) -> BenchRun:
     layers = tuple(getattr(drafter, "feature_layers", ()))
     engine = SpecEngine(model, drafter, num_steps, eos_token_ids, runner=target_runner(model, mode, layers))
     # sized before the warm-up, so no step is captured again mid-measurement
