@@ -67,7 +67,7 @@ class DecodeSlots:
         ring = (batch, kv_heads, columns, head_dim)
         self.keys = [torch.zeros(ring, dtype=dtype, device=device) for _ in self.layers]
         self.values = [torch.zeros(ring, dtype=dtype, device=device) for _ in self.layers]
-        # transformers 5.24 names the forward's cache argument `cache` (5.17: `past_key_values`): the prefill's
+        # the prefill's DynamicCache goes in as `cache` (transformers 5.24) or `past_key_values` (5.17)
         self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         long = {"dtype": torch.long, "device": device}
         self.tokens = torch.zeros(batch, 1, **long)       # the token each slot feeds next

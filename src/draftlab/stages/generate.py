@@ -100,7 +100,8 @@ def _generate(cfg, out: Path, target, engine, prompts, fingerprint: str, have: i
             first += len(batch)
             new_tokens += sum(len(answer) for answer in answers)
             progress.set_postfix(tok_s=f"{new_tokens / (time.perf_counter() - started):.0f}")
-        written.result()
+        if written is not None:
+            written.result()
     progress.close()
     seconds = time.perf_counter() - started
     summary = _summary(out, min(need, writer.num_samples), new=writer.num_samples - have, seconds=seconds)
