@@ -113,6 +113,32 @@ def test_graphs_first_token_ends_and_single_token_answers():
         generate_graphs(target, prompts, 8, slots=4, width=24)
 
 
+def test_graphs_one_token_prompts_and_a_failed_step_leave_the_model_as_it_was(monkeypatch):
+    """A one-token prompt's prefill has a one-token query, like a decode step: only the ring a step hangs on each
+    attention module tells them apart. A step that fails half-way must still take the rings off again, or the
+    next prefill would write into them."""
+    target = tiny_target()
+    prompts = [[7], [300], *_prompts(4, seed=4), [42]]
+    plain = generate_batch(target, prompts, max_new_tokens=6, temperature=0.0)
+    assert generate_graphs(target, prompts, max_new_tokens=6, slots=3, width=24) == plain
+
+    layer = target.model.model.layers[5]
+    broken = {"armed": True}
+    real_mlp = layer.mlp.forward
+
+    def fails_once(hidden):
+        if hasattr(layer.self_attn, "_draftlab_slot_ring") and broken.pop("armed", False):  # inside a step, once
+            raise RuntimeError("a kernel failed")
+        return real_mlp(hidden)
+
+    monkeypatch.setattr(layer.mlp, "forward", fails_once)
+    graphgen.release()
+    with pytest.raises(RuntimeError, match="a kernel failed"):
+        generate_graphs(target, prompts, max_new_tokens=6, slots=3, width=24)
+    assert not any(hasattr(layer.self_attn, "_draftlab_slot_ring") for layer in target.model.model.layers)
+    assert generate_graphs(target, prompts, max_new_tokens=6, slots=3, width=24) == plain
+
+
 # ops that read a device value back to the host, or copy host data in: either one breaks a CUDA graph capture
 HOST_ROUND_TRIPS = {"_local_scalar_dense", "item", "is_nonzero", "nonzero", "equal", "masked_select", "lift_fresh",
                     "lift_fresh_copy", "_unique2", "unique_consecutive", "tolist"}

@@ -86,7 +86,6 @@ def test_a_shard_write_error_stops_the_stage_and_names_the_file(tiny_cfg, tmp_pa
     with pytest.raises(OSError, match="shard-00000"):
         _run(validate(tiny_cfg("data.samples=48")), tmp_path / "full")
     assert answered["n"] == 2  # it stopped at the next shard, not after answering all three
-    assert count_samples(tmp_path / "full") == 0
 
 
 def test_sampling_is_reproducible_and_independent_of_history(tiny_cfg, tmp_path):

@@ -96,15 +96,15 @@ class DecodeSlots:
     def _rings(self):
         """For one forward: every layer's attention module carries its ring, and with `compile` every decoder layer
         runs its class's compiled forward. Both are taken off afterwards, so the prefill is the model's own."""
-        for layer, keys, values in zip(self.layers, self.keys, self.values):
-            setattr(layer.self_attn, RING, (keys, values, self.column))
-            if self.layer_forward:
-                layer.forward = partial(self.layer_forward[type(layer)], layer)
         try:
+            for layer, keys, values in zip(self.layers, self.keys, self.values):
+                setattr(layer.self_attn, RING, (keys, values, self.column))
+                if self.layer_forward:
+                    layer.forward = partial(self.layer_forward[type(layer)], layer)
             yield
-        finally:
+        finally:  # (also after an interrupt half-way through the loop above)
             for layer in self.layers:
-                delattr(layer.self_attn, RING)
+                vars(layer.self_attn).pop(RING, None)
                 vars(layer).pop("forward", None)
 
     def step(self) -> None:
