@@ -84,10 +84,10 @@ watch() {  # until the runs have exit codes or this call's budget is spent, then
 }
 
 pack() {  # pack NAME FILE...: FILEs under $ROOT (patterns quoted: expanded there) and the stage manifests (each
-  # stage's metrics; train's holds every validation pass) into $OUT/NAME
+  # stage's metrics; train's holds every validation pass), with the bench's per-prompt timings, into $OUT/NAME
   local name=$1; shift
   # (the GPU preset keeps extract's pool in /dev/shm/draftlab: extract.pool_root)
-  (cd $ROOT && tar czf "$OUT/$name" $@ $(ls -d {generate,extract,train,bench}/*/manifest.json \
+  (cd $ROOT && tar czf "$OUT/$name" $@ $(ls -d {generate,extract,train,bench}/*/manifest.json bench/*/generations.jsonl \
     /dev/shm/draftlab/root-*/extract/*/manifest.json 2>/dev/null) 2>/dev/null)
 }
 
