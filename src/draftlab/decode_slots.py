@@ -84,13 +84,12 @@ class DecodeSlots:
         # compiled forward per decoder layer class, shared by its layers (they differ only in their weights and ring)
         self.layer_forward = ({cls: torch.compile(cls.forward, dynamic=False) for cls in {type(l) for l in self.layers}}
                               if compile else {})
-        self.compiled = compile
         self.key: tuple = ()  # what its owner built it for (graphgen reuses it while that stays the same)
 
-    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        with self._rings():  # no transformers cache: each layer's attention writes and reads its ring
-            return self.model(input_ids=tokens, position_ids=positions, attention_mask=mask, use_cache=False,
-                              logits_to_keep=1).logits[:, -1]
+    @property
+    def compiled(self) -> bool:
+        """Whether the step runs compiled layers (False after a failed compile)."""
+        return bool(self.layer_forward)
 
     @contextmanager
     def _rings(self):
@@ -110,7 +109,10 @@ class DecodeSlots:
     def step(self) -> None:
         """One token for every slot, on device tensors only (capturable). Done slots compute junk that is never read."""
         self.mask.index_fill_(3, self.column, 0.0)  # the column written now is visible to its own query
-        token = self._forward(self.tokens, self.positions, self.mask).argmax(-1)
+        with self._rings():  # no transformers cache: each layer's attention writes and reads its ring
+            logits = self.model(input_ids=self.tokens, position_ids=self.positions, attention_mask=self.mask,
+                                use_cache=False, logits_to_keep=1).logits
+        token = logits[:, -1].argmax(-1)
         live = (~self.done).long()
         self.out.scatter_(1, self.lengths[:, None], token[:, None])
         self.lengths.add_(live)
@@ -155,7 +157,7 @@ class DecodeSlots:
             self.step()
             log.info("generate: graphs: torch.compile built the decode step in %.1f s", time.perf_counter() - started)
         except Exception as error:  # any compile failure: the uncompiled step gives the same answers
-            self.layer_forward, self.compiled = {}, False
+            self.layer_forward = {}
             log.warning("generate: graphs: torch.compile of the decode step failed (%s: %s); using it uncompiled",
                         type(error).__name__, str(error).splitlines()[0] if str(error) else "")
         self.reset()

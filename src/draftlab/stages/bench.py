@@ -60,6 +60,7 @@ def held_out_prompts(samples_folder: Path, count: int, limit: int | None = None)
     return prompts
 
 
+@variable_shape_attention()  # (a context manager, entered afresh on every call)
 def measure(model, drafter, prompts: list[list[int]], num_steps: int, max_new_tokens: int,
             temperature: float, eos_token_ids, seed: int = 0, warmup: bool = True,
             mode: EngineMode = DYNAMIC) -> BenchRun:
@@ -67,13 +68,6 @@ def measure(model, drafter, prompts: list[list[int]], num_steps: int, max_new_to
     KV cache (and CUDA graphs), sized once for the longest prompt so every step keeps one shape. Every prompt's
     prefill has another length, so the whole measurement keeps out of cuDNN's attention, which plans each new shape
     on the host (attention.py): those plans would be timed, and would depend on what the process ran before."""
-    with variable_shape_attention():
-        return _measure(model, drafter, prompts, num_steps, max_new_tokens, temperature, eos_token_ids, seed, warmup,
-                        mode)
-
-
-def _measure(model, drafter, prompts, num_steps, max_new_tokens, temperature, eos_token_ids, seed, warmup,
-             mode) -> BenchRun:
     layers = tuple(getattr(drafter, "feature_layers", ()))
     engine = SpecEngine(model, drafter, num_steps, eos_token_ids, runner=target_runner(model, mode, layers))
     # sized before the warm-up, so no step is captured again mid-measurement
