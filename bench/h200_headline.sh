@@ -31,13 +31,20 @@
 #     (the generate stage alone, 16,384 samples, three ways in turn: the preset's, with data.compile_decode (its
 #      compiler cache cold), and again (warm); one cause at a time, each into a fresh paths.root; ~4 min; BENCH=1:
 #      then bench/generate_speed.py's graphs and graphs-compiled on 8,192 of the prompts, ~2 min more)
+#   or (carry .gguf-b .whl-tf):             bash /tmp/headline/main/bench/h200_headline.sh slots
+#     (the generator's slot count, data.batch_size: the compiled step in the bench at 512, 1,024, 2,048 slots, then
+#      the stage alone at 512 and 1,024; ~5 min)
+#   or (nothing carried):                   bash /tmp/headline/main/bench/h200_headline.sh train_profile
+#     (the trainer's compiled unroll profiled: kernels' device time against the wall; ~4 min with a cold compile)
+#   or, after a headline (carry .bench02 = 02c9a05's src, conf, bench under main/): CODES=... bash ... bench_ab
+#     (the bench's measurement from two commits' code in fresh processes, the headline's draft; ~2 min)
 #   or (nothing carried):                   bash /tmp/headline/main/bench/h200_headline.sh warm
 #     (the trainer twice on a 64-shard synthetic pool, ~9 GB: the second run's compile_s is a warm compile, and
 #      read_only_s_per_batch / data_wait_s show the reader on many shards; about 6 minutes)
 # What comes back: $OUT/headline.tgz (the job's results.json with every stage's seconds, and log-headline.txt). The end-to-end
 # time is the log's first to last timestamp; import the job with `python -m draftlab import-runs`.
 set -uo pipefail
-step=${1:?usage: h200_headline.sh install|start|watch|small|warm|reader|extract_stage|generate_probe|generate_ab}
+step=${1:?usage: h200_headline.sh install|start|watch|small|warm|reader|extract_stage|generate_probe|generate_ab|slots|train_profile|bench_ab}
 export PYTHONUNBUFFERED=1 SITE=/tmp/site
 . "$(dirname "$0")/gpu_machine.sh"  # install_wheels, keep_first_half, smollm2_gguf, start_detached, watch_jobs
 ROOT=${ROOT:-/tmp/dl}; H=/tmp/headline; BUDGET=${BUDGET:-570}; START=$(date +%s)
@@ -185,4 +192,26 @@ c16384w data.compile_decode=true}"
   grep -ah "torch.compile built" "$OUT"/genab/log-*.txt | cut -c1-200
   # BENCH=1: then the bench's steady state, the step plain and compiled, on the stage's settings
   [ "${BENCH:-0}" = 1 ] && gen --paths graphs graphs-compiled --max-prompt-tokens 384 ;;
+slots)  # the graphs generator's slot count (data.batch_size): the compiled step's rate at each count in the bench
+  # (8,192 prompts, two passes), one cause varied; then the stage alone at the counts in VARIANTS (generate_ab)
+  install_wheels .whl-tf && smollm2_gguf || exit 1
+  for slots in ${SLOTS:-512 1024 2048}; do gen --paths graphs-compiled --max-prompt-tokens 384 --batch-size $slots; done
+  VARIANTS=${VARIANTS:-"b512 data.batch_size=512;b1024 data.batch_size=1024"} bash "$0" generate_ab ;;
+train_profile)  # the preset's trainer (compiled unroll, 16,384-token batches) on synthetic shards: 10 steps under
+  # torch.profiler after 60, the kernels' device time against the wall (trainer_profile.txt's first line)
+  (cd $H/main && PYTHONPATH=$SITE:src timeout ${LIMIT:-330} python3 bench/trainer_speed.py --batch-tokens 16384 \
+    --samples 2048 --steps 75 --compile-unroll true --profile 10 --profile-from 60 --eval-every 1000 \
+    --checkpoint-every 1000 --profile-out "$OUT"/trainer_profile.txt) >> "$OUT"/trainer_profile.jsonl \
+    2> "$OUT"/trainer_profile.err
+  echo "rc=$?"; head -n 1 "$OUT"/trainer_profile.txt; tail -n 1 "$OUT"/trainer_profile.jsonl | cut -c1-600
+  gzip -f "$OUT"/trainer_profile.trace.json 2>/dev/null ;;
+bench_ab)  # after a headline, same machine: the bench stage's measurement from CODES' code in turn (each a fresh
+  # process, bench/spec_decode.py on the headline's draft and val prompts, graphs mode as the stage runs it)
+  draft=$(ls -d $ROOT/train/*/draft | head -n 1); samples=$(ls -d $ROOT/generate/* | head -n 1)
+  for code in ${CODES:-/tmp/bench02/main $H/main}; do
+    (cd $code && PYTHONPATH=$SITE:src timeout 120 python3 bench/spec_decode.py --target smollm2 --draft "$draft" \
+      --device cuda --dtype bfloat16 --samples "$samples" --prompts ${PROMPTS:-6} --modes graphs \
+      --max-prompt-tokens 384 --max-new-tokens 48 --cache-dir $ROOT/models) >> "$OUT"/bench_ab.jsonl 2>> "$OUT"/bench_ab.err
+    echo "$code rc=$?"; tail -n 1 "$OUT"/bench_ab.jsonl | cut -c1-400
+  done ;;
 esac

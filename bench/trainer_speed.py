@@ -84,14 +84,24 @@ def profiled(trainer: Trainer, start: int, steps: int, out: Path):
     prof = profile(activities=activities, schedule=schedule(wait=max(start - 5, 0), warmup=min(start, 5),
                                                                active=steps, repeat=1))
     prof.start()
+    began: list[float] = []
 
     def on_step(step: int) -> None:
         prof.step()
+        if step == start:  # the recorded steps' wall time, against the kernels' summed device time below: the
+            began.append(time.perf_counter())  # GPU's busy share (host-bound when well below 1)
         if step == start + steps:
+            torch.cuda.synchronize() if torch.cuda.is_available() else None
+            wall = time.perf_counter() - began[0] if began else float("nan")
             prof.stop()
-            tables = [prof.key_averages().table(sort_by=key, row_limit=30)
+            averages = prof.key_averages()
+            device_us = sum(e.self_device_time_total for e in averages)
+            tables = [averages.table(sort_by=key, row_limit=30)
                       for key in ("self_cpu_time_total", "self_device_time_total")]
-            out.write_text(f"{steps} steps from step {start + 1}\n\n" + "\n\n".join(tables))
+            out.write_text(f"{steps} steps from step {start + 1}: {wall * 1e3 / steps:.1f} ms wall a step (profiler "
+                           f"on), kernels {device_us / 1e3 / steps:.1f} ms a step, busy share "
+                           f"{device_us / 1e6 / wall:.2f}\n\n" + "\n\n".join(tables))
+            prof.export_chrome_trace(str(out.with_suffix(".trace.json")))
 
     trainer.on_step = on_step
 
