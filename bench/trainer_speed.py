@@ -38,6 +38,7 @@ from concurrent.futures import Future
 from pathlib import Path
 
 import torch
+from torch._inductor import config as inductor_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -88,19 +89,19 @@ def profiled(trainer: Trainer, start: int, steps: int, out: Path):
 
     def on_step(step: int) -> None:
         prof.step()
-        if step == start:  # the recorded steps' wall time, against the kernels' summed device time below: the
-            began.append(time.perf_counter())  # GPU's busy share (host-bound when well below 1)
+        if step == start:
+            began.append(time.perf_counter())
         if step == start + steps:
             torch.cuda.synchronize() if torch.cuda.is_available() else None
             wall = time.perf_counter() - began[0] if began else float("nan")
             prof.stop()
-            averages = prof.key_averages()
-            device_us = sum(e.self_device_time_total for e in averages)
-            tables = [averages.table(sort_by=key, row_limit=30)
+            tables = [prof.key_averages().table(sort_by=key, row_limit=30)
                       for key in ("self_cpu_time_total", "self_device_time_total")]
+            # the tables' device times count nested ops and overlaps more than once: the GPU's busy share against
+            # the wall comes from the trace (bench/trace_summary.py)
             out.write_text(f"{steps} steps from step {start + 1}: {wall * 1e3 / steps:.1f} ms wall a step (profiler "
-                           f"on), kernels {device_us / 1e3 / steps:.1f} ms a step, busy share "
-                           f"{device_us / 1e6 / wall:.2f}\n\n" + "\n\n".join(tables))
+                           f"on); the GPU's busy share: bench/trace_summary.py {out.with_suffix('.trace.json')}\n\n"
+                           + "\n\n".join(tables))
             prof.export_chrome_trace(str(out.with_suffix(".trace.json")))
 
     trainer.on_step = on_step
@@ -190,6 +191,8 @@ def main() -> None:
         "read_workers": getattr(features, "READ_WORKERS", 1),
         "device_plan": args.device_plan, "plan_in_loop": args.plan_in_loop,
         "profiled_steps": args.profile, "threads": torch.get_num_threads(),
+        # Inductor's C++ wrapper (TORCHINDUCTOR_CPP_WRAPPER=1) launches the graph's kernels without its Python one
+        "inductor_cpp_wrapper": bool(inductor_config.cpp_wrapper),
         "eval_every": args.eval_every, "checkpoint_every": args.checkpoint_every, "steps": result.steps,
         "read_only_s_per_batch": round(read_s, 4), "wall_s": round(wall, 2),
         "steps_per_s": round(result.steps / wall, 2), "tokens_per_s": round(tokens / wall, 1),

@@ -1,0 +1,101 @@
+"""What bounds a profiled training step: the GPU's busy time against the wall, each host thread's time, and the
+busiest kernels, read from the Chrome trace that `bench/trainer_speed.py --profile` writes.
+
+    python bench/trace_summary.py trainer_profile.trace.json.gz [--skip-last 1]
+
+Steps are torch.profiler's `ProfilerStep#N` annotations. The GPU's busy time is the union of its kernels', copies'
+and memsets' intervals within the steps (summing each op's device time counts overlaps twice, and the profiler's
+own tables add copies into their callers). `--skip-last` leaves out the last steps (in the H200 profile of
+2026-12-03 the last one held an epoch's end: a checkpoint copied to the host, 438 ms). A host thread's time is the sum of its outermost ops;
+where the main thread's share is near the wall and the GPU's well below it, launching is the bound, not the kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+from collections import defaultdict
+from pathlib import Path
+
+GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+HOST_CATEGORIES = ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver")
+
+
+def load(path: Path) -> list[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+
+
+def union_us(events: list[dict]) -> float:
+    """Microseconds covered by at least one of the events' intervals."""
+    total, start, end = 0.0, None, None
+    for e in sorted(events, key=lambda e: e["ts"]):
+        s, t = e["ts"], e["ts"] + e["dur"]
+        if end is None or s > end:
+            total += 0.0 if end is None else end - start
+            start, end = s, t
+        else:
+            end = max(end, t)
+    return total + (0.0 if end is None else end - start)
+
+
+def outermost(events: list[dict]) -> list[dict]:
+    """The events not nested in another of them (one thread's)."""
+    out, end = [], float("-inf")
+    for e in sorted(events, key=lambda e: (e["ts"], -e["dur"])):
+        if e["ts"] >= end:
+            out.append(e)
+            end = e["ts"] + e["dur"]
+    return out
+
+
+def summarize(events: list[dict], skip_last: int = 1, top: int = 12) -> dict:
+    steps = sorted((e for e in events if e["name"].startswith("ProfilerStep") and e.get("cat") == "user_annotation"),
+                   key=lambda e: e["ts"])
+    steps = steps[:len(steps) - skip_last] if skip_last else steps
+    if not steps:
+        raise SystemExit("no ProfilerStep annotations left in the trace")
+    lo, hi, n = steps[0]["ts"], steps[-1]["ts"] + steps[-1]["dur"], len(steps)
+    gpu = [e for e in events if e.get("cat") in GPU_CATEGORIES and lo <= e["ts"] < hi]
+    by_category = defaultdict(float)
+    kernels = defaultdict(lambda: [0, 0.0])
+    for e in gpu:
+        by_category[e["cat"]] += e["dur"]
+        if e["cat"] == "kernel":
+            kernels[e["name"][:100]][0] += 1
+            kernels[e["name"][:100]][1] += e["dur"]
+    threads = defaultdict(list)
+    for e in events:
+        if e.get("cat") in HOST_CATEGORIES and lo <= e["ts"] < hi and not e["name"].startswith("ProfilerStep"):
+            threads[e["tid"]].append(e)
+    host = {}
+    for tid, evs in threads.items():
+        ops = defaultdict(float)
+        for e in outermost(evs):
+            ops[e["name"][:80]] += e["dur"]
+        host[str(tid)] = {"busy_ms_per_step": round(sum(ops.values()) / n / 1e3, 3),
+                          "top": {k: round(v / n / 1e3, 3) for k, v in sorted(ops.items(), key=lambda x: -x[1])[:6]}}
+    wall = (hi - lo) / n / 1e3
+    busy = union_us(gpu) / n / 1e3
+    return {"steps": n, "wall_ms_per_step": round(wall, 3), "gpu_busy_ms_per_step": round(busy, 3),
+            "gpu_busy_share": round(busy / wall, 3),
+            "gpu_ms_per_step": {k: round(v / n / 1e3, 3) for k, v in by_category.items()},
+            "kernels_per_step": round(sum(c for c, _ in kernels.values()) / n, 1),
+            "host_threads": host,
+            "top_kernels_ms_per_step": {k: round(t / n / 1e3, 3) for k, (c, t) in
+                                        sorted(kernels.items(), key=lambda x: -x[1][1])[:top]}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("trace", type=Path)
+    ap.add_argument("--skip-last", type=int, default=1, help="last steps left out (e.g. one that saved a checkpoint)")
+    ap.add_argument("--top", type=int, default=12)
+    args = ap.parse_args()
+    print(json.dumps(summarize(load(args.trace), args.skip_last, args.top), indent=1))
+
+
+if __name__ == "__main__":
+    main()

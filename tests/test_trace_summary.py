@@ -1,0 +1,53 @@
+"""bench/trace_summary.py reads what bounds a profiled step from a Chrome trace: the GPU's busy time counts
+overlapping kernels once, the left-out last step's work is not counted, and a host thread's time is its outermost
+ops' (nested ops are inside them, not added to them)."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def _trace_summary():
+    spec = importlib.util.spec_from_file_location("bench_trace_summary", BENCH / "trace_summary.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _event(name, cat, ts, dur, tid=1):
+    return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "tid": tid}
+
+
+def test_busy_time_counts_overlaps_once_and_leaves_out_the_last_step(tmp_path):
+    events = [
+        _event("ProfilerStep#1", "user_annotation", 0, 100),
+        _event("ProfilerStep#2", "user_annotation", 100, 100),
+        _event("ProfilerStep#3", "user_annotation", 200, 1000),  # e.g. a checkpoint: left out
+        # step 1: two kernels overlapping by 10 us (30 us busy, not 40), a copy after them (10 us)
+        _event("gemm", "kernel", 10, 20), _event("softmax", "kernel", 20, 20), _event("Memcpy HtoD", "gpu_memcpy", 50, 10),
+        _event("gemm", "kernel", 110, 20),  # step 2
+        _event("Memcpy DtoH", "gpu_memcpy", 300, 500),  # step 3's
+        # the main thread: a region with an op nested in it; the backward's thread
+        _event("Torch-Compiled Region", "cpu_op", 0, 60), _event("aten::mm", "cpu_op", 5, 10),
+        _event("Torch-Compiled Region", "cpu_op", 100, 60),
+        _event("CompiledFunctionBackward", "cpu_op", 60, 30, tid=2),
+    ]
+    path = tmp_path / "trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events + [{"ph": "M", "name": "process_name"}]}, f)
+    module = _trace_summary()
+    out = module.summarize(module.load(path), skip_last=1)
+    assert out["steps"] == 2 and out["wall_ms_per_step"] == 0.1
+    assert out["gpu_busy_ms_per_step"] == 0.03  # (30 + 10 + 20) us over 2 steps
+    assert out["gpu_busy_share"] == 0.3
+    assert out["gpu_ms_per_step"] == {"kernel": 0.03, "gpu_memcpy": 0.005}
+    assert out["kernels_per_step"] == 1.5
+    assert out["host_threads"]["1"]["busy_ms_per_step"] == 0.06  # the nested mm is inside its region
+    assert out["host_threads"]["2"]["busy_ms_per_step"] == 0.015
+    assert list(out["top_kernels_ms_per_step"]) == ["gemm", "softmax"]
+    assert module.summarize(module.load(path), skip_last=0)["gpu_ms_per_step"]["gpu_memcpy"] > 0.1
