@@ -15,7 +15,7 @@
 #      COMPILE_AB=1: the trainer with the eager and the compiled unroll, compile_measurements, ~5 min)
 #   call 2 (carry .gguf-b .whl-tf):                     bash /tmp/headline/main/bench/h200_headline.sh start
 #     (EXTRA="train.compile_unroll=false ..." adds overrides to the run; B32=1, here and in every watch call: then
-#      the same data at 32,768-token batches, val/loss at equal tokens)
+#      the same data at 32,768-token batches, val/loss at equal tokens; its lr B32_LR, 2e-3 unless set)
 #   call 3.. (nothing carried):             BUDGET=560 bash /tmp/headline/main/bench/h200_headline.sh watch
 #   or, instead of start and watch, a shorter job run within the call (carry .gguf-b .whl-tf):
 #     SAMPLES=16000 EXTRA="train.max_steps=1500" BUDGET=450 bash /tmp/headline/main/bench/h200_headline.sh small
@@ -71,12 +71,12 @@ launch() {  # starts the run unless it is running or finished; B32=1: then the s
     start_detached headline "$(run_cmd e2e ${EXTRA:-})"
     echo "launched the headline run at $(date -u +%T)"
   fi
-  # A batch budget twice as large (BENCHMARKS.md, eighth session): lr scaled linearly, the validation and the
-  # schedule's steps halved. That gives equal tokens only if both budgets filled their batches alike, and they did
+  # A batch budget twice as large (BENCHMARKS.md, eighth session): lr scaled linearly (B32_LR: another), the
+  # validation and the schedule's steps halved. That gives equal tokens only if both budgets filled their batches alike, and they did
   # not (69% and 46%): compare the runs by tokens seen. Generate and extract are the headline's, cached.
   if [ "${B32:-0}" = 1 ] && job_pending b32; then
     start_detached b32 "while [ ! -f $ROOT/rc/headline ]; do sleep 5; done; $(run_cmd b32 train.batch_tokens=32768 \
-      train.lr=2e-3 train.eval_every=50 train.max_steps=4000 train.checkpoint_every=100)"
+      train.lr=${B32_LR:-2e-3} train.eval_every=50 train.max_steps=4000 train.checkpoint_every=100)"
     echo "queued the 32,768-token run behind it"
   fi
 }
@@ -183,7 +183,7 @@ generate_ab)  # the stage's per-shard drain (every shard's last answers leave sl
 c16384w data.compile_decode=true}"
   for variant in "${variants[@]}"; do  # NAME OVERRIDE...
     set -- $variant; name=$1; shift
-    timeout 170 bash -c "$(SAMPLES=${SAMPLES:-16384} RUN_ROOT=$ROOT/ab-$name run_cmd ab-$name/run \
+    timeout ${LIMIT:-170} bash -c "$(SAMPLES=${SAMPLES:-16384} RUN_ROOT=$ROOT/ab-$name run_cmd ab-$name/run \
       "'stages=[generate]'" "$@")" > "$OUT/genab/log-$name.txt" 2>&1
     echo "$name rc=$?"
     cp $ROOT/ab-$name/run/results.json "$OUT/genab/results-$name.json"
@@ -209,12 +209,14 @@ train_profile)  # the preset's trainer (compiled unroll, 16,384-token batches) o
   gzip -f "$OUT"/trainer_profile.trace.json 2>/dev/null ;;
 train_cpp)  # the compiled unroll launched by Inductor's Python wrapper (0) and by its C++ wrapper (1): the step is
   # host-bound (trainer_profile: the GPU busy 47% of it; forward and backward each ~23 ms of host time). Each
-  # variant compiles cold into a cache of its own; VARIANTS="0 1 0 1" alternates them on one host
+  # variant compiles cold into a cache of its own; VARIANTS="0 1 0 1" alternates them on one host. The separately
+  # compiled loss stays off in both: with the C++ wrapper it failed ("invalid device context", pytorch#144609, call 7
+  # of 2026-12-03), and the compiled unroll traces its own loss anyway (train/compiled_unroll.py)
   (cd $H/main && export PYTHONPATH=$SITE:src
    for cpp in ${VARIANTS:-0 1}; do
      TORCHINDUCTOR_CPP_WRAPPER=$cpp TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-cpp$cpp timeout ${LIMIT:-280} python3 \
        bench/trainer_speed.py --batch-tokens 16384 --samples 2048 --steps ${STEPS:-300} --compile-unroll true \
-       2>> "$OUT"/train_cpp$cpp.err | tee -a "$OUT"/train_cpp.jsonl | cut -c1-400
+       --compile-loss false 2>> "$OUT"/train_cpp$cpp.err | tee -a "$OUT"/train_cpp.jsonl | cut -c1-400
      echo "cpp_wrapper=$cpp rc=$?"; grep -ah "compiled the unroll\|Error" "$OUT"/train_cpp$cpp.err | tail -n 3 | cut -c1-200
    done) ;;
 bench_ab)  # after a headline, same machine: the bench stage's measurement from CODES' code in turn (each a fresh
