@@ -36,8 +36,8 @@
 #      the stage alone at 512 and 1,024; ~5 min)
 #   or (nothing carried):                   bash /tmp/headline/main/bench/h200_headline.sh train_profile
 #     (the trainer's compiled unroll profiled: kernels' device time against the wall; ~4 min with a cold compile)
-#   or (nothing carried):                   [VARIANTS="0 1"] bash /tmp/headline/main/bench/h200_headline.sh train_cpp
-#     (the compiled unroll with Inductor's Python wrapper, then its C++ wrapper, each compiled cold: ~2 x 170 s)
+#   or (nothing carried):                   [VARIANTS=...] bash /tmp/headline/main/bench/h200_headline.sh train_flags
+#     (the compiled unroll as it is, without Inductor's size asserts, with its C++ wrapper; each compiled cold: ~3 x 170 s)
 #   or, after a headline (carry .bench02 = 02c9a05's src, conf, bench under main/): CODES=... bash ... bench_ab
 #     (the bench's measurement from two commits' code in fresh processes, the headline's draft; ~2 min)
 #   or (nothing carried):                   bash /tmp/headline/main/bench/h200_headline.sh warm
@@ -46,7 +46,7 @@
 # What comes back: $OUT/headline.tgz (the job's results.json with every stage's seconds, and log-headline.txt). The end-to-end
 # time is the log's first to last timestamp; import the job with `python -m draftlab import-runs`.
 set -uo pipefail
-step=${1:?usage: h200_headline.sh install|start|watch|small|warm|reader|extract_stage|generate_probe|generate_ab|slots|train_profile|train_cpp|bench_ab}
+step=${1:?usage: h200_headline.sh install|start|watch|small|warm|reader|extract_stage|generate_probe|generate_ab|slots|train_profile|train_flags|bench_ab}
 export PYTHONUNBUFFERED=1 SITE=/tmp/site
 . "$(dirname "$0")/gpu_machine.sh"  # install_wheels, keep_first_half, smollm2_gguf, start_detached, watch_jobs
 ROOT=${ROOT:-/tmp/dl}; H=/tmp/headline; BUDGET=${BUDGET:-570}; START=$(date +%s)
@@ -207,18 +207,21 @@ train_profile)  # the preset's trainer (compiled unroll, 16,384-token batches) o
     2> "$OUT"/trainer_profile.err
   echo "rc=$?"; head -n 1 "$OUT"/trainer_profile.txt; tail -n 1 "$OUT"/trainer_profile.jsonl | cut -c1-600
   gzip -f "$OUT"/trainer_profile.trace.json 2>/dev/null ;;
-train_cpp)  # the compiled unroll launched by Inductor's Python wrapper (0) and by its C++ wrapper (1): the step is
-  # host-bound (trainer_profile: the GPU busy 47% of it; forward and backward each ~23 ms of host time). Each
-  # variant compiles cold into a cache of its own; VARIANTS="0 1 0 1" alternates them on one host. The separately
-  # compiled loss stays off in both: with the C++ wrapper it failed ("invalid device context", pytorch#144609, call 7
-  # of 2026-12-03), and the compiled unroll traces its own loss anyway (train/compiled_unroll.py)
-  (cd $H/main && export PYTHONPATH=$SITE:src
-   for cpp in ${VARIANTS:-0 1}; do
-     TORCHINDUCTOR_CPP_WRAPPER=$cpp TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-cpp$cpp timeout ${LIMIT:-280} python3 \
-       bench/trainer_speed.py --batch-tokens 16384 --samples 2048 --steps ${STEPS:-300} --compile-unroll true \
-       --compile-loss false 2>> "$OUT"/train_cpp$cpp.err | tee -a "$OUT"/train_cpp.jsonl | cut -c1-400
-     echo "cpp_wrapper=$cpp rc=$?"; grep -ah "compiled the unroll\|Error" "$OUT"/train_cpp$cpp.err | tail -n 3 | cut -c1-200
-   done) ;;
+train_flags)  # the compiled unroll under Inductor settings that cut the host's work per kernel launch, one variant
+  # at a time: the step is host-bound (train_profile of 2026-12-03: the GPU busy 47% of it; forward and backward each
+  # ~23 ms of host time). VARIANTS="NAME [VAR=VALUE ...];...": each compiles cold into a cache of its own, ~170 s.
+  # The separately compiled loss stays off in all: with the C++ wrapper it failed ("invalid device context",
+  # pytorch#144609; call 7 of 2026-12-03), and the compiled unroll traces its own loss anyway (train/compiled_unroll.py)
+  IFS=';' read -ra variants <<< "${VARIANTS:-base;noasserts TORCHINDUCTOR_SIZE_ASSERTS=0 TORCHINDUCTOR_SCALAR_ASSERTS=0 \
+TORCHINDUCTOR_ALIGNMENT_ASSERTS=0;cpp TORCHINDUCTOR_CPP_WRAPPER=1}"
+  for variant in "${variants[@]}"; do
+    set -- $variant; name=$1; shift
+    (cd $H/main && env PYTHONPATH=$SITE:src TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-$name "$@" timeout ${LIMIT:-280} \
+      python3 bench/trainer_speed.py --batch-tokens 16384 --samples 2048 --steps ${STEPS:-300} --compile-unroll true \
+      --compile-loss false 2>> "$OUT"/train_flags-$name.err | sed "s/^{/{\"variant\": \"$name\", /" \
+      | tee -a "$OUT"/train_flags.jsonl | cut -c1-400)
+    echo "$name rc=$?"; grep -ah "compiled the unroll\|Error" "$OUT"/train_flags-$name.err | tail -n 3 | cut -c1-200
+  done ;;
 bench_ab)  # after a headline, same machine: the bench stage's measurement from CODES' code in turn (each a fresh
   # process, bench/spec_decode.py on the headline's draft and val prompts, graphs mode as the stage runs it)
   draft=$(ls -d $ROOT/train/*/draft | head -n 1); samples=$(ls -d $ROOT/generate/* | head -n 1)
