@@ -6,8 +6,9 @@ busiest kernels, read from the Chrome trace that `bench/trainer_speed.py --profi
 Steps are torch.profiler's `ProfilerStep#N` annotations. The GPU's busy time is the union of its kernels', copies'
 and memsets' intervals within the steps (summing each op's device time counts overlaps twice, and the profiler's
 own tables add copies into their callers). `--skip-last` leaves out the last steps (in the H200 profile of
-2026-12-03 the last one held an epoch's end: a checkpoint copied to the host, 438 ms). A host thread's time is the sum of its outermost ops;
-where the main thread's share is near the wall and the GPU's well below it, launching is the bound, not the kernels.
+2026-12-03 the last one held an epoch's end: a checkpoint copied to the host, 438 ms). A host thread's time is the
+sum of its outermost ops; where the host threads' time fills the wall and the GPU's does not, launching is the bound,
+not the kernels.
 """
 
 from __future__ import annotations

@@ -115,7 +115,7 @@ def test_a_stage_failing_before_train_stops_the_warm_up(tiny_cfg, monkeypatch):
 
     class Recording:
         @classmethod
-        def start(cls, cfg):
+        def start(cls, cfg, graphs=None):
             calls.append("start")
             return cls()
 

@@ -29,7 +29,8 @@ def test_busy_time_counts_overlaps_once_and_leaves_out_the_last_step(tmp_path):
         _event("ProfilerStep#2", "user_annotation", 100, 100),
         _event("ProfilerStep#3", "user_annotation", 200, 1000),  # e.g. a checkpoint: left out
         # step 1: two kernels overlapping by 10 us (30 us busy, not 40), a copy after them (10 us)
-        _event("gemm", "kernel", 10, 20), _event("softmax", "kernel", 20, 20), _event("Memcpy HtoD", "gpu_memcpy", 50, 10),
+        _event("gemm", "kernel", 10, 20), _event("softmax", "kernel", 20, 20),
+        _event("Memcpy HtoD", "gpu_memcpy", 50, 10),
         _event("gemm", "kernel", 110, 20),  # step 2
         _event("Memcpy DtoH", "gpu_memcpy", 300, 500),  # step 3's
         # the main thread: a region with an op nested in it; the backward's thread

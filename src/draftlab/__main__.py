@@ -1,4 +1,4 @@
-"""python -m draftlab {stage, check-draft, convert, import-runs, warm-compile} ..."""
+"""python -m draftlab {stage, check-draft, convert, import-runs, warm-compile, warm-decode} ..."""
 
 import logging
 import sys
@@ -11,6 +11,7 @@ COMMANDS = {
     "convert": ("draftlab.sglang.cli", "convert a draft folder between SGLang and speculators formats"),
     "import-runs": ("draftlab.import_runs", "log jobs run without a tracking store (results.json) into MLflow"),
     "warm-compile": ("draftlab.train.compile_warmup", "build the train stage's compiled graphs ahead"),
+    "warm-decode": ("draftlab.decode_warmup", "build the generate stage's compiled decode step ahead"),
 }
 
 
@@ -24,7 +25,7 @@ def main(argv: list[str]) -> int:
 
     module = importlib.import_module(COMMANDS[argv[0]][0])
     try:
-        if argv[0] in ("stage", "import-runs", "warm-compile"):
+        if argv[0] in ("stage", "import-runs", "warm-compile", "warm-decode"):
             return module.main(argv[1:])
         return module.main(argv)
     except ConfigError as err:

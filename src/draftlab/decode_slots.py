@@ -85,6 +85,7 @@ class DecodeSlots:
         self.layer_forward = ({cls: torch.compile(cls.forward, dynamic=False) for cls in {type(l) for l in self.layers}}
                               if compile else {})
         self.key: tuple = ()  # what its owner built it for (graphgen reuses it while that stays the same)
+        self.compile_seconds, self.compile_cached = 0.0, False  # set by compile_step
 
     @property
     def compiled(self) -> bool:
@@ -125,7 +126,7 @@ class DecodeSlots:
     def capture(self) -> None:
         """Records `step` as a CUDA graph; on failure (or on the CPU) `advance` runs it eagerly instead."""
         if self.compiled:
-            self._compile()
+            self.compile_step()
         if self.device.type != "cuda":
             log.info("generate: graphs: %s device, so the decode step runs eagerly (CUDA graphs need a GPU)",
                      self.device.type)
@@ -150,12 +151,17 @@ class DecodeSlots:
                         "kernel (slow)", type(error).__name__, str(error).splitlines()[0] if str(error) else "")
         self.reset()
 
-    def _compile(self) -> None:
-        """Compiles now (first call), so that a failure falls back to the plain step instead of failing the run."""
-        started = time.perf_counter()
+    def compile_step(self) -> None:
+        """Compiles now (first call), so that a failure falls back to the plain step instead of failing the run.
+        Sets `compile_seconds` and `compile_cached`: whether the graph came from torch.compile's on-disk cache (an
+        earlier run's, or the decode warm-up's: draftlab/decode_warmup.py)."""
+        started, hits = time.perf_counter(), _compile_cache_hits()
         try:
             self.step()
-            log.info("generate: graphs: torch.compile built the decode step in %.1f s", time.perf_counter() - started)
+            self.compile_seconds = time.perf_counter() - started
+            self.compile_cached = _compile_cache_hits() > hits
+            log.info("generate: graphs: torch.compile built the decode step in %.1f s%s", self.compile_seconds,
+                     " (from the compile cache)" if self.compile_cached else "")
         except Exception as error:  # any compile failure: the uncompiled step gives the same answers
             self.layer_forward = {}
             log.warning("generate: graphs: torch.compile of the decode step failed (%s: %s); using it uncompiled",
@@ -231,6 +237,13 @@ class DecodeSlots:
         index = torch.tensor(slots, device=self.device)
         rows, lengths = self.out[index].tolist(), self.lengths[index].tolist()
         return [row[:length] for row, length in zip(rows, lengths)]
+
+
+def _compile_cache_hits() -> int:
+    """Graphs torch.compile loaded from its on-disk caches (AOTAutograd's or Inductor's FX graph cache)."""
+    from torch._dynamo.utils import counters
+
+    return counters["aot_autograd"]["autograd_cache_hit"] + counters["inductor"]["fxgraph_cache_hit"]
 
 
 def _decoder_layers(model, columns: int) -> list:

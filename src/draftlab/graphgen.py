@@ -39,6 +39,7 @@ GREEDY_PROCESSORS = ("repetition_penalty", "no_repeat_ngram_size", "bad_words_id
                      "forced_eos_token_id", "sequence_bias", "exponential_decay_length_penalty")
 
 _slots: DecodeSlots | None = None  # one captured set at a time, reused across shards (same shapes: no new capture)
+_compiles: list[tuple[float, bool]] = []  # each compiled step built since release(): (seconds, from the cache)
 
 
 @torch.inference_mode()
@@ -68,6 +69,20 @@ def generate_graphs(target, prompts: list[list[int]], max_new_tokens: int, slots
 
 def release() -> None:
     """Frees the kept slots (KV cache, CUDA graph and its memory pool, the model reference) when generation is over."""
+    _drop_slots()
+    _compiles.clear()
+
+
+def compile_metrics() -> dict[str, float]:
+    """generate/decode_compile_s (building the compiled steps since release()) and generate/decode_compile_cached
+    (1 when each came from torch.compile's on-disk cache: the decode warm-up's or an earlier run's); {} when none."""
+    if not _compiles:
+        return {}
+    return {"generate/decode_compile_s": round(sum(seconds for seconds, _ in _compiles), 2),
+            "generate/decode_compile_cached": float(all(cached for _, cached in _compiles))}
+
+
+def _drop_slots() -> None:
     global _slots
     _slots = None
     gc.collect()  # DecodeSlots holds its own bound step function (a reference cycle): dropping it is not enough
@@ -86,10 +101,12 @@ def _decode_slots(target, batch: int, columns: int, max_new_tokens: int, compile
     eos, pad = list(target.eos_token_ids), target.tokenizer.pad_token_id
     shape = (batch, columns, max_new_tokens, sorted(set(eos)), pad, compile)
     if _slots is None or _slots.model is not target.model or _slots.key != shape:
-        release()  # frees the previous cache and graph before the new ones are allocated
+        _drop_slots()  # frees the previous cache and graph before the new ones are allocated
         state = DecodeSlots(target.model, batch, columns, max_new_tokens, eos, pad, compile)
         state.key = shape
         state.capture()
+        if compile:
+            _compiles.append((state.compile_seconds, state.compile_cached))
         _slots = state
     return _slots
 

@@ -33,8 +33,10 @@ def run_stages(cfg, reporter: Reporter, names: list[str] | None = None) -> dict[
     commit = _current_commit()
     results: dict[str, float] = {}
     tags: dict[str, str] = {}
-    # the train stage's compiled graphs, built while generate and extract run (draftlab/warmup.py)
-    warmup = Warmup.start(cfg) if warmup_wanted(cfg, planned, wanted) else None
+    # the train stage's compiled graphs, built while generate and extract run, and generate's compiled decode step,
+    # built while it converts and tokenises (draftlab/warmup.py)
+    graphs = warmup_wanted(cfg, planned, wanted)
+    warmup = Warmup.start(cfg, graphs) if graphs else None
     try:  # the stages that finished are tagged even when a later one fails
         for name in wanted:
             stage = planned[name]
@@ -49,11 +51,13 @@ def run_stages(cfg, reporter: Reporter, names: list[str] | None = None) -> dict[
                 results.update(warmed)
             stage_cfg = _continuation(cfg) if name == "train" else cfg
             metrics, produced_by = run_stage(stage_cfg, stage, inputs, reporter, commit)
+            if name == "generate" and warmup is not None:
+                warmup.generate_done()
             tags.update({f"fingerprint.{name}": stage.key, f"folder.{name}": str(stage.folder),
                          f"{name}/produced_by": produced_by})
             results.update(metrics)
     finally:
-        if warmup is not None:  # a stage before train failed
+        if warmup is not None:  # a stage before train failed, or the job has no train stage
             warmup.stop()
         _tag_all(reporter, tags)
     return results

@@ -36,12 +36,18 @@ WAIT_MAX_S = 900.0  # a cold build took 133 s on the H200 (BENCHMARKS.md); past 
 UPSTREAM = ("generate", "extract")
 
 
-def wanted(cfg, planned: dict, names: list[str]) -> bool:
-    """Whether this job starts a warm-up: `names` are the stages it runs, `planned` their PlannedStage."""
+def wanted(cfg, planned: dict, names: list[str]) -> list[str]:
+    """The graphs this job's warm-up builds (none: no warm-up): `names` are the stages it runs, `planned` their
+    PlannedStage. train.compile_warmup=false turns off every one."""
     choice = str(cfg.train.compile_warmup).lower()
-    if choice == "false" or "train" not in names or planned["train"].done_record.exists():
-        return False
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # set by torchrun, or from submitit's tasks by task.py first
+    if choice == "false" or int(os.environ.get("WORLD_SIZE", "1")) > 1:  # set by torchrun, or by task.py
+        return []
+    return (["training", "validation"] if _unroll_wanted(cfg, planned, names, choice) else []) + \
+        (["decode"] if _decode_wanted(cfg, planned, names) else [])
+
+
+def _unroll_wanted(cfg, planned: dict, names: list[str], choice: str) -> bool:
+    if "train" not in names or planned["train"].done_record.exists():
         return False
     from draftlab.target import resolve_device
     from draftlab.train.compile_choice import compile_wanted
@@ -49,6 +55,20 @@ def wanted(cfg, planned: dict, names: list[str]) -> bool:
     if not compile_wanted("train.compile_unroll", cfg.train.compile_unroll, resolve_device(cfg.train.device)):
         return False
     return choice == "true" or any(n in names and not planned[n].done_record.exists() for n in UPSTREAM)
+
+
+def _decode_wanted(cfg, planned: dict, names: list[str]) -> bool:
+    """generate will answer here with the compiled graphs step (data.compile_decode) on a GPU (on a CPU the compile
+    would take the cores generate needs)."""
+    data = cfg.data
+    if "generate" not in names or planned["generate"].done_record.exists():
+        return False
+    if not (data.generator == "graphs" and data.compile_decode and float(data.temperature) == 0
+            and data.engine != "server"):
+        return False
+    from draftlab.target import resolve_device
+
+    return resolve_device(cfg.target.device).type == "cuda"
 
 
 def _child_env() -> dict[str, str]:
@@ -63,40 +83,51 @@ def _child_env() -> dict[str, str]:
 
 
 class Warmup:
-    """One job's warm-up processes, one per graph (training's, validation's): `start` them, then `finish` (before
-    train) or `stop` (the job ends without train)."""
+    """One job's warm-up processes, one per graph (training's and validation's unroll, generate's decode step):
+    `start` them, then `finish` (before train) or `stop` (the job ends without train)."""
 
-    GRAPHS = {"training": [], "validation": ["--validation"]}
+    # python -m draftlab COMMAND CONFIG RESULT FLAGS...
+    GRAPHS = {"training": ["warm-compile"], "validation": ["warm-compile", "--validation"], "decode": ["warm-decode"]}
+    TRAIN = ("training", "validation")
 
     def __init__(self, folder: Path, processes: dict[str, subprocess.Popen]) -> None:
         self.folder, self.processes, self.started = folder, processes, time.monotonic()
 
     @classmethod
-    def start(cls, cfg) -> "Warmup | None":
-        """The started warm-up; None, with a warning, when it cannot start (the train stage then compiles)."""
+    def start(cls, cfg, graphs: list[str] | tuple[str, ...] = TRAIN) -> "Warmup | None":
+        """The started warm-up of `graphs`; None, with a warning, when it cannot start (each stage then compiles)."""
         warmup = None
         try:
             warmup = cls(Path(tempfile.mkdtemp(prefix="draftlab-warmup-")), {})
             OmegaConf.save(cfg, warmup.folder / "config.yaml", resolve=True)
             env = _child_env()
-            for graph, flags in cls.GRAPHS.items():
+            for graph in graphs:
+                command, *flags = cls.GRAPHS[graph]
                 with open(warmup.folder / f"{graph}.log", "wb") as out:
                     warmup.processes[graph] = subprocess.Popen(
-                        [sys.executable, "-m", "draftlab", "warm-compile", str(warmup.folder / "config.yaml"),
+                        [sys.executable, "-m", "draftlab", command, str(warmup.folder / "config.yaml"),
                          str(warmup.folder / f"{graph}.json"), *flags],
                         stdout=out, stderr=subprocess.STDOUT, env=env)
         except OSError as error:
-            log.warning("train: the compile warm-up could not start (%s); the train stage compiles its graphs", error)
+            log.warning("train: the compile warm-up could not start (%s); the stages compile their graphs", error)
             if warmup is not None:
                 warmup.stop()
             return None
-        log.info("train: compiling the unroll's graphs in the background while the stages before train run (pids %s; "
-                 "train.compile_warmup=false turns this off)", ", ".join(str(p.pid) for p in warmup.processes.values()))
+        names = {"training": "the unroll's training graph", "validation": "its validation graph",
+                 "decode": "generate's decode step"}
+        log.info("compile warm-up: building %s in background processes while the stages before them run (pids %s; "
+                 "train.compile_warmup=false turns this off)", ", ".join(names[g] for g in graphs),
+                 ", ".join(str(p.pid) for p in warmup.processes.values()))
         return warmup
 
     def finish(self) -> dict[str, float]:
-        """Waits for the warm-up; returns train/compile_warmup_ok (1 when both graphs are in the cache) and
-        train/compile_warmup_s (the longer process's whole run: start, trace, compile)."""
+        """Waits for the unroll's warm-up; returns train/compile_warmup_ok (1 when both graphs are in the cache) and
+        train/compile_warmup_s (the longer process's whole run: start, trace, compile); {} when it built none. The
+        decode step's warm-up is done with before (`generate_done`)."""
+        self.generate_done()
+        if not self.processes:
+            self._clean()
+            return {}
         waited = time.monotonic()
         while running := [p for p in self.processes.values() if p.poll() is None]:
             elapsed = time.monotonic() - self.started
@@ -119,16 +150,37 @@ class Warmup:
             metrics["train/compile_warmup_s"] = max(float(r["warmup_s"]) for r in done)
         return metrics
 
+    def generate_done(self) -> None:
+        """The decode step's warm-up is of no use once generate is over: stopped if it still runs, its result logged."""
+        process = self.processes.pop("decode", None)
+        if process is None:
+            return
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+            log.info("generate: the decode step's compile warm-up was still running when generate ended: stopped")
+            return
+        result = read_json(self.folder / "decode.json")
+        if process.returncode == 0 and result is not None:
+            log.info("generate: the compile warm-up built the decode step in %.1f s (%.1f s in all)",
+                     result["decode_compile_s"], result["warmup_s"])
+        else:
+            self._failed("decode", process)
+
     def _result(self, graph: str, process: subprocess.Popen) -> dict | None:
         result = read_json(self.folder / f"{graph}.json")
         if process.returncode == 0 and result is not None:
             log.info("train: the compile warm-up built the unroll's %s graph in %.1f s (%.1f s in all)", graph,
                      result["train/compile_s"], result["warmup_s"])
             return result
-        tail = (self.folder / f"{graph}.log").read_text(errors="replace").strip().splitlines()[-6:]
-        log.warning("train: the compile warm-up of the %s graph failed (exit %s), so the train stage compiles it "
-                    "itself; its log ends:\n  %s", graph, process.returncode, "\n  ".join(tail))
+        self._failed(graph, process)
         return None
+
+    def _failed(self, graph: str, process: subprocess.Popen) -> None:
+        tail = (self.folder / f"{graph}.log").read_text(errors="replace").strip().splitlines()[-6:]
+        stage = "generate" if graph == "decode" else "train"
+        log.warning("%s: the compile warm-up of the %s graph failed (exit %s), so the %s stage compiles it itself; its "
+                    "log ends:\n  %s", stage, graph, process.returncode, stage, "\n  ".join(tail))
 
     def stop(self) -> None:
         """Ends the processes still running (the job failed or stopped before train) and removes their folder."""

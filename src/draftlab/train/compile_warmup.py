@@ -142,7 +142,7 @@ def warm(cfg, validation: bool = False) -> dict[str, float]:
     return {**trainer.core.metrics(), "warmup_s": round(time.perf_counter() - started, 2)}
 
 
-def _exit_with_parent() -> None:
+def exit_with_parent() -> None:
     """Exits this process when the job that started it is gone (it was killed, so its `finally` never ran)."""
     parent = os.getppid()
 
@@ -160,7 +160,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("result", type=Path, help="where the metrics go (JSON, written when the graph is built)")
     ap.add_argument("--validation", action="store_true", help="validation's graph (forward only), not training's")
     args = ap.parse_args(argv)
-    _exit_with_parent()
+    exit_with_parent()
     result = warm(OmegaConf.load(args.config), args.validation)
     fsutil.atomic_write_json(args.result, result)
     log.info("compile warm-up: %s", result)
