@@ -216,6 +216,7 @@ train_flags)  # the compiled unroll under Inductor settings that cut the host's 
 TORCHINDUCTOR_ALIGNMENT_ASSERTS=0;cpp TORCHINDUCTOR_CPP_WRAPPER=1}"
   for variant in "${variants[@]}"; do
     set -- $variant; name=$1; shift
+    rm -rf /tmp/inductor-$name  # cold, also on a machine where an earlier call ran it
     (cd $H/main && env PYTHONPATH=$SITE:src TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-$name "$@" timeout ${LIMIT:-280} \
       python3 bench/trainer_speed.py --batch-tokens 16384 --samples 2048 --steps ${STEPS:-300} --compile-unroll true \
       --compile-loss false 2>> "$OUT"/train_flags-$name.err | sed "s/^{/{\"variant\": \"$name\", /" \
@@ -223,12 +224,15 @@ TORCHINDUCTOR_ALIGNMENT_ASSERTS=0;cpp TORCHINDUCTOR_CPP_WRAPPER=1}"
     echo "$name rc=$?"; grep -ah "compiled the unroll\|Error" "$OUT"/train_flags-$name.err | tail -n 3 | cut -c1-200
   done ;;
 bench_ab)  # after a headline, same machine: the bench stage's measurement from CODES' code in turn (each a fresh
-  # process, bench/spec_decode.py on the headline's draft and val prompts, graphs mode as the stage runs it)
-  draft=$(ls -d $ROOT/train/*/draft | head -n 1); samples=$(ls -d $ROOT/generate/* | head -n 1)
-  for code in ${CODES:-/tmp/bench02/main $H/main}; do
+  # process, bench/spec_decode.py on the headline's draft and val prompts, graphs mode as the stage runs it). CODES:
+  # code folders (src/, bench/), e.g. "$PWD/.bench02/main $H/main" with .bench02 carried
+  read -r draft samples < <(python3 -c "import json,sys; t=json.load(open(sys.argv[1]))['tags']; \
+    print(t['folder.train'] + '/draft', t['folder.generate'])" $ROOT/e2e/results.json) || exit 1
+  for code in ${CODES:?CODES: the code folders to compare}; do
     (cd $code && PYTHONPATH=$SITE:src timeout 120 python3 bench/spec_decode.py --target smollm2 --draft "$draft" \
       --device cuda --dtype bfloat16 --samples "$samples" --prompts ${PROMPTS:-6} --modes graphs \
-      --max-prompt-tokens 384 --max-new-tokens 48 --cache-dir $ROOT/models) >> "$OUT"/bench_ab.jsonl 2>> "$OUT"/bench_ab.err
-    echo "$code rc=$?"; tail -n 1 "$OUT"/bench_ab.jsonl | cut -c1-400
+      --max-prompt-tokens 384 --max-new-tokens 48 --cache-dir $ROOT/models 2>> "$OUT"/bench_ab.err \
+      | sed "s|^{|{\"code\": \"$code\", |" >> "$OUT"/bench_ab.jsonl)
+    status=$?; echo "$code rc=$status"; [ $status = 0 ] && tail -n 1 "$OUT"/bench_ab.jsonl | cut -c1-400
   done ;;
 esac

@@ -52,14 +52,23 @@ def outermost(events: list[dict]) -> list[dict]:
     return out
 
 
-def summarize(events: list[dict], skip_last: int = 1, top: int = 12) -> dict:
-    steps = sorted((e for e in events if e["name"].startswith("ProfilerStep") and e.get("cat") == "user_annotation"),
+def _steps(events: list[dict], category: str, skip_last: int) -> list[dict]:
+    """The ProfilerStep spans of one category, in order, without the last `skip_last`."""
+    steps = sorted((e for e in events if e["name"].startswith("ProfilerStep") and e.get("cat") == category),
                    key=lambda e: e["ts"])
-    steps = steps[:len(steps) - skip_last] if skip_last else steps
+    return steps[:len(steps) - skip_last] if skip_last else steps
+
+
+def summarize(events: list[dict], skip_last: int = 1, top: int = 12) -> dict:
+    steps = _steps(events, "user_annotation", skip_last)
     if not steps:
         raise SystemExit("no ProfilerStep annotations left in the trace")
     lo, hi, n = steps[0]["ts"], steps[-1]["ts"] + steps[-1]["dur"], len(steps)
-    gpu = [e for e in events if e.get("cat") in GPU_CATEGORIES and lo <= e["ts"] < hi]
+    # the GPU runs behind the host: its work of those steps lies within the steps' GPU-side spans where the trace
+    # has them, else (an approximation) within the host's
+    on_gpu = _steps(events, "gpu_user_annotation", skip_last)
+    gpu_lo, gpu_hi = (on_gpu[0]["ts"], on_gpu[-1]["ts"] + on_gpu[-1]["dur"]) if len(on_gpu) == n else (lo, hi)
+    gpu = [e for e in events if e.get("cat") in GPU_CATEGORIES and gpu_lo <= e["ts"] < gpu_hi]
     by_category = defaultdict(float)
     kernels = defaultdict(lambda: [0, 0.0])
     for e in gpu:

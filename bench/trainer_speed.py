@@ -89,7 +89,8 @@ def profiled(trainer: Trainer, start: int, steps: int, out: Path):
 
     def on_step(step: int) -> None:
         prof.step()
-        if step == start:
+        if step == start:  # (after the GPU has caught up: queued work of earlier steps is not the recorded ones')
+            torch.cuda.synchronize() if torch.cuda.is_available() else None
             began.append(time.perf_counter())
         if step == start + steps:
             torch.cuda.synchronize() if torch.cuda.is_available() else None

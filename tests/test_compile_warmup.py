@@ -107,17 +107,20 @@ def test_a_warm_up_past_its_time_is_stopped_and_train_compiles(tiny_cfg, caplog,
     assert "past 1 s: stopped" in caplog.text and all(p.returncode is not None for p in warmup.processes.values())
 
 
-def test_a_stage_failing_before_train_stops_the_warm_up(tiny_cfg, monkeypatch):
+def _recording_warmup(monkeypatch) -> list[str]:
+    """The pipeline's Warmup replaced by one that lists the calls the pipeline makes."""
     from draftlab import pipeline
-    from draftlab.stages import generate
 
     calls = []
 
     class Recording:
         @classmethod
-        def start(cls, cfg, graphs=None):
+        def start(cls, cfg, graphs):
             calls.append("start")
             return cls()
+
+        def generate_done(self):
+            calls.append("generate_done")
 
         def finish(self):
             calls.append("finish")
@@ -126,15 +129,35 @@ def test_a_stage_failing_before_train_stops_the_warm_up(tiny_cfg, monkeypatch):
         def stop(self):
             calls.append("stop")
 
+    monkeypatch.setattr(pipeline, "Warmup", Recording)
+    monkeypatch.setattr(pipeline, "warmup_wanted", lambda *args: ["training", "validation", "decode"])
+    return calls
+
+
+def test_a_stage_failing_before_train_stops_the_warm_up(tiny_cfg, monkeypatch):
+    from draftlab import pipeline
+    from draftlab.stages import generate
+
+    calls = _recording_warmup(monkeypatch)
+
     def broken(*args, **kwargs):
         raise RuntimeError("stage exploded")
 
-    monkeypatch.setattr(pipeline, "Warmup", Recording)
-    monkeypatch.setattr(pipeline, "warmup_wanted", lambda *args: True)
     monkeypatch.setattr(generate, "run", broken)
     with pytest.raises(RuntimeError, match="stage exploded"):
         pipeline.run_stages(validate(tiny_cfg()), RecordingReporter())
     assert calls == ["start", "stop"]
+
+
+@pytest.mark.parametrize("stages, expected", [(["generate", "extract", "train"], ["start", "generate_done", "finish"]),
+                                              (["generate"], ["start", "generate_done", "stop"])])
+def test_the_decode_warm_up_ends_with_generate_and_the_unroll_s_before_train(tiny_cfg, monkeypatch, stages, expected):
+    from draftlab import pipeline
+
+    calls = _recording_warmup(monkeypatch)
+    monkeypatch.setattr(pipeline, "run_stage", lambda *args: ({}, "commit"))  # each stage done at once
+    pipeline.run_stages(validate(tiny_cfg()), RecordingReporter(), stages)
+    assert calls == expected
 
 
 @pytest.mark.slow

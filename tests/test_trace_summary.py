@@ -52,3 +52,20 @@ def test_busy_time_counts_overlaps_once_and_leaves_out_the_last_step(tmp_path):
     assert out["host_threads"]["2"]["busy_ms_per_step"] == 0.015
     assert list(out["top_kernels_ms_per_step"]) == ["gemm", "softmax"]
     assert module.summarize(module.load(path), skip_last=0)["gpu_ms_per_step"]["gpu_memcpy"] > 0.1
+
+
+def test_gpu_work_is_read_within_the_steps_gpu_side_spans(tmp_path):
+    """The GPU runs behind the host: step 2's kernel starts after the host's last kept step has ended."""
+    events = [
+        _event("ProfilerStep#1", "user_annotation", 0, 100), _event("ProfilerStep#2", "user_annotation", 100, 100),
+        _event("ProfilerStep#3", "user_annotation", 200, 100),
+        _event("ProfilerStep#1", "gpu_user_annotation", 50, 150),
+        _event("ProfilerStep#2", "gpu_user_annotation", 200, 150),
+        _event("ProfilerStep#3", "gpu_user_annotation", 350, 100),
+        _event("gemm", "kernel", 60, 100), _event("gemm", "kernel", 210, 100),  # steps 1 and 2
+        _event("gemm", "kernel", 360, 50),  # step 3's: left out
+    ]
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    module = _trace_summary()
+    assert module.summarize(module.load(path), skip_last=1)["gpu_busy_ms_per_step"] == 0.1  # (100 + 100) us / 2

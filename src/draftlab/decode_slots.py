@@ -155,11 +155,12 @@ class DecodeSlots:
         """Compiles now (first call), so that a failure falls back to the plain step instead of failing the run.
         Sets `compile_seconds` and `compile_cached`: whether the graph came from torch.compile's on-disk cache (an
         earlier run's, or the decode warm-up's: draftlab/decode_warmup.py)."""
-        started, hits = time.perf_counter(), _compile_cache_hits()
+        started, before = time.perf_counter(), _compile_cache_counts()
         try:
             self.step()
             self.compile_seconds = time.perf_counter() - started
-            self.compile_cached = _compile_cache_hits() > hits
+            hits, misses = (after - was for after, was in zip(_compile_cache_counts(), before))
+            self.compile_cached = hits > 0 and misses == 0
             log.info("generate: graphs: torch.compile built the decode step in %.1f s%s", self.compile_seconds,
                      " (from the compile cache)" if self.compile_cached else "")
         except Exception as error:  # any compile failure: the uncompiled step gives the same answers
@@ -239,11 +240,13 @@ class DecodeSlots:
         return [row[:length] for row, length in zip(rows, lengths)]
 
 
-def _compile_cache_hits() -> int:
-    """Graphs torch.compile loaded from its on-disk caches (AOTAutograd's or Inductor's FX graph cache)."""
+def _compile_cache_counts() -> tuple[int, int]:
+    """Lookups in torch.compile's on-disk caches (AOTAutograd's, Inductor's FX graph cache) so far: hits, misses."""
     from torch._dynamo.utils import counters
 
-    return counters["aot_autograd"]["autograd_cache_hit"] + counters["inductor"]["fxgraph_cache_hit"]
+    aot, inductor = counters["aot_autograd"], counters["inductor"]
+    return (aot["autograd_cache_hit"] + inductor["fxgraph_cache_hit"],
+            aot["autograd_cache_miss"] + inductor["fxgraph_cache_miss"])
 
 
 def _decoder_layers(model, columns: int) -> list:

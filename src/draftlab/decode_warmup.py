@@ -1,5 +1,6 @@
 """The decode step's compile built ahead (`data.compile_decode`), in a process of its own while the generate stage
-converts the target and tokenises its prompts (started by draftlab/warmup.py with the train stage's warm-up).
+converts the target and tokenises its prompts (started by draftlab/warmup.py whenever generate will compile its step
+on a GPU, stopped when generate ends).
 
 The graphs generator compiles one decoder layer and reuses it for every layer (decode_slots.py). That compile took
 6.6 s on a cold cache in the 50,000-sample headline run on the H200 and 1.5-2.2 s on a warm one (BENCHMARKS.md),
@@ -42,7 +43,8 @@ def one_layer_target(cfg) -> torch.nn.Module:
         config.layer_types = config.layer_types[:1]
     device = resolve_device(cfg.target.device)
     dtype = resolve_dtype(cfg.target.dtype, device)
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype).to(device).eval()
+    with torch.device(device):  # its weights made there, not on the host that generate is tokenising on
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
     if dtype != torch.float32:
         model.set_attn_implementation("eager")
     return model

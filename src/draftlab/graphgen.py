@@ -105,7 +105,7 @@ def _decode_slots(target, batch: int, columns: int, max_new_tokens: int, compile
         state = DecodeSlots(target.model, batch, columns, max_new_tokens, eos, pad, compile)
         state.key = shape
         state.capture()
-        if compile:
+        if state.compiled:  # (a failed compile is its own warning, and the step runs uncompiled)
             _compiles.append((state.compile_seconds, state.compile_cached))
         _slots = state
     return _slots

@@ -1,17 +1,21 @@
 """The compile warm-up's processes (train.compile_warmup): started by the pipeline with generate, awaited before train.
 
-What it does and why: train/compile_warmup.py. Here: when to start it, and how the job waits for it. It starts when
-the train stage will compile its unroll (train.compile_unroll, on CUDA by default) and has something to overlap
-with: a generate or extract stage that runs in this job (`auto`; `true` starts it even when they are cached). Under
-torchrun it does not start (the data-parallel trainer runs the eager unroll). The train stage waits for it (logging
-every 30 s), at most WAIT_MAX_S, then stops it. Nothing depends on it: a failed or stopped warm-up leaves the train
-stage to compile what it lacks, as it would have, and says so with the tail of its log.
+What they do and why: train/compile_warmup.py (the unroll's training and validation graphs) and decode_warmup.py
+(generate's compiled decode step). Here: when to start them, and how the job waits for them.
+- The unroll's two start when the train stage will compile its unroll (train.compile_unroll, on CUDA by default) and
+  have something to overlap with: a generate or extract stage that runs in this job (`auto`; `true` starts them even
+  when those are cached). The train stage waits for them (logging every 30 s), at most WAIT_MAX_S, then stops them.
+- The decode step's starts when this job's generate stage will answer with the compiled graphs step on a GPU
+  (data.generator=graphs, data.compile_decode, greedy, in this process), with or without a train stage. Nobody waits
+  for it: generate compiles the step itself if it gets there first, and it is stopped when generate ends.
+Under torchrun none starts (the data-parallel trainer runs the eager unroll). Nothing depends on them: a failed or
+stopped warm-up leaves its stage to compile what it lacks, as it would have, and says so with the tail of its log.
 
 Run with argument lists (no shell), on the job's resolved config written to a temporary folder; their output goes to
 log files there, not to the job's console, where it would interleave with generate's progress bars. Each holds a
-CUDA context, the draft and one batch on the training GPU while generate runs (not measured alone): with little
-memory to spare, a GPU shared with a serving engine (data.engine=server) or one in exclusive-process mode,
-set train.compile_warmup=false.
+CUDA context and a small model (the draft, or one layer of the target) on the GPU while generate runs (not measured
+alone): with little memory to spare, a GPU shared with a serving engine (data.engine=server) or one in
+exclusive-process mode, set train.compile_warmup=false, which turns off every one.
 """
 
 from __future__ import annotations
@@ -109,13 +113,13 @@ class Warmup:
                          str(warmup.folder / f"{graph}.json"), *flags],
                         stdout=out, stderr=subprocess.STDOUT, env=env)
         except OSError as error:
-            log.warning("train: the compile warm-up could not start (%s); the stages compile their graphs", error)
+            log.warning("compile warm-up: could not start (%s); the stages compile their graphs", error)
             if warmup is not None:
                 warmup.stop()
             return None
         names = {"training": "the unroll's training graph", "validation": "its validation graph",
                  "decode": "generate's decode step"}
-        log.info("compile warm-up: building %s in background processes while the stages before them run (pids %s; "
+        log.info("compile warm-up: building %s in background processes while the job's first stages run (pids %s; "
                  "train.compile_warmup=false turns this off)", ", ".join(names[g] for g in graphs),
                  ", ".join(str(p.pid) for p in warmup.processes.values()))
         return warmup
@@ -151,10 +155,18 @@ class Warmup:
         return metrics
 
     def generate_done(self) -> None:
-        """The decode step's warm-up is of no use once generate is over: stopped if it still runs, its result logged."""
+        """The decode step's warm-up is of no use once generate is over: stopped if it still runs, its result logged.
+        Never raises: the warm-up is optional, and generate has succeeded."""
         process = self.processes.pop("decode", None)
         if process is None:
             return
+        try:
+            self._decode_result(process)
+        except Exception as error:  # e.g. its folder removed from under it
+            log.warning("generate: the decode step's compile warm-up could not be read (%s: %s)",
+                        type(error).__name__, error)
+
+    def _decode_result(self, process: subprocess.Popen) -> None:
         if process.poll() is None:
             process.kill()
             process.wait()
@@ -177,7 +189,10 @@ class Warmup:
         return None
 
     def _failed(self, graph: str, process: subprocess.Popen) -> None:
-        tail = (self.folder / f"{graph}.log").read_text(errors="replace").strip().splitlines()[-6:]
+        try:
+            tail = (self.folder / f"{graph}.log").read_text(errors="replace").strip().splitlines()[-6:]
+        except OSError as error:
+            tail = [f"(its log could not be read: {error})"]
         stage = "generate" if graph == "decode" else "train"
         log.warning("%s: the compile warm-up of the %s graph failed (exit %s), so the %s stage compiles it itself; its "
                     "log ends:\n  %s", stage, graph, process.returncode, stage, "\n  ".join(tail))
