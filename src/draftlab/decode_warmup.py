@@ -50,16 +50,17 @@ def one_layer_target(cfg) -> torch.nn.Module:
     return model
 
 
-@torch.inference_mode()  # as generate_graphs runs: the graph is built for inference tensors
 def warm_decode(cfg) -> dict[str, float]:
     """Compiles the decode step's layer at the generate stage's shapes into the compile cache; returns
     decode_compile_s and warmup_s. Raises when the compile fails (the stage then compiles, or falls back, itself)."""
     started = time.perf_counter()
     data = cfg.data
-    model = one_layer_target(cfg)
+    model = one_layer_target(cfg)  # its weights made outside inference mode, as the stage's target's are
     new_tokens = int(data.max_new_tokens)
     columns = cache_columns(int(data.max_prompt_tokens), new_tokens)  # as generate_graphs sizes the ring
-    with slot_attention(model):  # the end-of-turn and pad ids do not enter the compiled layer
+    # the slots and the step in inference mode, as generate_graphs runs them; the end-of-turn and pad ids do not
+    # enter the compiled layer
+    with torch.inference_mode(), slot_attention(model):
         slots = DecodeSlots(model, int(data.batch_size), columns, new_tokens, eos_ids=[0], pad_id=0, compile=True)
         slots.compile_step()
     if not slots.compiled:
