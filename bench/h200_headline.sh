@@ -35,9 +35,11 @@
 #     (the generator's slot count, data.batch_size: the compiled step in the bench at 512, 1,024, 2,048 slots, then
 #      the stage alone at 512 and 1,024; ~5 min)
 #   or (nothing carried):                   bash /tmp/headline/main/bench/h200_headline.sh train_profile
-#     (the trainer's compiled unroll profiled: kernels' device time against the wall; ~4 min with a cold compile)
+#     (the trainer's compiled unroll under torch.profiler, with its Chrome trace: bench/trace_summary.py reads the
+#      GPU's busy share from it; ~4 min with a cold compile)
 #   or (nothing carried):                   [VARIANTS=...] bash /tmp/headline/main/bench/h200_headline.sh train_flags
-#     (the compiled unroll as it is, without Inductor's size asserts, with its C++ wrapper; each compiled cold: ~3 x 170 s)
+#     (the compiled unroll as it is, without Inductor's wrapper asserts, with its C++ wrapper; each compiled cold,
+#      ~3 x 170 s)
 #   or, after a headline (carry .bench02 = 02c9a05's src, conf, bench under main/): CODES=... bash ... bench_ab
 #     (the bench's measurement from two commits' code in fresh processes, the headline's draft; ~2 min)
 #   or (nothing carried):                   bash /tmp/headline/main/bench/h200_headline.sh warm
