@@ -102,11 +102,13 @@ pack() {  # pack NAME FILE...: FILEs under $ROOT (patterns quoted: expanded ther
     /dev/shm/draftlab/root-*/extract/*/manifest.json 2>/dev/null) 2>/dev/null)
 }
 
-gen() {  # gen ARG...: bench/generate_speed.py on the headline's first 8,192 prompts, twice each (the first captures)
+gen() {  # gen ARG...: bench/generate_speed.py on the headline's first 8,192 prompts, twice each (the first captures),
+  # in GEN_SLOTS slots (512 unless set)
   mkdir -p "$OUT/genprobe"
   (cd $H/main && PYTHONPATH=$SITE:src timeout 200 python3 bench/generate_speed.py --prompts \
-    $ROOT/headline_prompts.jsonl --count 8192 --device cuda --dtype bfloat16 --batch-size 512 --max-new-tokens 128 \
-    --repeats 2 --root $ROOT --json "$OUT/genprobe/generate_speed.jsonl" "$@") 2>> "$OUT/genprobe/generate_speed.err" \
+    $ROOT/headline_prompts.jsonl --count 8192 --device cuda --dtype bfloat16 --batch-size ${GEN_SLOTS:-512} \
+    --max-new-tokens 128 --repeats 2 --root $ROOT --json "$OUT/genprobe/generate_speed.jsonl" "$@") \
+    2>> "$OUT/genprobe/generate_speed.err" \
     | grep -h tokens_per_s | cut -c1-300
 }
 
@@ -199,7 +201,7 @@ c16384w data.compile_decode=true}"
 slots)  # the graphs generator's slot count (data.batch_size): the compiled step's rate at each count in the bench
   # (8,192 prompts, two passes), one cause varied; then the stage alone at the counts in VARIANTS (generate_ab)
   install_wheels .whl-tf && smollm2_gguf || exit 1
-  for slots in ${SLOTS:-512 1024 2048}; do gen --paths graphs-compiled --max-prompt-tokens 384 --batch-size $slots; done
+  for slots in ${SLOTS:-512 1024 2048}; do GEN_SLOTS=$slots gen --paths graphs-compiled --max-prompt-tokens 384; done
   VARIANTS=${VARIANTS:-"b512 data.batch_size=512;b1024 data.batch_size=1024"} bash "$0" generate_ab ;;
 train_profile)  # the preset's trainer (compiled unroll, 16,384-token batches) on synthetic shards: 10 steps under
   # torch.profiler after 60, the kernels' device time against the wall (trainer_profile.txt's first line)

@@ -87,14 +87,17 @@ def profiled(trainer: Trainer, start: int, steps: int, out: Path):
     prof.start()
     began: list[float] = []
 
+    def caught_up() -> float:  # the time once the GPU has run what was queued (so steps are timed whole)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
     def on_step(step: int) -> None:
         prof.step()
-        if step == start:  # (after the GPU has caught up: queued work of earlier steps is not the recorded ones')
-            torch.cuda.synchronize() if torch.cuda.is_available() else None
-            began.append(time.perf_counter())
+        if step == start:
+            began.append(caught_up())
         if step == start + steps:
-            torch.cuda.synchronize() if torch.cuda.is_available() else None
-            wall = time.perf_counter() - began[0] if began else float("nan")
+            wall = caught_up() - began[0] if began else float("nan")
             prof.stop()
             tables = [prof.key_averages().table(sort_by=key, row_limit=30)
                       for key in ("self_cpu_time_total", "self_device_time_total")]

@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 from draftlab import fsutil
 from draftlab.decode_slots import DecodeSlots, cache_columns, slot_attention
 from draftlab.target import resolve_device, resolve_dtype
-from draftlab.train.compile_warmup import exit_with_parent, target_config
+from draftlab.warmup import exit_with_parent, target_config
 
 log = logging.getLogger("draftlab")
 

@@ -27,8 +27,10 @@ import site
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from omegaconf import OmegaConf
 
@@ -40,13 +42,27 @@ WAIT_MAX_S = 900.0  # a cold build took 133 s on the H200 (BENCHMARKS.md); past 
 UPSTREAM = ("generate", "extract")
 
 
+class WarmGraph(NamedTuple):
+    stage: str  # the stage that loads it (and compiles it itself when the warm-up did not)
+    what: str  # for the log
+    argv: tuple[str, ...]  # python -m draftlab ARGV[0] CONFIG RESULT ARGV[1:]
+    seconds: str  # the result's key for the compile's seconds
+
+
+GRAPHS = {"training": WarmGraph("train", "the unroll's training graph", ("warm-compile",), "train/compile_s"),
+          "validation": WarmGraph("train", "the unroll's validation graph", ("warm-compile", "--validation"),
+                                  "train/compile_s"),
+          "decode": WarmGraph("generate", "generate's decode step", ("warm-decode",), "decode_compile_s")}
+UNROLL = ("training", "validation")
+
+
 def wanted(cfg, planned: dict, names: list[str]) -> list[str]:
     """The graphs this job's warm-up builds (none: no warm-up): `names` are the stages it runs, `planned` their
     PlannedStage. train.compile_warmup=false turns off every one."""
     choice = str(cfg.train.compile_warmup).lower()
     if choice == "false" or int(os.environ.get("WORLD_SIZE", "1")) > 1:  # set by torchrun, or by task.py
         return []
-    return (["training", "validation"] if _unroll_wanted(cfg, planned, names, choice) else []) + \
+    return (list(UNROLL) if _unroll_wanted(cfg, planned, names, choice) else []) + \
         (["decode"] if _decode_wanted(cfg, planned, names) else [])
 
 
@@ -75,6 +91,38 @@ def _decode_wanted(cfg, planned: dict, names: list[str]) -> bool:
     return resolve_device(cfg.target.device).type == "cuda"
 
 
+def target_config(target_cfg, cache_dir: Path) -> dict:
+    """The configured target's config as `Target.config_dict()` gives it, without loading its weights (generate holds
+    the target meanwhile): the tiny target is built (it is small), the others' configs are read. For the warm-up's
+    processes, which build models of the target's shape."""
+    from transformers import AutoConfig
+
+    from draftlab.target import SMOLLM2_GGUF, _smollm2_folder, embedded_gguf_folder, tiny_target
+
+    if target_cfg.name == "tiny":
+        return tiny_target(target_cfg.tiny).config_dict()
+    if target_cfg.name == "smollm2":
+        converted = _smollm2_folder(cache_dir)
+        if (converted / "config.json").exists():
+            return AutoConfig.from_pretrained(converted).to_dict()
+        gguf = embedded_gguf_folder() / SMOLLM2_GGUF  # its metadata only: generate may be converting it
+        return AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name).to_dict()
+    kwargs = {"gguf_file": target_cfg.gguf_file} if target_cfg.gguf_file else {}
+    return AutoConfig.from_pretrained(target_cfg.path, **kwargs).to_dict()
+
+
+def exit_with_parent() -> None:
+    """In a warm-up process: exits when the job that started it is gone (it was killed, so its `finally` never ran)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(5)
+        os._exit(3)
+
+    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
+
+
 def _child_env() -> dict[str, str]:
     """This environment, with the folder this draftlab is imported from on PYTHONPATH unless the interpreter finds it
     anyway (an installed package: a site-packages folder there would come before the standard library)."""
@@ -90,15 +138,11 @@ class Warmup:
     """One job's warm-up processes, one per graph (training's and validation's unroll, generate's decode step):
     `start` them, then `finish` (before train) or `stop` (the job ends without train)."""
 
-    # python -m draftlab COMMAND CONFIG RESULT FLAGS...
-    GRAPHS = {"training": ["warm-compile"], "validation": ["warm-compile", "--validation"], "decode": ["warm-decode"]}
-    TRAIN = ("training", "validation")
-
     def __init__(self, folder: Path, processes: dict[str, subprocess.Popen]) -> None:
         self.folder, self.processes, self.started = folder, processes, time.monotonic()
 
     @classmethod
-    def start(cls, cfg, graphs: list[str] | tuple[str, ...] = TRAIN) -> "Warmup | None":
+    def start(cls, cfg, graphs: list[str] | tuple[str, ...] = UNROLL) -> "Warmup | None":
         """The started warm-up of `graphs`; None, with a warning, when it cannot start (each stage then compiles)."""
         warmup = None
         try:
@@ -106,7 +150,7 @@ class Warmup:
             OmegaConf.save(cfg, warmup.folder / "config.yaml", resolve=True)
             env = _child_env()
             for graph in graphs:
-                command, *flags = cls.GRAPHS[graph]
+                command, *flags = GRAPHS[graph].argv
                 with open(warmup.folder / f"{graph}.log", "wb") as out:
                     warmup.processes[graph] = subprocess.Popen(
                         [sys.executable, "-m", "draftlab", command, str(warmup.folder / "config.yaml"),
@@ -117,10 +161,8 @@ class Warmup:
             if warmup is not None:
                 warmup.stop()
             return None
-        names = {"training": "the unroll's training graph", "validation": "its validation graph",
-                 "decode": "generate's decode step"}
         log.info("compile warm-up: building %s in background processes while the job's first stages run (pids %s; "
-                 "train.compile_warmup=false turns this off)", ", ".join(names[g] for g in graphs),
+                 "train.compile_warmup=false turns this off)", ", ".join(GRAPHS[g].what for g in graphs),
                  ", ".join(str(p.pid) for p in warmup.processes.values()))
         return warmup
 
@@ -160,42 +202,31 @@ class Warmup:
         process = self.processes.pop("decode", None)
         if process is None:
             return
-        try:
-            self._decode_result(process)
-        except Exception as error:  # e.g. its folder removed from under it
-            log.warning("generate: the decode step's compile warm-up could not be read (%s: %s)",
-                        type(error).__name__, error)
-
-    def _decode_result(self, process: subprocess.Popen) -> None:
         if process.poll() is None:
             process.kill()
             process.wait()
             log.info("generate: the decode step's compile warm-up was still running when generate ended: stopped")
             return
-        result = read_json(self.folder / "decode.json")
-        if process.returncode == 0 and result is not None:
-            log.info("generate: the compile warm-up built the decode step in %.1f s (%.1f s in all)",
-                     result["decode_compile_s"], result["warmup_s"])
-        else:
-            self._failed("decode", process)
+        try:
+            self._result("decode", process)
+        except Exception as error:  # e.g. its folder removed from under it
+            log.warning("generate: the decode step's compile warm-up could not be read (%s: %s)",
+                        type(error).__name__, error)
 
     def _result(self, graph: str, process: subprocess.Popen) -> dict | None:
-        result = read_json(self.folder / f"{graph}.json")
+        """The finished process's metrics, logged; None, with its log's tail, when it failed."""
+        result, spec = read_json(self.folder / f"{graph}.json"), GRAPHS[graph]
         if process.returncode == 0 and result is not None:
-            log.info("train: the compile warm-up built the unroll's %s graph in %.1f s (%.1f s in all)", graph,
-                     result["train/compile_s"], result["warmup_s"])
+            log.info("%s: the compile warm-up built %s in %.1f s (%.1f s in all)", spec.stage, spec.what,
+                     result[spec.seconds], result["warmup_s"])
             return result
-        self._failed(graph, process)
-        return None
-
-    def _failed(self, graph: str, process: subprocess.Popen) -> None:
         try:
             tail = (self.folder / f"{graph}.log").read_text(errors="replace").strip().splitlines()[-6:]
         except OSError as error:
             tail = [f"(its log could not be read: {error})"]
-        stage = "generate" if graph == "decode" else "train"
         log.warning("%s: the compile warm-up of the %s graph failed (exit %s), so the %s stage compiles it itself; its "
-                    "log ends:\n  %s", stage, graph, process.returncode, stage, "\n  ".join(tail))
+                    "log ends:\n  %s", spec.stage, graph, process.returncode, spec.stage, "\n  ".join(tail))
+        return None
 
     def stop(self) -> None:
         """Ends the processes still running (the job failed or stopped before train) and removes their folder."""

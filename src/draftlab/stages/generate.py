@@ -106,7 +106,7 @@ def _generate(cfg, out: Path, target, engine, prompts, fingerprint: str, have: i
     seconds = time.perf_counter() - started
     summary = _summary(out, min(need, writer.num_samples), new=writer.num_samples - have, seconds=seconds)
     summary["generate/tokens_per_s"] = new_tokens / max(seconds, 1e-9)
-    if whole_shard and data.generator == "graphs" and engine is None:
+    if data.generator == "graphs":
         from draftlab.graphgen import compile_metrics
 
         summary.update(compile_metrics())  # data.compile_decode: the compile's seconds, and whether it was cached

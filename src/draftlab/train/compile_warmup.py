@@ -30,9 +30,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -44,29 +42,12 @@ from draftlab.data.features import batch_buffers
 from draftlab.data.layers import resolve_layers
 from draftlab.model.draft import Eagle3Draft
 from draftlab.stages.train import draft_config
-from draftlab.target import SMOLLM2_GGUF, _smollm2_folder, embedded_gguf_folder, tiny_target
 from draftlab.train.loop import LoopSettings, Trainer
+from draftlab.warmup import exit_with_parent, target_config
 
 log = logging.getLogger("draftlab")
 PROMPT_SHARE = 0.4  # of each synthetic row, outside the loss
 ROW_LENGTH = 256  # the longest synthetic row (train.max_seq_len if shorter); rows are [half of it, all of it]
-
-
-def target_config(target_cfg, cache_dir: Path) -> dict:
-    """The configured target's config as `Target.config_dict()` gives it, without loading its weights (generate holds
-    the target meanwhile): the tiny target is built (it is small), the others' configs are read."""
-    from transformers import AutoConfig
-
-    if target_cfg.name == "tiny":
-        return tiny_target(target_cfg.tiny).config_dict()
-    if target_cfg.name == "smollm2":
-        converted = _smollm2_folder(cache_dir)
-        if (converted / "config.json").exists():
-            return AutoConfig.from_pretrained(converted).to_dict()
-        gguf = embedded_gguf_folder() / SMOLLM2_GGUF  # its metadata only: generate may be converting it
-        return AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name).to_dict()
-    kwargs = {"gguf_file": target_cfg.gguf_file} if target_cfg.gguf_file else {}
-    return AutoConfig.from_pretrained(target_cfg.path, **kwargs).to_dict()
 
 
 def warm_batch(cfg, hidden: int, vocab: int, layers: int, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -140,18 +121,6 @@ def warm(cfg, validation: bool = False) -> dict[str, float]:
     if failed is not None:
         raise RuntimeError(f"the unroll's compile failed: {failed}") from failed
     return {**trainer.core.metrics(), "warmup_s": round(time.perf_counter() - started, 2)}
-
-
-def exit_with_parent() -> None:
-    """Exits this process when the job that started it is gone (it was killed, so its `finally` never ran)."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(5)
-        os._exit(3)
-
-    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
 
 
 def main(argv: list[str]) -> int:
