@@ -126,6 +126,7 @@ def main() -> None:
     ap.add_argument("--checkpoint-every", type=int, default=100)
     ap.add_argument("--compile-loss", default="auto")
     ap.add_argument("--compile-unroll", default="auto", help="train.compile_unroll: auto (= on CUDA) | true | false")
+    ap.add_argument("--cpp-wrapper", action="store_true", help="train.compile_cpp_wrapper=true")
     ap.add_argument("--read-batches", type=int, default=20, help="batches timed for the read-only pass")
     ap.add_argument("--sync-reads", action="store_true", help="read batches on the training thread (no worker)")
     ap.add_argument("--read-workers", type=int, default=0,
@@ -149,7 +150,7 @@ def main() -> None:
     settings = LoopSettings(max_steps=args.steps, epochs=None, eval_every=args.eval_every, early_stop_patience=None,
                             batch_tokens=args.batch_tokens, log_every=args.log_every,
                             checkpoint_every=args.checkpoint_every, device=args.device, compile_loss=args.compile_loss,
-                            compile_unroll=args.compile_unroll)
+                            compile_unroll=args.compile_unroll, compile_cpp_wrapper=args.cpp_wrapper)
     totals = {"data_wait_s": 0.0, "validation_s": 0.0, "checkpoint_s": 0.0}
     with tempfile.TemporaryDirectory(prefix="trainer-speed-") as tmp:
         source = synthetic_source(Path(tmp), args.samples, args.seq, per_shard=args.per_shard,
@@ -188,7 +189,7 @@ def main() -> None:
     print(json.dumps({
         "device": args.device, "batch_tokens": args.batch_tokens, "prompt_frac": args.prompt_frac,
         "samples": args.samples, "shards": len(source.manifest["shards"]),
-        "compile_loss": args.compile_loss, "compile_unroll": args.compile_unroll,
+        "compile_loss": args.compile_loss, "compile_unroll": args.compile_unroll, "cpp_wrapper": args.cpp_wrapper,
         "unroll_compiled": trainer.core is not None and trainer.core.failed is None,
         "unroll_graphs": trainer.core.graphs if trainer.core is not None else 0,
         "packed": trainer.packed, "sync_reads": args.sync_reads,

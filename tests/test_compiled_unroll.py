@@ -9,6 +9,7 @@ import logging
 import pytest
 import torch
 from torch._dynamo.utils import counters
+from torch._inductor.utils import run_and_get_code
 
 from draftlab.train.compiled_unroll import CompiledUnroll, unroll_core_for
 from draftlab.train.device_batch import attach_plan, to_device
@@ -76,6 +77,24 @@ def test_compiled_unroll_equals_eager_and_keeps_one_graph_across_shapes(caplog, 
     assert float(loss_c) == float(loss_e) and all(torch.equal(grads_c[n], grads_e[n]) for n in grads_e)
     assert core.graphs == 1, "a one-row batch recompiled the unroll"
     assert "recompile" not in caplog.text
+
+
+def test_the_cpp_wrapper_launches_the_same_graph_from_cpp():
+    # train.compile_cpp_wrapper: Inductor's wrapper in C++ (less host time a launch on the GPU), the same results
+    model = _model()
+    batch, lm_head = _batch()
+    core = unroll_core_for("true", torch.device("cpu"), cpp_wrapper=True)
+    got, wrappers = run_and_get_code(lambda: _run(_unroll(model, batch, lm_head, core), model))
+    if core.failed is not None:
+        pytest.skip(f"inductor cannot build here: {core.failed}")
+    assert core.graphs == 1 and wrappers and all("CppWrapperCodeCache" in code for code in wrappers)
+    loss_e, stats_e, grads_e = _run(_unroll(model, batch, lm_head), model)
+    loss_c, stats_c, grads_c = got
+    assert float(loss_c) == pytest.approx(float(loss_e), rel=1e-5)
+    assert torch.allclose(stats_c, stats_e, rtol=1e-5, atol=1e-4), (stats_e, stats_c)
+    assert grads_c.keys() == grads_e.keys()
+    for name in grads_e:
+        assert torch.allclose(grads_c[name], grads_e[name], rtol=1e-4, atol=1e-6), name
 
 
 def test_the_trainer_feeds_its_compiled_unroll_padded_batches(tmp_path, monkeypatch):

@@ -131,6 +131,7 @@ class TrainConfig:
     strategy: str = "auto"  # under torchrun: auto (= ddp when WORLD_SIZE > 1) | ddp | fsdp (FSDP2 fully_shard)
     compile_loss: str = "auto"  # auto (= on CUDA) | true | false: the soft cross-entropy under torch.compile
     compile_unroll: str = "auto"  # auto (= on CUDA) | true | false: the packed unroll (forward + loss) compiled
+    compile_cpp_wrapper: bool = False  # the compiled unroll launches its kernels from C++ (Inductor's cpp_wrapper)
     # auto (= when the unroll is compiled and generate or extract run first) | true | false: build its graphs in
     # background processes while they run (draftlab/warmup.py)
     compile_warmup: str = "auto"

@@ -22,6 +22,10 @@ took 10-150 s on the H200):
 Python floats (the loss decay) are constants of the graph: traced as symbols, they made the compiler give up its
 first trace half-way and start again (dynamo's "Restarting analysis due to ... _tensorify_python_scalars"), which
 cost a whole trace on every compile.
+The compiled step is host-bound on the H200: the GPU was busy 47% of it, and the forward and the backward each took
+about 23 ms of host time to launch ~620 kernels a step (BENCHMARKS.md, fourteenth session), much of it Inductor's
+Python wrapper working out sizes and grids. `train.compile_cpp_wrapper` has Inductor write that wrapper in C++
+instead: the same kernels and results (tests/test_compiled_unroll.py), a C++ compile more on a cold cache.
 Validation (no grad, the model in eval mode) is a graph of its own: a forward-only one. Eager, it took 86 of the
 headline's 366 training seconds (58 passes of 1.5 s; compiled, 2.5x faster), but its compile (73 s cold on the H200)
 would sit on the critical path. So it is compiled when the cache is warm, which training's graph tells: the compile
@@ -71,11 +75,13 @@ class CompiledUnroll:
 
     MODES = ("training", "validation")  # grad mode decides: a guard of the graph
 
-    def __init__(self, backend: str = "inductor", validation: bool | None = None) -> None:
-        options = None
+    def __init__(self, backend: str = "inductor", validation: bool | None = None, cpp_wrapper: bool = False) -> None:
+        options = {}
         if backend == "inductor" and hasattr(inductor_config.triton, "mix_order_reduction"):
-            options = {"triton.mix_order_reduction": False}  # its size test is a guard (module docstring)
-        self._compiled = torch.compile(packed_core, dynamic=True, backend=backend, options=options)
+            options["triton.mix_order_reduction"] = False  # its size test is a guard (module docstring)
+        if backend == "inductor" and cpp_wrapper:
+            options["cpp_wrapper"] = True  # train.compile_cpp_wrapper (module docstring)
+        self._compiled = torch.compile(packed_core, dynamic=True, backend=backend, options=options or None)
         # validation compiled: True, False, or None = once training's graph came from the compile cache. A warm cache
         # (the warm-up's, or an earlier run's) holds validation's graph too; a cold one would put its compile (73 s on
         # the H200) on the critical path, for passes that take 86 s in all eager in the headline
@@ -146,7 +152,9 @@ def _backward_with_forward():
     return contextlib.nullcontext()
 
 
-def unroll_core_for(choice: str, device: torch.device) -> CompiledUnroll | None:
+def unroll_core_for(choice: str, device: torch.device, cpp_wrapper: bool = False) -> CompiledUnroll | None:
     """train.compile_unroll: auto = compiled on CUDA, eager elsewhere (two CPU cores took minutes to compile it);
-    None means the eager `packed_core`."""
-    return CompiledUnroll() if compile_wanted("train.compile_unroll", choice, device) else None
+    None means the eager `packed_core`. cpp_wrapper: train.compile_cpp_wrapper."""
+    if not compile_wanted("train.compile_unroll", choice, device):
+        return None
+    return CompiledUnroll(cpp_wrapper=cpp_wrapper)
