@@ -213,17 +213,20 @@ train_profile)  # the preset's trainer (compiled unroll, 16,384-token batches) o
   gzip -f "$OUT"/trainer_profile.trace.json 2>/dev/null ;;
 train_flags)  # the compiled unroll under Inductor settings that cut the host's work per kernel launch, one variant
   # at a time: the step is host-bound (train_profile of 2026-12-03: the GPU busy 47% of it; forward and backward each
-  # ~23 ms of host time). VARIANTS="NAME [VAR=VALUE ...];...": each compiles cold into a cache of its own, ~170 s.
-  # The separately compiled loss stays off in all: with the C++ wrapper it failed ("invalid device context",
-  # pytorch#144609; call 7 of 2026-12-03), and the compiled unroll traces its own loss anyway (train/compiled_unroll.py)
+  # ~23 ms of host time). VARIANTS="NAME [VAR=VALUE ...] [--trainer_speed-flag ...];...": each compiles cold into a
+  # cache of its own, ~170 s. The separately compiled loss stays off in all: with the C++ wrapper set for the whole
+  # process it failed ("invalid device context", pytorch#144609; call 7 of 2026-12-03), and the compiled unroll traces
+  # its own loss anyway (train/compiled_unroll.py). `cpp` sets the wrapper for the unroll alone, as the trainer does
   IFS=';' read -ra variants <<< "${VARIANTS:-base;noasserts TORCHINDUCTOR_SIZE_ASSERTS=0 TORCHINDUCTOR_SCALAR_ASSERTS=0 \
-TORCHINDUCTOR_ALIGNMENT_ASSERTS=0;cpp TORCHINDUCTOR_CPP_WRAPPER=1}"
+TORCHINDUCTOR_ALIGNMENT_ASSERTS=0;cpp --cpp-wrapper}"
   for variant in "${variants[@]}"; do
     set -- $variant; name=$1; shift
+    envs=(); flags=()
+    for word in "$@"; do case $word in --*) flags+=("$word") ;; *) envs+=("$word") ;; esac; done
     rm -rf /tmp/inductor-$name  # cold, also on a machine where an earlier call ran it
-    (cd $H/main && env PYTHONPATH=$SITE:src TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-$name "$@" timeout ${LIMIT:-280} \
+    (cd $H/main && env PYTHONPATH=$SITE:src TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-$name "${envs[@]}" timeout ${LIMIT:-280} \
       python3 bench/trainer_speed.py --batch-tokens 16384 --samples 2048 --steps ${STEPS:-300} --compile-unroll true \
-      --compile-loss false 2>> "$OUT"/train_flags-$name.err | sed "s/^{/{\"variant\": \"$name\", /" \
+      --compile-loss false "${flags[@]}" 2>> "$OUT"/train_flags-$name.err | sed "s/^{/{\"variant\": \"$name\", /" \
       | tee -a "$OUT"/train_flags.jsonl | cut -c1-400)
     echo "$name rc=$?"; grep -ah "compiled the unroll\|Error" "$OUT"/train_flags-$name.err | tail -n 3 | cut -c1-200
   done ;;
