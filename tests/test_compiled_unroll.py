@@ -119,7 +119,8 @@ def test_the_trainer_feeds_its_compiled_unroll_padded_batches(tmp_path, monkeypa
             return super().__call__(model, batch, *rest)
 
     torch._dynamo.reset()  # dynamo keeps graphs per function, across cores: an earlier test's would serve these
-    monkeypatch.setattr(loop, "unroll_core_for", lambda choice, device: Recording(backend="aot_eager", validation=True))
+    monkeypatch.setattr(loop, "unroll_core_for",
+                        lambda choice, device, cpp_wrapper: Recording(backend="aot_eager", validation=True))
     source = WithTop()
     trainer = loop.Trainer(source_model(source), source, source.lm_head, _settings(epochs=1), tmp_path,
                            RecordingReporter())
