@@ -3,7 +3,7 @@
 # in one call on one nvidia-h200, because hosts differ: the same training code ran at 260.3k tok/s in one headline and
 # 459.6k in the next (BENCHMARKS.md, twelfth session). Prepare here, from the repository root:
 #   rm -rf .oldcode && mkdir -p .oldcode && git archive 5c67ce0 src bench | tar -x -C .oldcode
-# One call (carry .whl .speed .oldcode; about 6 minutes): bash bench/h200_train_vs_issue.sh
+# One call (carry .whl .speed .oldcode; about 6 minutes, 10 with today_cpp): bash bench/h200_train_vs_issue.sh
 #   (RUNS="issue today" runs only those; STEPS sets trainer_speed's steps, default 300)
 # Runs, in turn (JSON lines in $OUT/train_vs_issue.jsonl, logs in $OUT/train_vs_issue.err):
 #   issue:        the issue's step alone at its default (bench/train_throughput.py, 4,096 tokens, full-vocabulary
@@ -13,6 +13,7 @@
 #   today_eager:  today's real trainer (bench/trainer_speed.py, synthetic SmolLM2-shaped shards, 40% prompt,
 #                 validation and checkpoints every 100 steps) at the GPU preset's 16,384 tokens, eager unroll
 #   today:        the same, compiled unroll (the preset's way; compiling cold, about 140 s, left out of its tok/s)
+#   today_cpp:    the same with train.compile_cpp_wrapper (the compiled step is host-bound; its own cold compile)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 SITE=/tmp/site
 . "$(dirname "$0")/gpu_machine.sh"  # install_wheels, keep_first_half
@@ -21,16 +22,16 @@ install_wheels .whl && keep_first_half || exit 1
 [ -d .oldcode/src ] || { echo "no .oldcode: see this script's header"; exit 1; }
 log=$OUT/train_vs_issue.jsonl; err=$OUT/train_vs_issue.err
 tag() { sed "s/^{/{\"run\": \"$1\", /" | grep '^{' | tee -a "$log" | cut -c1-300; }
-want() { [[ " ${RUNS:-issue today_step today_eager today} " == *" $1 "* ]]; }
+want() { [[ " ${RUNS:-issue today_step today_eager today today_cpp} " == *" $1 "* ]]; }
 nvidia-smi -L; nproc
 want issue && (cd .oldcode && PYTHONPATH=$SITE:src timeout 120 python3 bench/train_throughput.py --preset smollm2 \
   --batch-tokens 4096) 2>> "$err" | tag issue
 want today_step && PYTHONPATH=$SITE:src timeout 120 python3 bench/train_throughput.py --preset smollm2 \
   --batch-tokens 4096 --targets full 2>> "$err" | tag today_step
-for unroll in false true; do
-  name=today_eager; [ "$unroll" = true ] && name=today
+for name in today_eager today today_cpp; do
   want $name || continue
+  case $name in today_eager) flags=(--compile-unroll false) ;; today) flags=(--compile-unroll true) ;;
+    today_cpp) flags=(--compile-unroll true --cpp-wrapper) ;; esac
   PYTHONPATH=$SITE:src timeout 280 python3 bench/trainer_speed.py --batch-tokens 16384 --samples 2048 \
-    --steps ${STEPS:-300} \
-    --compile-unroll $unroll 2>> "$err" | tag $name
+    --steps ${STEPS:-300} "${flags[@]}" 2>> "$err" | tag $name
 done
