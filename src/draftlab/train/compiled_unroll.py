@@ -23,10 +23,10 @@ Python floats (the loss decay) are constants of the graph: traced as symbols, th
 first trace half-way and start again (dynamo's "Restarting analysis due to ... _tensorify_python_scalars"), which
 cost a whole trace on every compile.
 The compiled step is host-bound on the H200: the GPU was busy 47% of it, and the forward and the backward each took
-about 23 ms of host time to launch ~620 kernels a step (BENCHMARKS.md, fourteenth session), much of it Inductor's
-Python wrapper working out sizes and grids. `train.compile_cpp_wrapper` has Inductor write that wrapper in C++
-instead: the same kernels and results (tests/test_compiled_unroll.py). On the H200, in one call: 22.35 steps/s
-against 18.55 (1.20x), but a cold compile of 186 s against 93. The warm-up builds the graphs beside generate and
+about 23 ms of host time to launch ~620 kernels a step (BENCHMARKS.md, fourteenth session). Part of that is
+Inductor's Python wrapper working out sizes and grids: `train.compile_cpp_wrapper` has Inductor write the wrapper in
+C++ instead, the same kernels and results (tests/test_compiled_unroll.py). On the H200, in one call: 22.35 steps/s
+against 18.55 (1.20x, about 9 ms of a 54 ms step), but a cold compile of 186 s against 93. The warm-up builds the graphs beside generate and
 extract, and in the headline it finished 18 s before train began with the Python wrapper; twice its time would put
 about two minutes on the critical path, where the faster steps save about 55 s in 6,000. So it is off by default;
 a longer run, or one with a warm compile cache, gains.
