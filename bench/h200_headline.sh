@@ -14,6 +14,9 @@
 #     (PROFILE=1: first the trainer against its step alone, bench/gpu_machine.sh trainer_measurements, ~4 min;
 #      COMPILE_AB=1: the trainer with the eager and the compiled unroll, compile_measurements, ~5 min)
 #   call 2 (carry .gguf-b .whl-tf):                     bash /tmp/headline/main/bench/h200_headline.sh start
+#     (when the tree's tracked files and those two pass the 64 MiB a call carries, as on 2026-12-03 with 4.9 MB of
+#      bench/results: first a call carrying .whl-tf alone, `bash /tmp/headline/main/bench/h200_headline.sh wheels`,
+#      then every call that would carry both carries .gguf-b alone; a wheel folder not carried is skipped)
 #     (EXTRA="train.compile_unroll=false ..." adds overrides to the run; B32=1, here and in every watch call: then
 #      the same data at 32,768-token batches, val/loss at equal tokens; its lr B32_LR, 2e-3 unless set)
 #   call 3.. (nothing carried):             BUDGET=560 bash /tmp/headline/main/bench/h200_headline.sh watch
@@ -48,7 +51,7 @@
 # What comes back: $OUT/headline.tgz (the job's results.json with every stage's seconds, and log-headline.txt). The end-to-end
 # time is the log's first to last timestamp; import the job with `python -m draftlab import-runs`.
 set -uo pipefail
-step=${1:?usage: h200_headline.sh install|start|watch|small|warm|reader|extract_stage|generate_probe|generate_ab|slots|train_profile|train_flags|bench_ab}
+step=${1:?usage: h200_headline.sh install|wheels|start|watch|small|warm|reader|extract_stage|generate_probe|generate_ab|slots|train_profile|train_flags|bench_ab}
 export PYTHONUNBUFFERED=1 SITE=/tmp/site
 . "$(dirname "$0")/gpu_machine.sh"  # install_wheels, keep_first_half, smollm2_gguf, start_detached, watch_jobs
 ROOT=${ROOT:-/tmp/dl}; H=/tmp/headline; BUDGET=${BUDGET:-570}; START=$(date +%s)
@@ -128,6 +131,8 @@ install)
   [ "${PROFILE:-0}" = 1 ] && trainer_measurements $H/main
   [ "${COMPILE_AB:-0}" = 1 ] && compile_measurements $H/main
   nproc; df -h /tmp | tail -n 1 ;;  # 50,000 samples take about 39 GB of shards
+wheels)  # transformers' wheel alone, for the calls that then carry .gguf-b without it (the header)
+  install_wheels .whl-tf && ls -d $SITE/transformers-*.dist-info ;;
 start)
   install_wheels .whl-tf && smollm2_gguf || exit 1
   launch
