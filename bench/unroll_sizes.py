@@ -1,0 +1,68 @@
+"""How many distinct sizes the packed unroll sees in an epoch, raw and bucketed: the number of CUDA graphs a
+captured training step would need (issue 11 part 4: the compiled step is host-bound; BENCHMARKS.md "Left to run").
+
+Lengths are drawn like the headline's ShareGPT samples (prompts log-normal around 50 chat tokens, at most 384;
+answers of 128 tokens, the cap, for 60% of samples, else 8-127; means about 67 and 104 as measured there); the
+batches are the trainer's (`plan_batches` at the GPU preset's 16,384 tokens), the sizes those of `PackedPlan`.
+
+    python bench/unroll_sizes.py --samples 48000
+Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import torch
+
+from draftlab.data.features import plan_batches
+from draftlab.train.packed import PackedPlan
+
+
+def up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--samples", type=int, default=48000)
+    ap.add_argument("--batch-tokens", type=int, default=16384)
+    ap.add_argument("--ttt-steps", type=int, default=7)
+    ap.add_argument("--length-bucket", type=int, default=64, help="T padded to a multiple of this")
+    ap.add_argument("--count-bucket", type=int, default=2048, help="every count padded to one multiple of this")
+    args = ap.parse_args()
+    g = torch.Generator().manual_seed(0)
+    n = args.samples
+    prompt = torch.clamp(torch.exp(torch.randn(n, generator=g) * 0.8 + math.log(50)), 12, 384).long()
+    answer = torch.where(torch.rand(n, generator=g) < 0.6, torch.full((n,), 128),
+                         torch.randint(8, 128, (n,), generator=g))
+    lengths = (prompt + answer).tolist()
+    raw, bucketed, pairs, padded_pairs = set(), set(), 0, 0
+    batches = plan_batches(lengths, args.batch_tokens, 0, 0, True)
+    for batch in batches:
+        B, T = len(batch), up(max(lengths[i] for i in batch), 8)  # the trainer pads to 8 (train/device_batch.py)
+        loss_mask = torch.zeros(B, T, dtype=torch.bool)
+        attention_mask = torch.zeros(B, T, dtype=torch.bool)
+        for row, i in enumerate(batch):
+            attention_mask[row, : lengths[i]] = True
+            loss_mask[row, prompt[i] : lengths[i]] = True
+        plan = PackedPlan.of(loss_mask, attention_mask, args.ttt_steps)
+        raw.add((B, T, len(plan.kept), len(plan.needed), len(plan.step_of), *plan.sizes))
+        # bucketed: T up to the bucket, the rows that fill the budget at it, and one capacity for every count
+        T_b = up(T, args.length_bucket)
+        B_b = max(B, args.batch_tokens // T_b)
+        capacity = up(max(len(plan.kept), len(plan.needed), *plan.sizes), args.count_bucket)
+        bucketed.add((B_b, T_b, capacity))
+        pairs += len(plan.step_of)
+        padded_pairs += args.ttt_steps * capacity
+    print(json.dumps({"samples": n, "mean_prompt": round(prompt.float().mean().item(), 1),
+                      "mean_answer": round(answer.float().mean().item(), 1), "batches": len(batches),
+                      "distinct_raw": len(raw), "distinct_bucketed": len(bucketed),
+                      "length_bucket": args.length_bucket, "count_bucket": args.count_bucket,
+                      "pairs_padded_x": round(padded_pairs / pairs, 3)}))
+
+
+if __name__ == "__main__":
+    main()
