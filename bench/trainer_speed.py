@@ -189,15 +189,16 @@ def main() -> None:
     print(json.dumps({
         "device": args.device, "batch_tokens": args.batch_tokens, "prompt_frac": args.prompt_frac,
         "samples": args.samples, "shards": len(source.manifest["shards"]),
-        "compile_loss": args.compile_loss, "compile_unroll": args.compile_unroll, "cpp_wrapper": args.cpp_wrapper,
+        "compile_loss": args.compile_loss, "compile_unroll": args.compile_unroll,
         "unroll_compiled": trainer.core is not None and trainer.core.failed is None,
         "unroll_graphs": trainer.core.graphs if trainer.core is not None else 0,
         "packed": trainer.packed, "sync_reads": args.sync_reads,
         "read_workers": getattr(features, "READ_WORKERS", 1),
         "device_plan": args.device_plan, "plan_in_loop": args.plan_in_loop,
         "profiled_steps": args.profile, "threads": torch.get_num_threads(),
-        # Inductor's C++ wrapper (TORCHINDUCTOR_CPP_WRAPPER=1) launches the graph's kernels without its Python one
-        "inductor_cpp_wrapper": bool(inductor_config.cpp_wrapper),
+        # Inductor's C++ wrapper launches the unroll's kernels without its Python one: --cpp-wrapper sets it for the
+        # unroll (train.compile_cpp_wrapper), TORCHINDUCTOR_CPP_WRAPPER=1 for every compile in the process
+        "cpp_wrapper": args.cpp_wrapper or bool(inductor_config.cpp_wrapper),
         "eval_every": args.eval_every, "checkpoint_every": args.checkpoint_every, "steps": result.steps,
         "read_only_s_per_batch": round(read_s, 4), "wall_s": round(wall, 2),
         "steps_per_s": round(result.steps / wall, 2), "tokens_per_s": round(tokens / wall, 1),

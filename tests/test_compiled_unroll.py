@@ -38,6 +38,16 @@ def _unroll(model, batch, lm_head, core=None):
     return lambda: packed_unroll(model, on_device, lm_head, STEPS, 0.8, plan=plan, core=core)
 
 
+def _assert_close(compiled, eager) -> None:
+    """(loss, stats, grads) of the compiled unroll against the eager one's, to fp32 compile tolerance."""
+    (loss_c, stats_c, grads_c), (loss_e, stats_e, grads_e) = compiled, eager
+    assert float(loss_c) == pytest.approx(float(loss_e), rel=1e-5)
+    assert torch.allclose(stats_c, stats_e, rtol=1e-5, atol=1e-4), (stats_e, stats_c)
+    assert grads_c.keys() == grads_e.keys()
+    for name in grads_e:
+        assert torch.allclose(grads_c[name], grads_e[name], rtol=1e-4, atol=1e-6), name
+
+
 def test_compiled_unroll_equals_eager_and_keeps_one_graph_across_shapes(caplog, monkeypatch):
     # eager, the teacher's rows come in chunks: 8 here, so that the shapes below have different chunk counts
     # (compiled, they come in one piece, or each count would be a graph of its own)
@@ -60,13 +70,9 @@ def test_compiled_unroll_equals_eager_and_keeps_one_graph_across_shapes(caplog, 
     # graph; the tiled batch stays below it.)
     shapes = [batch, _cropped(batch, 3, 7), _tiled(batch, 40)]
     for b in shapes:
-        loss_c, stats_c, grads_c = got if b is batch else _run(_unroll(model, b, lm_head, core), model)
-        loss_e, stats_e, grads_e = _run(_unroll(model, b, lm_head), model)
-        assert float(loss_c) == pytest.approx(float(loss_e), rel=1e-5)
-        assert torch.allclose(stats_c, stats_e, rtol=1e-5, atol=1e-4), (stats_e, stats_c)
-        assert grads_c.keys() == grads_e.keys() and "fc.weight" in grads_c
-        for name in grads_e:
-            assert torch.allclose(grads_c[name], grads_e[name], rtol=1e-4, atol=1e-6), name
+        compiled = got if b is batch else _run(_unroll(model, b, lm_head, core), model)
+        _assert_close(compiled, _run(_unroll(model, b, lm_head), model))
+        assert "fc.weight" in compiled[2]
     chunks = {-(-len(PackedPlan.of(b["loss_mask"], b["attention_mask"], STEPS).needed) // 8) for b in shapes}
     assert len(chunks) == 3, chunks
     assert core.graphs == 1, "a new batch shape recompiled the unroll"
@@ -88,13 +94,7 @@ def test_the_cpp_wrapper_launches_the_same_graph_from_cpp():
     if core.failed is not None:
         pytest.skip(f"inductor cannot build here: {core.failed}")
     assert core.graphs == 1 and wrappers and all("CppWrapperCodeCache" in code for code in wrappers)
-    loss_e, stats_e, grads_e = _run(_unroll(model, batch, lm_head), model)
-    loss_c, stats_c, grads_c = got
-    assert float(loss_c) == pytest.approx(float(loss_e), rel=1e-5)
-    assert torch.allclose(stats_c, stats_e, rtol=1e-5, atol=1e-4), (stats_e, stats_c)
-    assert grads_c.keys() == grads_e.keys()
-    for name in grads_e:
-        assert torch.allclose(grads_c[name], grads_e[name], rtol=1e-4, atol=1e-6), name
+    _assert_close(got, _run(_unroll(model, batch, lm_head), model))
 
 
 def test_the_trainer_feeds_its_compiled_unroll_padded_batches(tmp_path, monkeypatch):

@@ -26,10 +26,10 @@ The compiled step is host-bound on the H200: the GPU was busy 47% of it, and the
 about 23 ms of host time to launch ~620 kernels a step (BENCHMARKS.md, fourteenth session). Part of that is
 Inductor's Python wrapper working out sizes and grids: `train.compile_cpp_wrapper` has Inductor write the wrapper in
 C++ instead, the same kernels and results (tests/test_compiled_unroll.py). On the H200, in one call: 22.35 steps/s
-against 18.55 (1.20x, about 9 ms of a 54 ms step), but a cold compile of 186 s against 93. The warm-up builds the graphs beside generate and
-extract, and in the headline it finished 18 s before train began with the Python wrapper; twice its time would put
-about two minutes on the critical path, where the faster steps save about 55 s in 6,000. So it is off by default;
-a longer run, or one with a warm compile cache, gains.
+against 18.55 (1.20x, about 9 ms of a 54 ms step), but a cold compile of 186 s against 93. The warm-up builds the
+graphs beside generate and extract, and in the headline it finished 18 s before train began with the Python wrapper;
+twice its time would put about two minutes on the critical path, where the faster steps save about 55 s in 6,000. So
+it is off by default; a longer run, or one with a warm compile cache, gains.
 Validation (no grad, the model in eval mode) is a graph of its own: a forward-only one. Eager, it took 86 of the
 headline's 366 training seconds (58 passes of 1.5 s; compiled, 2.5x faster), but its compile (73 s cold on the H200)
 would sit on the critical path. So it is compiled when the cache is warm, which training's graph tells: the compile

@@ -116,8 +116,7 @@ class Trainer:
         self.packed = True
         self.max_kept = 1.0 if self.device.type == "cpu" else PACKED_MAX_KEPT
         self.ce = soft_ce_for(settings.compile_loss, self.device, self.amp or torch.float32)
-        # train/compiled_unroll.py; None = eager
-        self.core = unroll_core_for(settings.compile_unroll, self.device, settings.compile_cpp_wrapper)
+        self.core = unroll_core_for(settings.compile_unroll, self.device, settings.compile_cpp_wrapper)  # None: eager
         self.length_multiple = 8 if self.core is not None else 1  # its batches' padding (train/device_batch.py)
         self._data_wait = 0.0  # seconds this log window waited for batches (train/data_wait_frac)
         self._pending = PendingSums()  # the log window's sums since it was last folded, on the device
