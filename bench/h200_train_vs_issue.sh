@@ -14,6 +14,8 @@
 #                 validation and checkpoints every 100 steps) at the GPU preset's 16,384 tokens, eager unroll
 #   today:        the same, compiled unroll (the preset's way; compiling cold, about 140 s, left out of its tok/s)
 #   today_cpp:    the same with train.compile_cpp_wrapper (the compiled step is host-bound; its own cold compile)
+#   today_cg:     the same with train.compile_cuda_graphs (batches padded to buckets, a CUDA graph replayed for
+#                 each; its own cold compile, and each bucket's recording inside the timed steps)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 SITE=/tmp/site
 . "$(dirname "$0")/gpu_machine.sh"  # install_wheels, keep_first_half
@@ -22,16 +24,17 @@ install_wheels .whl && keep_first_half || exit 1
 [ -d .oldcode/src ] || { echo "no .oldcode: see this script's header"; exit 1; }
 log=$OUT/train_vs_issue.jsonl; err=$OUT/train_vs_issue.err
 tag() { sed "s/^{/{\"run\": \"$1\", /" | grep '^{' | tee -a "$log" | cut -c1-300; }
-want() { [[ " ${RUNS:-issue today_step today_eager today today_cpp} " == *" $1 "* ]]; }
+want() { [[ " ${RUNS:-issue today_step today_eager today today_cpp today_cg} " == *" $1 "* ]]; }
 nvidia-smi -L; nproc
 want issue && (cd .oldcode && PYTHONPATH=$SITE:src timeout 120 python3 bench/train_throughput.py --preset smollm2 \
   --batch-tokens 4096) 2>> "$err" | tag issue
 want today_step && PYTHONPATH=$SITE:src timeout 120 python3 bench/train_throughput.py --preset smollm2 \
   --batch-tokens 4096 --targets full 2>> "$err" | tag today_step
-for name in today_eager today today_cpp; do
+for name in today_eager today today_cpp today_cg; do
   want $name || continue
   case $name in today_eager) flags=(--compile-unroll false) ;; today) flags=(--compile-unroll true) ;;
-    today_cpp) flags=(--compile-unroll true --cpp-wrapper) ;; esac
+    today_cpp) flags=(--compile-unroll true --cpp-wrapper) ;;
+    today_cg) flags=(--compile-unroll true --cuda-graphs) ;; esac
   PYTHONPATH=$SITE:src timeout 280 python3 bench/trainer_speed.py --batch-tokens 16384 --samples 2048 \
     --steps ${STEPS:-300} "${flags[@]}" 2>> "$err" | tag $name
 done

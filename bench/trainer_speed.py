@@ -38,6 +38,7 @@ from concurrent.futures import Future
 from pathlib import Path
 
 import torch
+from torch._dynamo.utils import counters
 from torch._inductor import config as inductor_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
@@ -127,6 +128,7 @@ def main() -> None:
     ap.add_argument("--compile-loss", default="auto")
     ap.add_argument("--compile-unroll", default="auto", help="train.compile_unroll: auto (= on CUDA) | true | false")
     ap.add_argument("--cpp-wrapper", action="store_true", help="train.compile_cpp_wrapper=true")
+    ap.add_argument("--cuda-graphs", action="store_true", help="train.compile_cuda_graphs=true")
     ap.add_argument("--read-batches", type=int, default=20, help="batches timed for the read-only pass")
     ap.add_argument("--sync-reads", action="store_true", help="read batches on the training thread (no worker)")
     ap.add_argument("--read-workers", type=int, default=0,
@@ -150,7 +152,8 @@ def main() -> None:
     settings = LoopSettings(max_steps=args.steps, epochs=None, eval_every=args.eval_every, early_stop_patience=None,
                             batch_tokens=args.batch_tokens, log_every=args.log_every,
                             checkpoint_every=args.checkpoint_every, device=args.device, compile_loss=args.compile_loss,
-                            compile_unroll=args.compile_unroll, compile_cpp_wrapper=args.cpp_wrapper)
+                            compile_unroll=args.compile_unroll, compile_cpp_wrapper=args.cpp_wrapper,
+                            compile_cuda_graphs=args.cuda_graphs)
     totals = {"data_wait_s": 0.0, "validation_s": 0.0, "checkpoint_s": 0.0}
     with tempfile.TemporaryDirectory(prefix="trainer-speed-") as tmp:
         source = synthetic_source(Path(tmp), args.samples, args.seq, per_shard=args.per_shard,
@@ -199,6 +202,8 @@ def main() -> None:
         # Inductor's C++ wrapper launches the unroll's kernels without its Python one: --cpp-wrapper sets it for the
         # unroll (train.compile_cpp_wrapper), TORCHINDUCTOR_CPP_WRAPPER=1 for every compile in the process
         "cpp_wrapper": args.cpp_wrapper or bool(inductor_config.cpp_wrapper),
+        # train.compile_cuda_graphs: graphs Inductor declined to record (its warning in the log says why)
+        "cuda_graphs": args.cuda_graphs, "cudagraph_skips": counters["inductor"]["cudagraph_skips"],
         "eval_every": args.eval_every, "checkpoint_every": args.checkpoint_every, "steps": result.steps,
         "read_only_s_per_batch": round(read_s, 4), "wall_s": round(wall, 2),
         "steps_per_s": round(result.steps / wall, 2), "tokens_per_s": round(tokens / wall, 1),

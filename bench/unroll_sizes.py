@@ -18,11 +18,7 @@ import math
 import torch
 
 from draftlab.data.features import plan_batches
-from draftlab.train.packed import PackedPlan
-
-
-def up(x: int, m: int) -> int:
-    return -(-x // m) * m
+from draftlab.train.device_batch import attach_plan
 
 
 def main() -> None:
@@ -31,6 +27,7 @@ def main() -> None:
     ap.add_argument("--batch-tokens", type=int, default=16384)
     ap.add_argument("--ttt-steps", type=int, default=7)
     ap.add_argument("--length-bucket", type=int, default=64, help="T padded to a multiple of this")
+    ap.add_argument("--row-bucket", type=int, default=8, help="B padded to a multiple of this")
     ap.add_argument("--count-bucket", type=int, default=2048, help="every count padded to one multiple of this")
     args = ap.parse_args()
     g = torch.Generator().manual_seed(0)
@@ -40,27 +37,27 @@ def main() -> None:
                          torch.randint(8, 128, (n,), generator=g))
     lengths = (prompt + answer).tolist()
     raw, bucketed, pairs, padded_pairs = set(), set(), 0, 0
+    padding = {"multiple": args.length_bucket, "rows": args.row_bucket, "counts": args.count_bucket}
     batches = plan_batches(lengths, args.batch_tokens, 0, 0, True)
     for batch in batches:
-        B, T = len(batch), up(max(lengths[i] for i in batch), 8)  # the trainer pads to 8 (train/device_batch.py)
-        loss_mask = torch.zeros(B, T, dtype=torch.bool)
-        attention_mask = torch.zeros(B, T, dtype=torch.bool)
+        T = max(lengths[i] for i in batch)
+        loss_mask = torch.zeros(len(batch), T, dtype=torch.bool)
+        attention_mask = torch.zeros(len(batch), T, dtype=torch.bool)
         for row, i in enumerate(batch):
             attention_mask[row, : lengths[i]] = True
             loss_mask[row, prompt[i] : lengths[i]] = True
-        plan = PackedPlan.of(loss_mask, attention_mask, args.ttt_steps)
-        raw.add((B, T, len(plan.kept), len(plan.needed), len(plan.step_of), *plan.sizes))
-        # bucketed: T up to the bucket, the rows that fill the budget at it, and one capacity for every count
-        T_b = up(T, args.length_bucket)
-        B_b = max(B, args.batch_tokens // T_b)
-        capacity = up(max(len(plan.kept), len(plan.needed), *plan.sizes), args.count_bucket)
-        bucketed.add((B_b, T_b, capacity))
+        masks = {"loss_mask": loss_mask, "attention_mask": attention_mask}
+        plan = attach_plan(masks, args.ttt_steps, 8)["packed_plan"]  # the compiled unroll's padding today
+        raw.add((*plan.shape, len(plan.kept), len(plan.needed), len(plan.step_of), *plan.sizes))
+        padded = attach_plan(masks, args.ttt_steps, **padding)["packed_plan"]  # train.compile_cuda_graphs'
+        bucketed.add((*padded.shape, len(padded.kept), len(padded.needed), *padded.sizes))
         pairs += len(plan.step_of)
-        padded_pairs += args.ttt_steps * capacity
+        padded_pairs += len(padded.step_of)
     print(json.dumps({"samples": n, "mean_prompt": round(prompt.float().mean().item(), 1),
                       "mean_answer": round(answer.float().mean().item(), 1), "batches": len(batches),
                       "distinct_raw": len(raw), "distinct_bucketed": len(bucketed),
-                      "length_bucket": args.length_bucket, "count_bucket": args.count_bucket,
+                      "length_bucket": args.length_bucket, "row_bucket": args.row_bucket,
+                      "count_bucket": args.count_bucket,
                       "pairs_padded_x": round(padded_pairs / pairs, 3)}))
 
 

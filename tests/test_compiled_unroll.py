@@ -32,9 +32,10 @@ def _tiled(batch: dict, times: int) -> dict:
     return {k: v.repeat(times, *[1] * (v.dim() - 1)) for k, v in batch.items()}
 
 
-def _unroll(model, batch, lm_head, core=None):
-    """The unroll as the trainer runs it: the batch padded to a multiple of 8 positions, with its plan."""
-    on_device, plan = to_device(attach_plan(batch, STEPS, 8), torch.device("cpu"), STEPS)
+def _unroll(model, batch, lm_head, core=None, **padding):
+    """The unroll as the trainer runs it: the batch padded to a multiple of 8 positions (or `padding`, attach_plan's
+    keywords), with its plan."""
+    on_device, plan = to_device(attach_plan(batch, STEPS, **(padding or {"multiple": 8})), torch.device("cpu"), STEPS)
     return lambda: packed_unroll(model, on_device, lm_head, STEPS, 0.8, plan=plan, core=core)
 
 
@@ -76,6 +77,11 @@ def test_compiled_unroll_equals_eager_and_keeps_one_graph_across_shapes(caplog, 
     chunks = {-(-len(PackedPlan.of(b["loss_mask"], b["attention_mask"], STEPS).needed) // 8) for b in shapes}
     assert len(chunks) == 3, chunks
     assert core.graphs == 1, "a new batch shape recompiled the unroll"
+    # padded to buckets as for CUDA graphs (train.compile_cuda_graphs: filler rows, kept rows and pairs): the same
+    # graph, the batch's own numbers
+    bucketed = _run(_unroll(model, batch, lm_head, core, multiple=8, rows=8, counts=20), model)
+    _assert_close(bucketed, _run(_unroll(model, batch, lm_head), model))
+    assert core.graphs == 1, "a batch padded to buckets recompiled the unroll"
     # a one-row batch (sizes 0 and 1 are specialised even in a dynamic graph) runs eager instead of recompiling
     one_row = _cropped(batch, 1, 15)
     loss_c, _, grads_c = _run(_unroll(model, one_row, lm_head, core), model)
@@ -120,12 +126,12 @@ def test_the_trainer_feeds_its_compiled_unroll_padded_batches(tmp_path, monkeypa
 
     torch._dynamo.reset()  # dynamo keeps graphs per function, across cores: an earlier test's would serve these
     monkeypatch.setattr(loop, "unroll_core_for",
-                        lambda choice, device, cpp_wrapper: Recording(backend="aot_eager", validation=True))
+                        lambda *args: Recording(backend="aot_eager", validation=True))
     source = WithTop()
     trainer = loop.Trainer(source_model(source), source, source.lm_head, _settings(epochs=1), tmp_path,
                            RecordingReporter())
     trainer.run()
-    assert trainer.length_multiple == 8 and trainer.core.failed is None
+    assert trainer.padding == {"multiple": 8} and trainer.core.failed is None
     assert trainer.core.graphs == 2 and trainer.core.built == {"training": 1, "validation": 1}
     assert {grad for _, grad in seen} == {True, False} and all(shape[1] % 8 == 0 for shape, _ in seen)
     assert len({shape for shape, grad in seen if grad}) > 1  # training batches of several shapes: still one graph

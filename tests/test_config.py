@@ -45,6 +45,7 @@ def test_misspelt_key_is_refused_by_hydra_naming_it():
     ("serve.backend=vllm", "serve.backend"),
     ("data.shard_size=20", "data.shard_size"),
     ("train.compile_cpp_wrapper=sometimes", "train.compile_cpp_wrapper"),
+    ("train.compile_cuda_graphs=sometimes", "train.compile_cuda_graphs"),
 ])
 def test_impossible_values_are_refused_naming_the_key(override, key):
     with pytest.raises(ConfigError, match=f"^{key.replace('.', '[.]')}"):

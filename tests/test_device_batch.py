@@ -77,3 +77,17 @@ def test_padding_to_a_multiple_of_8_changes_nothing_but_the_shape():
     # a plan listed in the loop pads the same way
     on_device, plan = to_device(full, torch.device("cpu"), 3, multiple=8)
     assert plan.shape == (4, 16) and all(v.shape[1] == 16 for v in on_device.values())
+
+
+def test_cuda_graphs_pad_batches_to_buckets_and_only_on_cuda():
+    """train.compile_cuda_graphs: a graph is recorded per distinct set of sizes, so batches are padded to buckets
+    (the padding's equivalence: tests/test_packed_unroll.py); the eager and the plain compiled unroll pad as before."""
+    from draftlab.train.compiled_unroll import CompiledUnroll, unroll_core_for
+    from draftlab.train.device_batch import padding_for
+
+    assert padding_for(None, 16384) == {"multiple": 1}
+    assert padding_for(CompiledUnroll(backend="aot_eager"), 16384) == {"multiple": 8}
+    assert padding_for(CompiledUnroll(cuda_graphs=True), 16384) == {"multiple": 64, "rows": 8, "counts": 2048}
+    assert padding_for(CompiledUnroll(cuda_graphs=True), 256) == {"multiple": 64, "rows": 8, "counts": 64}
+    assert CompiledUnroll(backend="aot_eager", cuda_graphs=True).cuda_graphs is False  # an inductor option
+    assert unroll_core_for("true", torch.device("cpu"), cuda_graphs=True).cuda_graphs is False  # nothing to record

@@ -127,9 +127,46 @@ def test_a_plan_sent_to_a_device_keeps_every_field():
     plan = PackedPlan.of(batch["loss_mask"], batch["attention_mask"], 3)
     sent = plan.to(torch.device("cpu"))
     assert len({len(plan.kept), len(plan.needed), len(plan.step_of)}) == 3  # a swap of fields would show
-    for field in ("kept", "needed", "step_of", "row_of"):
+    for field in ("kept", "needed", "step_of", "row_of", "real"):
         assert torch.equal(getattr(sent, field), getattr(plan, field)), field
-    assert sent.shape == plan.shape and sent.sizes == plan.sizes
+    assert sent.shape == plan.shape and sent.sizes == plan.sizes and sent.counted == plan.counted
+    padded = plan.padded(16)
+    sent = padded.to(torch.device("cpu"))
+    assert not padded.real.all() and torch.equal(sent.real, padded.real) and sent.real.dtype == torch.bool
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_a_batch_padded_to_buckets_trains_as_the_batch_itself(layers):
+    """train.compile_cuda_graphs pads rows, length and every count of the plan (`PackedPlan.padded`) so that batches
+    share sizes: the filler rows and pairs change no loss, gradient or stat."""
+    from draftlab.train.device_batch import attach_plan, to_device
+
+    model = _model(layers=layers)
+    batch, lm_head = _batch(seed=7)
+    steps = 3
+    plain, plain_plan = to_device(attach_plan(batch, steps), torch.device("cpu"), steps)
+    padded, padded_plan = to_device(attach_plan(batch, steps, 8, rows=8, counts=20), torch.device("cpu"), steps)
+    # the padding happened: more rows and positions, filler kept and teacher rows, filler pairs in every step
+    assert padded_plan.shape == (8, 16) and padded["features"].shape[:2] == (8, 16)
+    capacity = len(padded_plan.kept)
+    assert capacity == len(padded_plan.needed) == 40 > plain_plan.counted == padded_plan.counted
+    assert padded_plan.sizes == [capacity] * steps and int(padded_plan.real.sum()) == sum(plain_plan.sizes)
+    loss_a, stats_a, grads_a = _run(lambda: packed_unroll(model, plain, lm_head, steps, 0.8, plan=plain_plan), model)
+    loss_b, stats_b, grads_b = _run(lambda: packed_unroll(model, padded, lm_head, steps, 0.8, plan=padded_plan),
+                                    model)
+    assert float(loss_b) == pytest.approx(float(loss_a), rel=1e-5)
+    counts = [STATS.index(k) for k in ("n_loss", "correct", "n", "chain", "valid", "chain_prev", "oov")]
+    assert torch.equal(stats_b[counts], stats_a[counts]) and stats_a[STATS.index("oov"), 0] > 0
+    assert torch.allclose(stats_b, stats_a, rtol=1e-5, atol=1e-4)
+    assert grads_a.keys() == grads_b.keys()
+    for name, grad in grads_a.items():
+        assert torch.allclose(grads_b[name], grad, rtol=1e-4, atol=1e-6), name
+
+
+def test_a_padded_plan_of_a_batch_too_small_for_its_capacity_stops_at_its_positions():
+    batch, _ = _batch()
+    plan = PackedPlan.of(batch["loss_mask"], batch["attention_mask"], 3).padded(1024)
+    assert len(plan.kept) == len(plan.needed) == 4 * T and len(set(plan.kept.tolist())) == 4 * T
 
 
 def test_a_plan_from_another_batch_is_refused():

@@ -132,6 +132,7 @@ class TrainConfig:
     compile_loss: str = "auto"  # auto (= on CUDA) | true | false: the soft cross-entropy under torch.compile
     compile_unroll: str = "auto"  # auto (= on CUDA) | true | false: the packed unroll (forward + loss) compiled
     compile_cpp_wrapper: bool = False  # the compiled unroll launches its kernels from C++ (Inductor's cpp_wrapper)
+    compile_cuda_graphs: bool = False  # the compiled unroll replayed as CUDA graphs, batches padded to few sizes
     # auto (= when the unroll is compiled and generate or extract run first) | true | false: build its graphs in
     # background processes while they run (draftlab/warmup.py)
     compile_warmup: str = "auto"

@@ -30,6 +30,13 @@ against 18.55 (1.20x, about 9 ms of a 54 ms step), but a cold compile of 186 s a
 graphs beside generate and extract, and in the headline it finished 18 s before train began with the Python wrapper;
 twice its time would put about two minutes on the critical path, where the faster steps save about 55 s in 6,000. So
 it is off by default; a longer run, or one with a warm compile cache, gains.
+`train.compile_cuda_graphs` removes the launches instead: Inductor's CUDA graph trees record the compiled forward
+and backward once and replay them, one launch a graph. A recording holds for one set of sizes (the dynamic graph's
+integer inputs), so the trainer pads its batches to a few buckets (train/device_batch.py, `padding_for`; the filler
+changes no result: tests/test_packed_unroll.py): at the headline's lengths an epoch has 34 sets of sizes against 727
+unpadded, for 1.20x the pairs computed (bench/unroll_sizes.py). Each call starts a new generation of the tree
+(`cudagraph_mark_step_begin`) and copies its outputs out of the graphs' memory pool: the trainer keeps the stats past
+the next replay. The C++ wrapper is then left out (a replay runs no wrapper; Inductor turns CUDA graphs off with it).
 Validation (no grad, the model in eval mode) is a graph of its own: a forward-only one. Eager, it took 86 of the
 headline's 366 training seconds (58 passes of 1.5 s; compiled, 2.5x faster), but its compile (73 s cold on the H200)
 would sit on the critical path. So it is compiled when the cache is warm, which training's graph tells: the compile
@@ -79,11 +86,15 @@ class CompiledUnroll:
 
     MODES = ("training", "validation")  # grad mode decides: a guard of the graph
 
-    def __init__(self, backend: str = "inductor", validation: bool | None = None, cpp_wrapper: bool = False) -> None:
+    def __init__(self, backend: str = "inductor", validation: bool | None = None, cpp_wrapper: bool = False,
+                 cuda_graphs: bool = False) -> None:
         options = {}
         if backend == "inductor" and hasattr(inductor_config.triton, "mix_order_reduction"):
             options["triton.mix_order_reduction"] = False  # its size test is a guard (module docstring)
-        if backend == "inductor" and cpp_wrapper:
+        self.cuda_graphs = backend == "inductor" and cuda_graphs
+        if self.cuda_graphs:  # train.compile_cuda_graphs (module docstring)
+            options["triton.cudagraphs"] = True
+        elif backend == "inductor" and cpp_wrapper:  # a replayed graph has no wrapper to speed up
             options["cpp_wrapper"] = True  # train.compile_cpp_wrapper (module docstring)
         self._compiled = torch.compile(packed_core, dynamic=True, backend=backend, options=options or None)
         # validation compiled: True, False, or None = once training's graph came from the compile cache. A warm cache
@@ -125,7 +136,11 @@ class CompiledUnroll:
                 if mode == "validation" and self.built[mode]:
                     # a second validation graph would serve one odd batch of the few read every pass: run it eager
                     settings.enter_context(torch.compiler.set_stance("eager_on_recompile"))
+                if self.cuda_graphs:  # the last step's outputs are dead: this replay may reuse their memory
+                    torch.compiler.cudagraph_mark_step_begin()
                 out = self._compiled(*args, soft_ce)
+                if self.cuda_graphs:  # the trainer keeps the stats past the next replay: copied out of the pool
+                    out = tuple(x.clone() for x in out)
         except torch._dynamo.exc.TorchDynamoException as error:  # BackendCompilerFailed, Unsupported, ...
             if mode == "training":
                 self.failed = error
@@ -156,9 +171,11 @@ def _backward_with_forward():
     return contextlib.nullcontext()
 
 
-def unroll_core_for(choice: str, device: torch.device, cpp_wrapper: bool = False) -> CompiledUnroll | None:
+def unroll_core_for(choice: str, device: torch.device, cpp_wrapper: bool = False,
+                    cuda_graphs: bool = False) -> CompiledUnroll | None:
     """train.compile_unroll: auto = compiled on CUDA, eager elsewhere (two CPU cores took minutes to compile it);
-    None means the eager `packed_core`. cpp_wrapper: train.compile_cpp_wrapper."""
+    None means the eager `packed_core`. cpp_wrapper: train.compile_cpp_wrapper; cuda_graphs:
+    train.compile_cuda_graphs, on CUDA only (there is nothing to record elsewhere)."""
     if not compile_wanted("train.compile_unroll", choice, device):
         return None
-    return CompiledUnroll(cpp_wrapper=cpp_wrapper)
+    return CompiledUnroll(cpp_wrapper=cpp_wrapper, cuda_graphs=cuda_graphs and device.type == "cuda")

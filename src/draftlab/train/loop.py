@@ -47,7 +47,7 @@ from draftlab.target import resolve_device
 from draftlab.train.checkpoint import (load_trainable, latest_checkpoint, read_checkpoint, resolve_checkpoint,
                                        trainable_state, write_checkpoint)
 from draftlab.train.compiled_unroll import unroll_core_for
-from draftlab.train.device_batch import attach_plan, to_device, widen
+from draftlab.train.device_batch import attach_plan, padding_for, to_device, widen
 from draftlab.train.optim import autocast_dtype, build_optimizer
 from draftlab.train.packed import PackedPlan, packed_unroll
 from draftlab.train.schedule import budget_steps, lr_factor, watch_plateau
@@ -109,15 +109,15 @@ class Trainer:
         self.reporter = reporter or NullReporter()
         self.on_step = on_step
         self.opt = build_optimizer(self.model, settings.lr, settings.weight_decay, self.device)
-        # Computing only the positions that count (train/packed.py: same loss and gradients) pays on the CPU, where
-        # the step is matmul-bound, and on an H200 when a batch is about 40% prompt (ShareGPT's share: 1.13x at
-        # 16,384 tokens); with every position counted it was 0.90x there, so a GPU batch where more than
-        # PACKED_MAX_KEPT of the positions count takes the padded unroll (BENCHMARKS.md, issue 11).
+        # Computing only the positions that count (train/packed.py: same loss and gradients) pays on the CPU, and on
+        # an H200 when a batch is about 40% prompt (ShareGPT's: 1.13x at 16,384 tokens); with every position counted
+        # it was 0.90x there, so a GPU batch where more than PACKED_MAX_KEPT count is unrolled padded (BENCHMARKS.md).
         self.packed = True
         self.max_kept = 1.0 if self.device.type == "cpu" else PACKED_MAX_KEPT
         self.ce = soft_ce_for(settings.compile_loss, self.device, self.amp or torch.float32)
-        self.core = unroll_core_for(settings.compile_unroll, self.device, settings.compile_cpp_wrapper)  # None: eager
-        self.length_multiple = 8 if self.core is not None else 1  # its batches' padding (train/device_batch.py)
+        self.core = unroll_core_for(settings.compile_unroll, self.device, settings.compile_cpp_wrapper,
+                                    settings.compile_cuda_graphs)  # None: eager
+        self.padding = padding_for(self.core, settings.batch_tokens)  # its batches' (train/device_batch.py)
         self._data_wait = 0.0  # seconds this log window waited for batches (train/data_wait_frac)
         self._pending = PendingSums()  # the log window's sums since it was last folded, on the device
         self._val_cache = ValidationCache(self.device)
@@ -136,7 +136,7 @@ class Trainer:
         return widen(out), plan
 
     def _copy_to_device(self, batch: dict) -> tuple[dict, PackedPlan | None]:  # in the pool's dtype
-        return to_device(batch, self.device, self.s.ttt_steps if self.packed else None, self.length_multiple)
+        return to_device(batch, self.device, self.s.ttt_steps if self.packed else None, **self.padding)
 
     @property
     def _prepare(self):
@@ -144,7 +144,7 @@ class Trainer:
         return self._attach_plan if self.packed else None  # the data-parallel trainer turns packing off after init
 
     def _attach_plan(self, batch: dict) -> dict:
-        return attach_plan(batch, self.s.ttt_steps, self.length_multiple)
+        return attach_plan(batch, self.s.ttt_steps, **self.padding)
 
     def _forward(self, batch: dict, plan: PackedPlan | None = None):
         m = self.model

@@ -60,6 +60,8 @@ class PackedPlan:
     step_of: Tensor  # [M] the step of each trained pair
     row_of: Tensor  # [M] its kept row (an index into kept)
     sizes: list[int]  # pairs per step
+    real: Tensor  # [M] bool: the pair trains (false for the filler of a `padded` plan)
+    counted: int  # kept rows that some step counts at (len(kept) less a padded plan's filler)
 
     @classmethod
     def of(cls, loss_mask: Tensor, attention_mask: Tensor, steps: int) -> PackedPlan:
@@ -73,15 +75,42 @@ class PackedPlan:
         needed = counted[:, 1 : T + 1].reshape(-1).nonzero().squeeze(1)
         step_of, row_of = hits.index_select(1, kept).nonzero().unbind(1)
         sizes = torch.bincount(step_of, minlength=steps).tolist()
-        return cls((B, T), kept, needed, step_of, row_of, sizes)
+        real = torch.ones(len(step_of), dtype=torch.bool, device=step_of.device)
+        return cls((B, T), kept, needed, step_of, row_of, sizes, real, len(kept))
+
+    def padded(self, multiple: int) -> PackedPlan:
+        """The same plan with every count (kept rows, teacher rows, pairs of each step) raised to one capacity, a
+        multiple of `multiple` (at most the batch's positions), so that batches of similar sizes share every size:
+        what a CUDA graph is recorded for (train/compiled_unroll.py). The filler changes no loss, gradient or stat
+        (tests/test_packed_unroll.py): extra kept and teacher rows are positions that nothing counts at (computed,
+        never read: attention is causal and a later step's keys are read only at their own row), and each step's
+        pairs are filled up with the kept rows it does not train on, flagged not `real`."""
+        B, T = self.shape
+        steps = len(self.sizes)
+        capacity = min(-(-max(len(self.kept), len(self.needed), 1) // multiple) * multiple, B * T)
+        trains = torch.zeros(steps, capacity, dtype=torch.bool)
+        trains[self.step_of, self.row_of] = True
+        # per step: its trained rows first, in the plan's order, then the others (a permutation of the kept rows)
+        rows = torch.cat([torch.cat([r, (~t).nonzero().squeeze(1)]) for r, t in
+                          zip(self.row_of.split(self.sizes), trains)])
+        real = torch.cat([torch.arange(capacity) < n for n in self.sizes])
+        return PackedPlan(self.shape, _fill(self.kept, capacity, B * T), _fill(self.needed, capacity, B * T),
+                          torch.arange(steps).repeat_interleave(capacity), rows, [capacity] * steps, real, self.counted)
 
     def to(self, device: torch.device) -> PackedPlan:
-        parts = [self.kept, self.needed, self.step_of, self.row_of]
+        parts = [self.kept, self.needed, self.step_of, self.row_of, self.real.long()]
         flat = torch.cat(parts)  # one copy, and always the same path (tests/test_packed_unroll.py checks its fields)
         if device.type == "cuda" and flat.device.type == "cpu":
             flat = flat.pin_memory()  # a pageable source makes the copy wait for the stream
-        flat = flat.to(device, non_blocking=True).split([len(x) for x in parts])
-        return PackedPlan(self.shape, *flat, self.sizes)
+        *flat, real = flat.to(device, non_blocking=True).split([len(x) for x in parts])
+        return PackedPlan(self.shape, *flat, self.sizes, real.bool(), self.counted)
+
+
+def _fill(index: Tensor, size: int, positions: int) -> Tensor:
+    """`index` (distinct flat positions) followed by the first positions not in it, `size` in all."""
+    free = torch.ones(positions, dtype=torch.bool)
+    free[index] = False
+    return torch.cat([index, free.nonzero().squeeze(1)[: size - len(index)]])
 
 
 # rows of the teacher's logits formed at once (eager): bounds a [rows, vocab] temporary for a 128k vocabulary
@@ -183,7 +212,7 @@ def packed_unroll(model: Eagle3Draft, batch: dict[str, Tensor], lm_head: Tensor,
     if plan.shape != (B, T):
         raise ValueError(f"packed_unroll: the plan is for a {plan.shape} batch, this batch is {(B, T)}")
     plan = plan.to(ids.device)
-    kept = len(plan.kept)
+    kept = plan.counted
     # nothing counts (the padded unroll gives the zero loss its graph), or too much counts for packing to pay
     if kept == 0 or kept > max_kept * B * T:
         targets = target_distribution(batch["last_hidden"], lm_head, model.d2t, model.t2d, top=batch.get("target_top"))
@@ -212,9 +241,9 @@ def packed_core(model: Eagle3Draft, batch: dict[str, Tensor], lm_head: Tensor, p
     chain = torch.ones(len(rows), dtype=torch.bool, device=dev)
     # [steps, N]: step j's prediction at each kept row counts; `sels` lists those rows per step
     masks = torch.zeros(steps, len(rows), dtype=torch.bool, device=dev)
-    masks[plan.step_of, plan.row_of] = True
+    masks[plan.step_of, plan.row_of] = plan.real
     sizes = plan.sizes
-    sels = plan.row_of.split(sizes)
+    sels, reals = plan.row_of.split(sizes), plan.real.split(sizes)
     hidden, picked = None, []
     for j, sel in enumerate(sels):
         if j == 0:
@@ -225,18 +254,21 @@ def packed_core(model: Eagle3Draft, batch: dict[str, Tensor], lm_head: Tensor, p
         picked.append(hidden.index_select(0, sel))
     # the next step never reads a step's logits: one head matmul (and one in backward) for all steps
     logits = model.lm_head(model.norm(torch.cat(picked))).split(sizes)
-    for j, (m, sel, lg) in enumerate(zip(masks, sels, logits)):
-        s = rows.t[sel] + 1 + j  # the position whose target distribution it is trained against
+    for j, (m, sel, real, lg) in enumerate(zip(masks, sels, reals, logits)):
+        # the position whose target distribution it is trained against; a filler pair's may lie past the end, or
+        # have no teacher row: clamped, and kept out of every sum by `real`
+        s = (rows.t[sel] + 1 + j).clamp(max=T - 1)
         b = rows.b[sel]
-        p = targets.probs.index_select(0, targets.row[b, s])
+        p = targets.probs.index_select(0, targets.row[b, s].clamp(min=0))
         in_vocab = targets.in_vocab[b, s]
-        term, ce_sum, n_loss = step_loss(lg, p, in_vocab, j, decay, loss_norm, ce)
+        term, ce_sum, n_loss = step_loss(lg, p, in_vocab & real, j, decay, loss_norm, ce)
         loss = loss + term
         with torch.no_grad():
-            hit = model.draft_to_target(lg.argmax(-1)) == targets.top[b, s]
+            hit = (model.draft_to_target(lg.argmax(-1)) == targets.top[b, s]) & real
             correct = torch.zeros_like(m).index_copy(0, sel, hit)  # sel's rows are distinct
             valid = valid & m
             prev = chain & valid
             chain = prev & correct
-            record_step(stats[:, j], ce_sum, n_loss, hit.sum(), len(sel), chain, valid, prev, (~in_vocab).sum())
+            record_step(stats[:, j], ce_sum, n_loss, hit.sum(), real.sum(), chain, valid, prev,
+                        (real & ~in_vocab).sum())
     return loss, stats
