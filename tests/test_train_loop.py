@@ -8,6 +8,7 @@ through its own hidden state, so accuracy above chance means features and the hi
 from __future__ import annotations
 
 import sys
+import time
 import types
 
 import pytest
@@ -290,6 +291,7 @@ def test_stage_run_exports_best_draft(tmp_path, monkeypatch):
                                     "log_every": 2, "checkpoint_every": 4, "device": "cpu"}})
     rep = RecordingReporter()
     out = tmp_path / "train"
+    started = time.perf_counter()
     metrics = stage.run(cfg, out, {"extract": tmp_path / "extract"}, rep)
     assert rep.tags["draft_dir"] == str(out / "draft")
     assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG" and (out / "curves.png", None) in rep.artifacts
@@ -297,6 +299,10 @@ def test_stage_run_exports_best_draft(tmp_path, monkeypatch):
     for key in ("val/loss", "val/predicted_tau", "best/epoch", "best/val_loss", "train/loss"):
         assert key in metrics, key
     assert metrics["val/predicted_tau"] == pytest.approx(1 + metrics["val/full_acc_0"] + metrics["val/full_acc_1"])
+    # the loop's mean rate: every token of the epochs trained, over a wall no longer than the stage's
+    seen = source.num_tokens("train") * metrics["train/epochs_seen"]
+    assert metrics["train/epochs_seen"] == 2 and seen > 0
+    assert metrics["train/mean_tokens_per_s"] >= seen / (time.perf_counter() - started)
     draft = load_draft(out / "draft")
     assert draft.cfg.aux_layer_ids == LAYERS and draft.cfg.max_position_embeddings >= 256
     best = load_file(str(next((out / "checkpoints").glob("best-epoch*.safetensors"))))

@@ -8,6 +8,7 @@ Writes `out/checkpoints/` (resumable), `out/draft/` (the SGLang folder of the be
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import torch
@@ -140,6 +141,12 @@ class _Recorder:
         self.inner.tag(key, value)
 
 
+def _steps_tokens(result, source) -> float:
+    """Tokens (prompt and answer) this job's new steps trained on: its share of the epochs seen."""
+    final = result.final
+    return source.num_tokens("train") * final["train/epochs_seen"] * final["train/new_steps"] / max(result.steps, 1)
+
+
 def run(cfg, out: Path, inputs: dict[str, Path], reporter: Reporter) -> dict[str, float]:
     from draftlab.data.features import open_source  # written in parallel by the extract stage's owner
 
@@ -159,10 +166,12 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter: Reporter) -> dict[str
     trainer.on_step = progress
     if main:
         replay_history(out / "checkpoints", recorder)  # a resumed job's run holds the whole curve
+    started = time.perf_counter()
     try:
         # A checkpoint is written into `.ckpt-*.tmp` and renamed: a kill or a full disk must not leave one behind.
         with fsutil.leftovers_removed(out / "checkpoints", ".ckpt-*.tmp"):  # the stage lock is held
             result = trainer.run(init_from=cfg.train.init_from)
+        loop_seconds = time.perf_counter() - started
     finally:
         if progress is not None:
             progress.close()
@@ -181,6 +190,9 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter: Reporter) -> dict[str
                # the data axis of a scaling sweep: tokens (prompt and answer) of the training split
                "train/train_tokens": float(source.num_tokens("train")),
                "train/train_samples": float(source.num_samples_in("train")),
+               # the loop's mean rate over this job's steps, validation, checkpoints, waits and graph loads included
+               # (train/tokens_per_s is the last log window's: one window's snapshot)
+               "train/mean_tokens_per_s": _steps_tokens(result, source) / max(loop_seconds, 1e-9),
                # the data-parallel trainer builds a core but runs the padded unroll: no compile metrics
                **(trainer.core.metrics() if trainer.core is not None and trainer.packed else {})}
     metrics.pop("epoch", None)

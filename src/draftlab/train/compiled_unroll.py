@@ -104,6 +104,7 @@ class CompiledUnroll:
         self.failed: Exception | None = None  # training's graph could not be built: everything runs eager
         self.validation_failed: Exception | None = None  # validation's alone: validation runs eager
         self.compile_seconds = 0.0  # spent in calls that built a graph
+        self.mode_seconds = dict.fromkeys(self.MODES, 0.0)  # the same, by mode
         self.graphs = 0  # graphs built for the unroll: one for training, one for validation, more are recompiles
         self.built = dict.fromkeys(self.MODES, 0)
         self.hits = dict.fromkeys(self.MODES, 0)  # of those, loaded from the compile cache (train/compile_warmup.py)
@@ -153,6 +154,7 @@ class CompiledUnroll:
         if _graphs() > graphs:
             seconds = time.perf_counter() - started
             self.compile_seconds += seconds
+            self.mode_seconds[mode] += seconds
             self.graphs += 1
             self.built[mode] += 1
             cached = _cache_hits() > hits
