@@ -4,6 +4,7 @@
 # 459.6k in the next (BENCHMARKS.md, twelfth session). Prepare here, from the repository root:
 #   rm -rf .oldcode && mkdir -p .oldcode && git archive 5c67ce0 src bench | tar -x -C .oldcode
 # One call (carry .whl .speed .oldcode; about 6 minutes, 10 with today_cpp): bash bench/h200_train_vs_issue.sh
+#   (the sixteenth session ran STEPS=600 RUNS="issue today today_cg": 309 s)
 #   (RUNS="issue today" runs only those; STEPS sets trainer_speed's steps, default 300)
 # Runs, in turn (JSON lines in $OUT/train_vs_issue.jsonl, logs in $OUT/train_vs_issue.err):
 #   issue:        the issue's step alone at its default (bench/train_throughput.py, 4,096 tokens, full-vocabulary
