@@ -4,6 +4,8 @@ the length (what a compiled unroll is fed) changes no result."""
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from draftlab.reporting import RecordingReporter
@@ -79,7 +81,7 @@ def test_padding_to_a_multiple_of_8_changes_nothing_but_the_shape():
     assert plan.shape == (4, 16) and all(v.shape[1] == 16 for v in on_device.values())
 
 
-def test_cuda_graphs_pad_batches_to_buckets_and_only_on_cuda():
+def test_cuda_graphs_pad_batches_to_buckets_and_only_on_cuda(caplog):
     """train.compile_cuda_graphs: a graph is recorded per distinct set of sizes, so batches are padded to buckets
     (the padding's equivalence: tests/test_packed_unroll.py); the eager and the plain compiled unroll pad as before."""
     from draftlab.train.compiled_unroll import CompiledUnroll, unroll_core_for
@@ -90,4 +92,7 @@ def test_cuda_graphs_pad_batches_to_buckets_and_only_on_cuda():
     assert padding_for(CompiledUnroll(cuda_graphs=True), 16384) == {"multiple": 64, "rows": 8, "counts": 2048}
     assert padding_for(CompiledUnroll(cuda_graphs=True), 256) == {"multiple": 64, "rows": 8, "counts": 64}
     assert CompiledUnroll(backend="aot_eager", cuda_graphs=True).cuda_graphs is False  # an inductor option
-    assert unroll_core_for("true", torch.device("cpu"), cuda_graphs=True).cuda_graphs is False  # nothing to record
+    with caplog.at_level(logging.WARNING, logger="draftlab"):
+        assert unroll_core_for("true", torch.device("cpu"), cuda_graphs=True).cuda_graphs is False  # nothing to record
+        assert unroll_core_for("false", torch.device("cpu"), cuda_graphs=True) is None
+    assert caplog.text.count("train.compile_cuda_graphs needs the compiled unroll on CUDA") == 2, caplog.text

@@ -178,6 +178,13 @@ def unroll_core_for(choice: str, device: torch.device, cpp_wrapper: bool = False
     """train.compile_unroll: auto = compiled on CUDA, eager elsewhere (two CPU cores took minutes to compile it);
     None means the eager `packed_core`. cpp_wrapper: train.compile_cpp_wrapper; cuda_graphs:
     train.compile_cuda_graphs, on CUDA only (there is nothing to record elsewhere)."""
-    if not compile_wanted("train.compile_unroll", choice, device):
+    compiled = compile_wanted("train.compile_unroll", choice, device)
+    if cuda_graphs and (not compiled or device.type != "cuda"):  # asked for, and nothing to record: say so
+        log.warning("train: train.compile_cuda_graphs needs the compiled unroll on CUDA (here %s, %s); training "
+                    "without CUDA graphs", device, "compiled" if compiled else "eager")
+    if not compiled:
         return None
+    if cuda_graphs and cpp_wrapper and device.type == "cuda":
+        log.warning("train: train.compile_cpp_wrapper is left out under train.compile_cuda_graphs (a replayed graph "
+                    "runs no wrapper)")
     return CompiledUnroll(cpp_wrapper=cpp_wrapper, cuda_graphs=cuda_graphs and device.type == "cuda")
