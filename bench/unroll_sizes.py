@@ -1,5 +1,6 @@
 """How many distinct sizes the packed unroll sees in an epoch, raw and bucketed: the number of CUDA graphs a
-captured training step would need (issue 11 part 4: the compiled step is host-bound; BENCHMARKS.md "Left to run").
+captured training step needs (train.compile_cuda_graphs, whose padding `attach_plan` applies here with the
+trainer's own code; BENCHMARKS.md, sixteenth session: 727 sets raw, 34 padded, for 1.20x the pairs computed).
 
 Lengths are drawn like the headline's ShareGPT samples (prompts log-normal around 50 chat tokens, at most 384;
 answers of 128 tokens, the cap, for 60% of samples, else 8-127; means about 67 and 104 as measured there); the
