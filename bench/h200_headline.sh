@@ -24,6 +24,9 @@
 #     SAMPLES=16000 EXTRA="train.max_steps=1500" BUDGET=450 bash /tmp/headline/main/bench/h200_headline.sh small
 #     (what it checks: the compile warm-up's two graphs, loaded by the train stage; $OUT/small.tgz)
 #   then (nothing carried):                 bash /tmp/headline/main/bench/h200_headline.sh reader
+#   or (nothing carried):                   bash /tmp/headline/main/bench/h200_headline.sh reader_cg
+#     (the trainer with train.compile_cuda_graphs: its reader with 2 and 4 workers, and with the host allocator's
+#      background event processing; about 5 minutes)
 #     (trainer_speed with one read-ahead worker, then two: data_wait_s and steps_per_s; about 6 minutes)
 #   or, after a headline (nothing carried): bash /tmp/headline/main/bench/h200_headline.sh extract_stage
 #     (the extract stage alone on the headline's 50,000 samples: in memory with 1 and 4 writers, on the disk)
@@ -51,7 +54,7 @@
 # What comes back: $OUT/headline.tgz (the job's results.json with every stage's seconds, and log-headline.txt). The end-to-end
 # time is the log's first to last timestamp; import the job with `python -m draftlab import-runs`.
 set -uo pipefail
-step=${1:?usage: h200_headline.sh install|wheels|start|watch|small|warm|reader|extract_stage|generate_probe|generate_ab|slots|train_profile|train_flags|bench_ab}
+step=${1:?usage: h200_headline.sh install|wheels|start|watch|small|warm|reader|reader_cg|extract_stage|generate_probe|generate_ab|slots|train_profile|train_flags|bench_ab}
 export PYTHONUNBUFFERED=1 SITE=/tmp/site
 . "$(dirname "$0")/gpu_machine.sh"  # install_wheels, keep_first_half, smollm2_gguf, start_detached, watch_jobs
 ROOT=${ROOT:-/tmp/dl}; H=/tmp/headline; BUDGET=${BUDGET:-570}; START=$(date +%s)
@@ -154,6 +157,14 @@ reader)  # the reader's two workers against one (features.READ_WORKERS), same po
   # compiled cold and the two runs' steps/s could not be compared)
   trainer_speed trainer_reader_warm --steps 40
   for workers in 1 2 1 2; do trainer_speed trainer_reader --steps ${STEPS:-400} --read-workers $workers; done ;;
+reader_cg)  # train.compile_cuda_graphs' new bound, the reader (BENCHMARKS.md, sixteenth session: its threads in
+  # cudaHostAlloc 8.7 ms a step): the trainer with CUDA graphs, its two read workers, four, and two with the caching
+  # host allocator's background event processing; the first run compiles cold (~95 s), the others load its graph.
+  # About 5 minutes; JSON lines in $OUT/reader_cg.jsonl (tokens_per_s_in_steps, data_wait_s)
+  cg=(--steps ${STEPS:-900} --compile-unroll true --cuda-graphs)
+  trainer_speed reader_cg "${cg[@]}" --read-workers 2
+  trainer_speed reader_cg "${cg[@]}" --read-workers 4
+  PYTORCH_CUDA_ALLOC_CONF=pinned_use_background_threads:True trainer_speed reader_cg "${cg[@]}" --read-workers 2 ;;
 extract_stage)  # after the headline, same machine, its generate pool: the extract stage alone at 50,000 samples,
   # each run into a fresh pool: in memory with one and four writers, and on the disk (about 70 s each)
   DRAFTLAB_GIT_COMMIT=$(cat $H/COMMIT) && export DRAFTLAB_GIT_COMMIT
