@@ -213,7 +213,8 @@ def main() -> None:
         "compile_s": round(compile_s, 1), "steps_per_s_without_compile": round(result.steps / (wall - compile_s), 2),
         "tokens_per_s_without_compile": round(tokens / (wall - compile_s), 1),
         # the steps alone (the wall less waiting for batches, validation, checkpoints and training's compile;
-        # validation's compile is inside validation_s): what the 80k tok/s measured (0.2 s a step)
+        # validation's compile is inside validation_s): the rate to set beside a step timed alone
+        # (bench/train_throughput.py); the whole trainer's is tokens_per_s_without_compile
         "tokens_per_s_in_steps": round(tokens / max(rest - compile_s + validation_compile_s, 1e-9), 1),
         **{k: round(v, 2) for k, v in totals.items()}, "rest_s": round(rest, 2),
         "rest_s_per_step": round(rest / max(result.steps, 1), 4),
