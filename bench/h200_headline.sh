@@ -24,10 +24,10 @@
 #     SAMPLES=16000 EXTRA="train.max_steps=1500" BUDGET=450 bash /tmp/headline/main/bench/h200_headline.sh small
 #     (what it checks: the compile warm-up's two graphs, loaded by the train stage; $OUT/small.tgz)
 #   then (nothing carried):                 bash /tmp/headline/main/bench/h200_headline.sh reader
+#     (trainer_speed with one read-ahead worker, then two: data_wait_s and steps_per_s; about 6 minutes)
 #   or (nothing carried):                   bash /tmp/headline/main/bench/h200_headline.sh reader_cg
 #     (the trainer with train.compile_cuda_graphs: its reader with 2 and 4 workers, and with the host allocator's
 #      background event processing; about 5 minutes)
-#     (trainer_speed with one read-ahead worker, then two: data_wait_s and steps_per_s; about 6 minutes)
 #   or, after a headline (nothing carried): bash /tmp/headline/main/bench/h200_headline.sh extract_stage
 #     (the extract stage alone on the headline's 50,000 samples: in memory with 1 and 4 writers, on the disk)
 #   or, after a headline (nothing carried): bash /tmp/headline/main/bench/h200_headline.sh generate_probe

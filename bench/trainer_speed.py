@@ -189,8 +189,8 @@ def main() -> None:
     rest = wall - sum(totals.values())
     # every graph built (validation's too once training's came from the cache: train/compiled_unroll.py)
     compile_s = trainer.core.compile_seconds if trainer.core is not None else 0.0
-    # validation's graph, when compiled, is built inside a validation pass
-    validation_compile_s = trainer.core.mode_seconds["validation"] if trainer.core is not None else 0.0
+    # training's graph is built inside the steps; validation's, when compiled, inside a validation pass
+    training_compile_s = trainer.core.mode_seconds["training"] if trainer.core is not None else 0.0
     print(json.dumps({
         "device": args.device, "batch_tokens": args.batch_tokens, "prompt_frac": args.prompt_frac,
         "samples": args.samples, "shards": len(source.manifest["shards"]),
@@ -212,10 +212,10 @@ def main() -> None:
         # compiling happens once a run: the rate without it is what a long run converges to
         "compile_s": round(compile_s, 1), "steps_per_s_without_compile": round(result.steps / (wall - compile_s), 2),
         "tokens_per_s_without_compile": round(tokens / (wall - compile_s), 1),
-        # the steps alone (the wall less waiting for batches, validation, checkpoints and training's compile;
-        # validation's compile is inside validation_s): the rate to set beside a step timed alone
-        # (bench/train_throughput.py); the whole trainer's is tokens_per_s_without_compile
-        "tokens_per_s_in_steps": round(tokens / max(rest - compile_s + validation_compile_s, 1e-9), 1),
+        # the steps alone (the wall less waiting for batches, validation, checkpoints and training's compile): the
+        # rate to set beside a step timed alone (bench/train_throughput.py); the whole trainer's is
+        # tokens_per_s_without_compile
+        "tokens_per_s_in_steps": round(tokens / max(rest - training_compile_s, 1e-9), 1),
         **{k: round(v, 2) for k, v in totals.items()}, "rest_s": round(rest, 2),
         "rest_s_per_step": round(rest / max(result.steps, 1), 4),
     }), flush=True)

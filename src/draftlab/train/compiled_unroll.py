@@ -103,11 +103,14 @@ class CompiledUnroll:
         self.validation = validation
         self.failed: Exception | None = None  # training's graph could not be built: everything runs eager
         self.validation_failed: Exception | None = None  # validation's alone: validation runs eager
-        self.compile_seconds = 0.0  # spent in calls that built a graph
-        self.mode_seconds = dict.fromkeys(self.MODES, 0.0)  # the same, by mode
+        self.mode_seconds = dict.fromkeys(self.MODES, 0.0)  # spent in calls that built a graph, by mode
         self.graphs = 0  # graphs built for the unroll: one for training, one for validation, more are recompiles
         self.built = dict.fromkeys(self.MODES, 0)
         self.hits = dict.fromkeys(self.MODES, 0)  # of those, loaded from the compile cache (train/compile_warmup.py)
+
+    @property
+    def compile_seconds(self) -> float:
+        return sum(self.mode_seconds.values())
 
     def metrics(self) -> dict[str, float]:
         """train/compile_s (seconds in calls that built a graph), train/compile_graphs, train/compile_cache_hits."""
@@ -153,7 +156,6 @@ class CompiledUnroll:
             return packed_core(*args, ce)
         if _graphs() > graphs:
             seconds = time.perf_counter() - started
-            self.compile_seconds += seconds
             self.mode_seconds[mode] += seconds
             self.graphs += 1
             self.built[mode] += 1
@@ -179,12 +181,11 @@ def unroll_core_for(choice: str, device: torch.device, cpp_wrapper: bool = False
     None means the eager `packed_core`. cpp_wrapper: train.compile_cpp_wrapper; cuda_graphs:
     train.compile_cuda_graphs, on CUDA only (there is nothing to record elsewhere)."""
     compiled = compile_wanted("train.compile_unroll", choice, device)
-    if cuda_graphs and (not compiled or device.type != "cuda"):  # asked for, and nothing to record: say so
+    graphs = cuda_graphs and compiled and device.type == "cuda"
+    if cuda_graphs and not graphs:  # asked for, and nothing to record: say so
         log.warning("train: train.compile_cuda_graphs needs the compiled unroll on CUDA (here %s, %s); training "
                     "without CUDA graphs", device, "compiled" if compiled else "eager")
-    if not compiled:
-        return None
-    if cuda_graphs and cpp_wrapper and device.type == "cuda":
+    if graphs and cpp_wrapper:  # CompiledUnroll leaves it out
         log.warning("train: train.compile_cpp_wrapper is left out under train.compile_cuda_graphs (a replayed graph "
                     "runs no wrapper)")
-    return CompiledUnroll(cpp_wrapper=cpp_wrapper, cuda_graphs=cuda_graphs and device.type == "cuda")
+    return CompiledUnroll(cpp_wrapper=cpp_wrapper, cuda_graphs=graphs) if compiled else None

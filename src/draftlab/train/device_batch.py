@@ -62,7 +62,7 @@ def padding_for(core, batch_tokens: int) -> dict[str, int]:
     the sets an epoch has)."""
     if core is None:
         return {"multiple": 1}
-    if not getattr(core, "cuda_graphs", False):
+    if not core.cuda_graphs:
         return {"multiple": 8}
     return {"multiple": 64, "rows": 8, "counts": max(64, batch_tokens // 8)}
 
