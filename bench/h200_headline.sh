@@ -158,13 +158,14 @@ reader)  # the reader's two workers against one (features.READ_WORKERS), same po
   trainer_speed trainer_reader_warm --steps 40
   for workers in 1 2 1 2; do trainer_speed trainer_reader --steps ${STEPS:-400} --read-workers $workers; done ;;
 reader_cg)  # train.compile_cuda_graphs' new bound, the reader (BENCHMARKS.md, sixteenth session: its threads in
-  # cudaHostAlloc 8.7 ms a step): the trainer with CUDA graphs, its two read workers, four, and two with the caching
-  # host allocator's background event processing; the first run compiles cold (~95 s), the others load its graph.
+  # cudaHostAlloc 8.7 ms a step): the trainer with CUDA graphs, its two read workers, four, and two and four with the
+  # caching host allocator's background event processing; the first run compiles cold (~95 s), the others load its graph.
   # About 5 minutes; JSON lines in $OUT/reader_cg.jsonl (tokens_per_s_in_steps, data_wait_s)
   cg=(--steps ${STEPS:-900} --compile-unroll true --cuda-graphs)
   trainer_speed reader_cg "${cg[@]}" --read-workers 2
   trainer_speed reader_cg "${cg[@]}" --read-workers 4
-  PYTORCH_CUDA_ALLOC_CONF=pinned_use_background_threads:True trainer_speed reader_cg "${cg[@]}" --read-workers 2 ;;
+  PYTORCH_CUDA_ALLOC_CONF=pinned_use_background_threads:True trainer_speed reader_cg "${cg[@]}" --read-workers 2
+  PYTORCH_CUDA_ALLOC_CONF=pinned_use_background_threads:True trainer_speed reader_cg "${cg[@]}" --read-workers 4 ;;
 extract_stage)  # after the headline, same machine, its generate pool: the extract stage alone at 50,000 samples,
   # each run into a fresh pool: in memory with one and four writers, and on the disk (about 70 s each)
   DRAFTLAB_GIT_COMMIT=$(cat $H/COMMIT) && export DRAFTLAB_GIT_COMMIT
