@@ -28,6 +28,10 @@
 #   or (nothing carried):                   bash /tmp/headline/main/bench/h200_headline.sh reader_cg
 #     (the trainer with train.compile_cuda_graphs: its reader with 2 and 4 workers, and with the host allocator's
 #      background event processing; about 5 minutes)
+#   or (nothing carried):                   bash /tmp/headline/main/bench/h200_headline.sh prefetch
+#     (the trainer with CUDA graphs, its reader 8 batches ahead against 2; about 8 minutes)
+#   or (carry .gguf-b, after install and wheels): bash /tmp/headline/main/bench/h200_headline.sh generate_vs_issue
+#     (the issue's generate stage, 5c67ce0 copied to /tmp/oldgen, against today's on the same prompts; ~4 minutes)
 #   or, after a headline (nothing carried): bash /tmp/headline/main/bench/h200_headline.sh extract_stage
 #     (the extract stage alone on the headline's 50,000 samples: in memory with 1 and 4 writers, on the disk)
 #   or, after a headline (nothing carried): bash /tmp/headline/main/bench/h200_headline.sh generate_probe
@@ -54,7 +58,7 @@
 # What comes back: $OUT/headline.tgz (the job's results.json with every stage's seconds, and log-headline.txt). The end-to-end
 # time is the log's first to last timestamp; import the job with `python -m draftlab import-runs`.
 set -uo pipefail
-step=${1:?usage: h200_headline.sh install|wheels|start|watch|small|warm|reader|reader_cg|extract_stage|generate_probe|generate_ab|slots|train_profile|train_flags|bench_ab}
+step=${1:?usage: h200_headline.sh install|wheels|start|watch|small|warm|reader|reader_cg|prefetch|generate_vs_issue|extract_stage|generate_probe|generate_ab|slots|train_profile|train_flags|bench_ab}
 export PYTHONUNBUFFERED=1 SITE=/tmp/site
 . "$(dirname "$0")/gpu_machine.sh"  # install_wheels, keep_first_half, smollm2_gguf, start_detached, watch_jobs
 ROOT=${ROOT:-/tmp/dl}; H=/tmp/headline; BUDGET=${BUDGET:-570}; START=$(date +%s)
@@ -166,6 +170,30 @@ reader_cg)  # train.compile_cuda_graphs' new bound, the reader (BENCHMARKS.md, s
   trainer_speed reader_cg "${cg[@]}" --read-workers 4
   PYTORCH_CUDA_ALLOC_CONF=pinned_use_background_threads:True trainer_speed reader_cg "${cg[@]}" --read-workers 2
   PYTORCH_CUDA_ALLOC_CONF=pinned_use_background_threads:True trainer_speed reader_cg "${cg[@]}" --read-workers 4 ;;
+prefetch)  # the reader's queue under CUDA graphs (features.PREFETCH: 2 until the seventeenth session, 8 since): with 2,
+  # data waits stayed at 6-8 s in 700 steps with 2 read workers as with 4. The first run compiles cold (its validation
+  # eager), the second builds validation's graph (left out of its rate with the other compiles), the third loads
+  # both: compare the second and the third. About 8 minutes; JSON lines in $OUT/prefetch.jsonl
+  cg=(--steps ${STEPS:-700} --compile-unroll true --cuda-graphs)
+  for depth in 8 2 8; do trainer_speed prefetch "${cg[@]}" --prefetch $depth; done ;;
+generate_vs_issue)  # part 2's same-run ratio (carry .gguf-b; after install, with /tmp/oldgen holding 5c67ce0's src and
+  # conf, and wheels): the issue's generate stage with its GPU overrides (its bench/h200_session.sh), then today's
+  # preset, on the same first GEN_SAMPLES prompts at the same token limits, each into a fresh paths.root (each converts
+  # the target; today's compiles its decode step cold). generate/tokens_per_s: answer tokens over the stage's loop
+  install_wheels .whl-tf && smollm2_gguf || exit 1
+  gen=(data.samples=${GEN_SAMPLES:-8192} data.source=jsonl data.path=$ROOT/headline_prompts.jsonl data.max_new_tokens=128
+       data.max_prompt_tokens=384 'stages=[generate]' tracking.enabled=false)
+  (cd /tmp/oldgen && PYTHONPATH=$SITE:src timeout 260 python3 src/run.py "${gen[@]}" data.batch_size=512 \
+    data.shard_size=1024 paths.root=$ROOT/gen_issue hydra.run.dir=$ROOT/gen_issue/run) > "$OUT/gen_issue.log" 2>&1
+  echo "the issue's generate rc=$?"
+  (cd $H/main && PYTHONPATH=$SITE:src timeout 200 python3 src/run.py hardware=gpu "${gen[@]}" \
+    paths.root=$ROOT/gen_today hydra.run.dir=$ROOT/gen_today/run) > "$OUT/gen_today.log" 2>&1
+  echo "today's generate rc=$?"
+  for run in gen_issue gen_today; do
+    cp $ROOT/$run/run/results.json "$OUT/$run.results.json" 2>/dev/null
+    [ -f "$OUT/$run.results.json" ] && show_metrics "$OUT/$run.results.json" generate/tokens_per_s generate/tokens generate/seconds_generating \
+      generate/samples
+  done ;;
 extract_stage)  # after the headline, same machine, its generate pool: the extract stage alone at 50,000 samples,
   # each run into a fresh pool: in memory with one and four writers, and on the disk (about 70 s each)
   DRAFTLAB_GIT_COMMIT=$(cat $H/COMMIT) && export DRAFTLAB_GIT_COMMIT

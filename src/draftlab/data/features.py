@@ -35,7 +35,10 @@ PLAN_WINDOW = 256  # samples sorted by length together: little padding, still a 
 MAX_OPEN_SHARDS = 128
 SMALL_TENSORS = ("input_ids", "loss_mask", "target_top")  # 9 bytes a token: the loss mask copied when a shard opens
 WIDE_TENSORS = ("features", "last_hidden")  # 4.6 kB a token (SmolLM2, bf16): only the batch's rows are ever read
-PREFETCH = 2  # offline batches built ahead while the caller trains on the current one
+# Offline batches built ahead while the caller trains on the current one. Deep: a step replayed as CUDA graphs lets
+# the host run steps ahead of the GPU and then wait for it, so it takes batches in bursts; 2 ahead made it wait 6-8 s
+# in 700 steps with 2 read workers as with 4 (BENCHMARKS.md, seventeenth session). Pinned on a GPU host: ~75 MB each.
+PREFETCH = 8
 READ_WORKERS = 2  # threads building them: each batch on its own (bench/read_batches.py --read-workers times 1 and 2)
 
 
