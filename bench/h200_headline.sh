@@ -156,7 +156,7 @@ small)
 warm)  # after the headline, same machine: the trainer twice on a 64-shard pool; the second compiles warm
   for run in 1 2; do trainer_speed trainer_warm --steps 300; done
   grep "compiled the unroll" "$OUT"/trainer_warm.err ;;
-reader)  # the reader's two workers against one (features.READ_WORKERS), same pool, same machine. A short run first
+reader)  # the reader's two workers against one (reader.READ_WORKERS), same pool, same machine. A short run first
   # fills the compile cache, so that both timed runs load their graphs alike (2026-12-02: the first timed run
   # compiled cold and the two runs' steps/s could not be compared)
   trainer_speed trainer_reader_warm --steps 40
@@ -170,7 +170,7 @@ reader_cg)  # train.compile_cuda_graphs' new bound, the reader (BENCHMARKS.md, s
   trainer_speed reader_cg "${cg[@]}" --read-workers 4
   PYTORCH_CUDA_ALLOC_CONF=pinned_use_background_threads:True trainer_speed reader_cg "${cg[@]}" --read-workers 2
   PYTORCH_CUDA_ALLOC_CONF=pinned_use_background_threads:True trainer_speed reader_cg "${cg[@]}" --read-workers 4 ;;
-prefetch)  # the reader's queue under CUDA graphs (features.PREFETCH: 2 until the seventeenth session, 8 since): with 2,
+prefetch)  # the reader's queue under CUDA graphs (reader.PREFETCH: 2 until the seventeenth session, 8 since): with 2,
   # data waits stayed at 6-8 s in 700 steps with 2 read workers as with 4. The first run compiles cold (its validation
   # eager), the second builds validation's graph (left out of its rate with the other compiles), the third loads
   # both: compare the second and the third. About 8 minutes; JSON lines in $OUT/prefetch.jsonl

@@ -29,7 +29,7 @@ ap.add_argument("--batches", type=int, default=40)
 ap.add_argument("--passes", type=int, default=3)
 ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: torch's default, as the trainer)")
 ap.add_argument("--read-workers", type=int, default=0,
-                help="threads building the read-ahead batches (features.READ_WORKERS; 0: the code's own)")
+                help="threads building the read-ahead batches (reader.READ_WORKERS; 0: the code's own)")
 args = ap.parse_args()
 sys.path.insert(0, str(args.code / "bench"))  # its train_data_path puts its own src first
 
@@ -37,12 +37,15 @@ import torch  # noqa: E402
 
 from train_data_path import synthetic_source  # noqa: E402
 
-from draftlab.data import features  # noqa: E402
+try:  # the reader's own module since the seventeenth session; data/features.py held it before (older --code)
+    from draftlab.data import reader  # noqa: E402
+except ImportError:
+    from draftlab.data import features as reader  # noqa: E402
 
 if args.threads:
     torch.set_num_threads(args.threads)
 if args.read_workers:
-    features.READ_WORKERS = args.read_workers
+    reader.READ_WORKERS = args.read_workers
 with tempfile.TemporaryDirectory(prefix="read-batches-") as tmp:
     source = synthetic_source(Path(tmp), args.samples, args.seq, per_shard=args.per_shard, prompt_frac=0.4)
     plan = source._plan("train", 0, args.batch_tokens, 2048, 0, True)[: args.batches]
@@ -57,8 +60,8 @@ with tempfile.TemporaryDirectory(prefix="read-batches-") as tmp:
         for _ in source.batches("train", epoch, args.batch_tokens, 2048, 0):
             count += 1
         drained.append(round((time.perf_counter() - start) / count * 1e3, 1))
-print(json.dumps({"code": str(args.code), "reader": features.__file__, "shards": len(source.manifest["shards"]),
+print(json.dumps({"code": str(args.code), "reader": reader.__file__, "shards": len(source.manifest["shards"]),
                   "batches": len(plan), "rows_per_batch": round(sum(len(g) for g in plan) / len(plan), 1),
                   "batch_tokens": args.batch_tokens, "threads": torch.get_num_threads(),
-                  "read_workers": getattr(features, "READ_WORKERS", 1), "ms_per_batch": passes,
+                  "read_workers": getattr(reader, "READ_WORKERS", 1), "ms_per_batch": passes,
                   "ms_per_batch_drained": drained}))

@@ -23,7 +23,8 @@ from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from draftlab.data.features import FORMAT, FeatureSource, _Entry  # noqa: E402
+from draftlab.data.features import FORMAT, Entry  # noqa: E402
+from draftlab.data.reader import FeatureSource  # noqa: E402
 from draftlab.model.draft import DraftModelConfig, Eagle3Draft  # noqa: E402
 from draftlab.train.optim import build_optimizer  # noqa: E402
 from draftlab.train.ttt import target_distribution, ttt_unroll  # noqa: E402
@@ -53,7 +54,7 @@ def synthetic_source(folder: Path, samples: int, seq: int, per_shard: int = 1024
         start = 0
         for i, length in enumerate(lengths):
             split = "val" if val_every and (first + i) % val_every == val_every - 1 else "train"
-            entries.append(_Entry(first + i, split, length, number, start))
+            entries.append(Entry(first + i, split, length, number, start))
             start += length
     manifest = {"format": FORMAT, "dtype": "bfloat16", "shapes": {"features": [-1, 3 * H], "last_hidden": [-1, H]}, "target_top": True,
                 "shards": shards, "layer_ids": [1, 14, 26]}

@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from train_data_path import H, V, smollm2_draft, synthetic_source  # noqa: E402
 
-from draftlab.data import features  # noqa: E402
+from draftlab.data import reader  # noqa: E402
 from draftlab.reporting import RecordingReporter  # noqa: E402
 from draftlab.train import device_batch  # noqa: E402
 from draftlab.train.loop import LoopSettings, Trainer  # noqa: E402
@@ -132,9 +132,9 @@ def main() -> None:
     ap.add_argument("--read-batches", type=int, default=20, help="batches timed for the read-only pass")
     ap.add_argument("--sync-reads", action="store_true", help="read batches on the training thread (no worker)")
     ap.add_argument("--read-workers", type=int, default=0,
-                    help="threads building the read-ahead batches (features.READ_WORKERS; 0: the code's own)")
+                    help="threads building the read-ahead batches (reader.READ_WORKERS; 0: the code's own)")
     ap.add_argument("--prefetch", type=int, default=0,
-                    help="batches read ahead (features.PREFETCH; 0: the code's own)")
+                    help="batches read ahead (reader.PREFETCH; 0: the code's own)")
     ap.add_argument("--device-plan", action="store_true",
                     help="list the packed rows on the device, as before the host plan (host syncs each step)")
     ap.add_argument("--plan-in-loop", action="store_true",
@@ -145,11 +145,11 @@ def main() -> None:
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)  # compiles, passes
     if args.sync_reads:
-        features.ThreadPoolExecutor = InlineExecutor
+        reader.ThreadPoolExecutor = InlineExecutor
     if args.read_workers:
-        features.READ_WORKERS = args.read_workers
+        reader.READ_WORKERS = args.read_workers
     if args.prefetch:
-        features.PREFETCH = args.prefetch
+        reader.PREFETCH = args.prefetch
 
     model = smollm2_draft()
     lm_head = torch.randn(V, H) * 0.02
@@ -202,7 +202,7 @@ def main() -> None:
         "unroll_compiled": trainer.core is not None and trainer.core.failed is None,
         "unroll_graphs": trainer.core.graphs if trainer.core is not None else 0,
         "packed": trainer.packed, "sync_reads": args.sync_reads,
-        "read_workers": getattr(features, "READ_WORKERS", 1), "prefetch": getattr(features, "PREFETCH", None),
+        "read_workers": reader.READ_WORKERS, "prefetch": reader.PREFETCH,
         "device_plan": args.device_plan, "plan_in_loop": args.plan_in_loop,
         "profiled_steps": args.profile, "threads": torch.get_num_threads(),
         # Inductor's C++ wrapper launches the unroll's kernels without its Python one: --cpp-wrapper sets it for the

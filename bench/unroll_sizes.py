@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from draftlab.data.features import plan_batches
+from draftlab.data.reader import plan_batches
 from draftlab.train.device_batch import attach_plan
 
 

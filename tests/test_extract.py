@@ -10,7 +10,8 @@ from safetensors.torch import load_file
 
 import draftlab.target
 from draftlab.config import ConfigError, default_config
-from draftlab.data.features import open_source, read_manifest
+from draftlab.data.features import read_manifest
+from draftlab.data.reader import open_source
 from draftlab.data.samples import Sample, write_samples
 from draftlab.data.vocab import read_vocab, vocab_path
 from draftlab.reporting import RecordingReporter

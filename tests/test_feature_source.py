@@ -1,4 +1,4 @@
-"""FeatureSource, the one way training reads target features (data/features.py), on the tiny target's extracted
+"""FeatureSource, the one way training reads target features (data/reader.py), on the tiny target's extracted
 pools: the batches' contract, offline and online alike, zero padding, batch counts from lengths alone, and the
 read-ahead workers (same batches in the same order, two at once through shard evictions)."""
 
@@ -7,7 +7,8 @@ import torch
 from safetensors.torch import load_file
 from test_extract import config, make_samples, pool, run  # noqa: F401 (pool is a fixture)
 
-from draftlab.data.features import open_source, read_manifest
+from draftlab.data.features import read_manifest
+from draftlab.data.reader import open_source
 
 
 def test_batches_contract(pool):
@@ -59,7 +60,7 @@ def test_online_and_offline_give_the_same_batches(pool, dtype):
 
 
 def test_batches_pad_with_zeros_whatever_the_buffers_held(pool, monkeypatch):
-    """The wide tensors are not zero-filled whole (features.py): each row's padding must still come out zero."""
+    """The wide tensors are not zero-filled whole (reader.py): each row's padding must still come out zero."""
     cfg = config(pool, samples=12, batch_size=3, dtype="bfloat16")
     run(pool, cfg)
     source = open_source(cfg, {"extract": pool / "extract"})
@@ -137,10 +138,10 @@ def test_two_workers_reading_at_once_through_evictions_read_the_stored_rows(pool
     import itertools
     import threading
 
-    from draftlab.data import features
+    from draftlab.data import reader
 
     run(pool, config(pool, samples=20))
-    monkeypatch.setattr(features, "MAX_OPEN_SHARDS", 1)
+    monkeypatch.setattr(reader, "MAX_OPEN_SHARDS", 1)
     source = open_source(config(pool, samples=20), {"extract": pool / "extract"})
     manifest = read_manifest(pool / "extract")
     stored = {}  # sample index -> (features, last_hidden) from the files themselves
@@ -181,20 +182,20 @@ def test_two_workers_reading_at_once_through_evictions_read_the_stored_rows(pool
 def test_a_small_bound_on_open_shards_reads_the_same_batches(pool, monkeypatch):
     """A shard stays open (its handle and its small tensors read whole) up to MAX_OPEN_SHARDS of them; past that the
     oldest is closed and opened again when a batch needs it. The batches are the same either way."""
-    from draftlab.data import features
+    from draftlab.data import reader
 
     cfg = config(pool, samples=20)  # five shards of four samples
     run(pool, cfg)
     kept = list(open_source(cfg, {"extract": pool / "extract"}).batches("train", 0, 64, 24, seed=1))
     opened = []
 
-    class Counting(features.OpenShard):
+    class Counting(reader.OpenShard):
         def __init__(self, path):
             opened.append(path.name)
             super().__init__(path)
 
-    monkeypatch.setattr(features, "MAX_OPEN_SHARDS", 1)
-    monkeypatch.setattr(features, "OpenShard", Counting)
+    monkeypatch.setattr(reader, "MAX_OPEN_SHARDS", 1)
+    monkeypatch.setattr(reader, "OpenShard", Counting)
     source = open_source(cfg, {"extract": pool / "extract"})
     bounded = list(source.batches("train", 0, 64, 24, seed=1))
     assert len(source._handles) == 1 and len(opened) > len(set(opened)) == 5  # closed and opened again

@@ -1,4 +1,4 @@
-"""The training batches' plan (data/features.plan_batches, train.plan_window): every sample once per epoch, within the
+"""The training batches' plan (data/reader.plan_batches, train.plan_window): every sample once per epoch, within the
 token budget, the same for the same seed and epoch; larger windows give fuller batches."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import random
 import pytest
 
 from draftlab.config import ConfigError, validate
-from draftlab.data.features import PLAN_WINDOW, FeatureSource, _Entry, plan_batches
+from draftlab.data.features import Entry
+from draftlab.data.reader import PLAN_WINDOW, FeatureSource, plan_batches
 
 BUDGET = 16_384
 
@@ -40,7 +41,7 @@ def test_larger_windows_fill_the_batches():
 
 
 def test_the_source_plans_with_train_plan_window(tiny_cfg):
-    entries = [_Entry(i, "train", length, 0, 0) for i, length in enumerate(_lengths(600))]
+    entries = [Entry(i, "train", length, 0, 0) for i, length in enumerate(_lengths(600))]
     narrow = FeatureSource({}, entries, None, len(entries), 64, plan_window=16)
     wide = FeatureSource({}, entries, None, len(entries), 64, plan_window=600)
     assert wide.num_batches("train", 0, BUDGET, 2048, 0) < narrow.num_batches("train", 0, BUDGET, 2048, 0)

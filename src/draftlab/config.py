@@ -118,7 +118,7 @@ class TrainConfig:
     ttt_steps: int = 7
     loss_decay: float = 0.8
     batch_tokens: int = 4096
-    plan_window: int = 256  # samples sorted by length together before batches are cut (data/features.plan_batches)
+    plan_window: int = 256  # samples sorted by length together before batches are cut (data/reader.plan_batches)
     max_seq_len: int = 2048
     grad_clip: float = 0.5
     weight_decay: float = 0.0
@@ -220,7 +220,7 @@ def _positive(key: str, value: Any, allow_zero: bool = False) -> None:
 
 
 def check_layers_spec(value: Any) -> None:
-    """Checks the form of extract.layers; range checks need the target and live in data/features.py."""
+    """Checks the form of extract.layers; range checks need the target and live in data/layers.py (resolve_layers)."""
     if isinstance(value, str):
         _choice("extract.layers", value, ("auto", "last"))
         return

@@ -148,7 +148,7 @@ def _steps_tokens(result, source) -> float:
 
 
 def run(cfg, out: Path, inputs: dict[str, Path], reporter: Reporter) -> dict[str, float]:
-    from draftlab.data.features import open_source  # written in parallel by the extract stage's owner
+    from draftlab.data.reader import open_source  # written in parallel by the extract stage's owner
 
     from draftlab.train import distributed  # torchrun: rank 0 brings the other ranks into this stage
 

@@ -12,7 +12,7 @@ Two graphs, one process each (they build in parallel; the host has cores to spar
 forward and backward, and validation's forward (train/compiled_unroll.py), stepped by the trainer's own code: a
 forward and backward (`Trainer.build_graphs`), and `Trainer.evaluate` on a source of this one batch.
 
-The batch is the reader's layout (data/features.batch_buffers), in rows of uneven length whose first 40% is prompt
+The batch is the reader's layout (data/reader.batch_buffers), in rows of uneven length whose first 40% is prompt
 (outside the loss, ShareGPT's share), padded to about half of train.batch_tokens: a real batch's tokens fill 46-69%
 of its budget (BENCHMARKS.md). The cache holds a graph with the guards of the batch it was built on, and a real
 batch must pass them: at least two rows and every TTT step with many pairs (a one-row batch, or a step of 0 or 1
@@ -38,7 +38,7 @@ import torch
 from omegaconf import OmegaConf
 
 from draftlab import fsutil
-from draftlab.data.features import batch_buffers
+from draftlab.data.reader import batch_buffers
 from draftlab.data.layers import resolve_layers
 from draftlab.model.draft import Eagle3Draft
 from draftlab.stages.train import draft_config

@@ -15,7 +15,7 @@ took 10-150 s on the H200):
 - a chunk count (the teacher's rows are formed in one piece when compiled: train/ttt.py; a pool without
   `target_top`, from before it was stored, forms the full-vocabulary logits in chunks, so its batches run eager);
 - a batch of one row: dynamic shapes still specialise sizes 0 and 1, so the first one-row batch (the tail of a
-  plan window, data/features.py) built a second graph on the H200 (93 s); such batches run eager;
+  plan window, data/reader.py) built a second graph on the H200 (93 s); such batches run eager;
 - Inductor's mix-order reduction fusion, off here: it fuses two reductions only above a size (5 Mi elements, e.g.
   576 x the kept rows), and that test became a guard, so batches on either side of it had graphs of their own
   (seen on the H200 with torch 2.11: 3 graphs in 300 steps; torch/_inductor/scheduler.py, MixOrderReduction).
