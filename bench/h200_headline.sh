@@ -30,6 +30,8 @@
 #      background event processing; about 5 minutes)
 #   or (nothing carried):                   bash /tmp/headline/main/bench/h200_headline.sh prefetch
 #     (the trainer with CUDA graphs, its reader 8 batches ahead against 2; about 8 minutes)
+#   or (nothing carried):                   RUNS=... bash /tmp/headline/main/bench/h200_headline.sh trainer_ab
+#     (the compiled unroll against it with CUDA graphs, warm, alternated; cold runs first: see the step)
 #   or (carry .gguf-b, after install and wheels): bash /tmp/headline/main/bench/h200_headline.sh generate_vs_issue
 #     (the issue's generate stage, 5c67ce0 copied to /tmp/oldgen, against today's on the same prompts; ~4 minutes)
 #   or, after a headline (nothing carried): bash /tmp/headline/main/bench/h200_headline.sh extract_stage
@@ -58,7 +60,7 @@
 # What comes back: $OUT/headline.tgz (the job's results.json with every stage's seconds, and log-headline.txt). The end-to-end
 # time is the log's first to last timestamp; import the job with `python -m draftlab import-runs`.
 set -uo pipefail
-step=${1:?usage: h200_headline.sh install|wheels|start|watch|small|warm|reader|reader_cg|prefetch|generate_vs_issue|extract_stage|generate_probe|generate_ab|slots|train_profile|train_flags|bench_ab}
+step=${1:?usage: h200_headline.sh install|wheels|start|watch|small|warm|reader|reader_cg|prefetch|trainer_ab|generate_vs_issue|extract_stage|generate_probe|generate_ab|slots|train_profile|train_flags|bench_ab}
 export PYTHONUNBUFFERED=1 SITE=/tmp/site
 . "$(dirname "$0")/gpu_machine.sh"  # install_wheels, keep_first_half, smollm2_gguf, start_detached, watch_jobs
 ROOT=${ROOT:-/tmp/dl}; H=/tmp/headline; BUDGET=${BUDGET:-570}; START=$(date +%s)
@@ -125,7 +127,7 @@ gen() {  # gen ARG...: bench/generate_speed.py on the headline's first 8,192 pro
 trainer_speed() {  # trainer_speed NAME ARG...: bench/trainer_speed.py on a 64-shard synthetic pool (~9 GB), its
   # JSON line appended to $OUT/NAME.jsonl and its log to $OUT/NAME.err
   local name=$1; shift
-  (cd $H/main && PYTHONPATH=$SITE timeout 280 python3 bench/trainer_speed.py --batch-tokens 16384 --samples 8192 \
+  (cd $H/main && PYTHONPATH=$SITE timeout ${RUN_LIMIT:-280} python3 bench/trainer_speed.py --batch-tokens 16384 --samples 8192 \
     --per-shard 128 "$@") >> "$OUT/$name.jsonl" 2>> "$OUT/$name.err"
   tail -n 1 "$OUT/$name.jsonl" | cut -c1-500
 }
@@ -176,6 +178,16 @@ prefetch)  # the reader's queue under CUDA graphs (reader.PREFETCH: 2 until the 
   # both: compare the second and the third. About 8 minutes; JSON lines in $OUT/prefetch.jsonl
   cg=(--steps ${STEPS:-700} --compile-unroll true --cuda-graphs)
   for depth in 8 2 8; do trainer_speed prefetch "${cg[@]}" --prefetch $depth; done ;;
+trainer_ab)  # the preset's compiled unroll against train.compile_cuda_graphs, warm as in the headline (both graphs
+  # loaded from the compile cache, validation's included), alternated, on one 64-shard pool kept in $ROOT/pool. A
+  # cold run of each compiles training and validation (~4 minutes each; its rate is not a warm one). RUNS picks and
+  # orders them: the next session's two calls are RUNS="cold_plain cold_cg" (~9 minutes with install and the issue's
+  # step), then RUNS="plain cg plain cg" (~5 minutes). JSON lines in $OUT/trainer_ab.jsonl (cuda_graphs tells them apart)
+  for run in ${RUNS:-cold_plain cold_cg plain cg plain cg}; do
+    case $run in *plain) graphs=() ;; *cg) graphs=(--cuda-graphs) ;; esac
+    RUN_LIMIT=360 trainer_speed trainer_ab --steps ${STEPS:-700} --compile-unroll true --compile-validation --pool $ROOT/pool \
+      "${graphs[@]}"
+  done ;;
 generate_vs_issue)  # part 2's same-run ratio (carry .gguf-b; after install, with /tmp/oldgen holding 5c67ce0's src and
   # conf, and wheels): the issue's generate stage with its GPU overrides (its bench/h200_session.sh), then today's
   # preset, on the same first GEN_SAMPLES prompts at the same token limits, each into a fresh paths.root (each converts

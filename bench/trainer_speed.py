@@ -129,6 +129,12 @@ def main() -> None:
     ap.add_argument("--compile-unroll", default="auto", help="train.compile_unroll: auto (= on CUDA) | true | false")
     ap.add_argument("--cpp-wrapper", action="store_true", help="train.compile_cpp_wrapper=true")
     ap.add_argument("--cuda-graphs", action="store_true", help="train.compile_cuda_graphs=true")
+    ap.add_argument("--compile-validation", action="store_true",
+                    help="compile validation's graph even when training's compiled cold (the headline's warm-up "
+                         "builds both): later runs then load both from the cache")
+    ap.add_argument("--pool", type=Path, default=None,
+                    help="keep the synthetic pool in this folder and read it there in later runs (default: a "
+                         "temporary one, made again each run)")
     ap.add_argument("--read-batches", type=int, default=20, help="batches timed for the read-only pass")
     ap.add_argument("--sync-reads", action="store_true", help="read batches on the training thread (no worker)")
     ap.add_argument("--read-workers", type=int, default=0,
@@ -160,7 +166,9 @@ def main() -> None:
                             compile_cuda_graphs=args.cuda_graphs)
     totals = {"data_wait_s": 0.0, "validation_s": 0.0, "checkpoint_s": 0.0}
     with tempfile.TemporaryDirectory(prefix="trainer-speed-") as tmp:
-        source = synthetic_source(Path(tmp), args.samples, args.seq, per_shard=args.per_shard,
+        pool = args.pool or Path(tmp)
+        pool.mkdir(parents=True, exist_ok=True)
+        source = synthetic_source(pool, args.samples, args.seq, per_shard=args.per_shard,
                                   prompt_frac=args.prompt_frac, val_every=8)
         plan = source._plan("train", 0, args.batch_tokens, settings.max_seq_len, 0, True)[: args.read_batches]
         for group in plan[:2]:  # warm the page cache and the pinned allocator
@@ -171,6 +179,8 @@ def main() -> None:
         read_s = (time.perf_counter() - start) / max(len(plan) - 2, 1)
 
         trainer = Trainer(model, source, lm_head, settings, Path(tmp) / "ckpt", RecordingReporter())
+        if args.compile_validation and trainer.core is not None:
+            trainer.core.validation = True  # else compiled only once training's graph came from the cache
         log_window = trainer._log_window
 
         def counting_log_window(t0):  # the window resets the trainer's data wait: take it first
@@ -204,7 +214,7 @@ def main() -> None:
         "packed": trainer.packed, "sync_reads": args.sync_reads,
         "read_workers": reader.READ_WORKERS, "prefetch": reader.PREFETCH,
         "device_plan": args.device_plan, "plan_in_loop": args.plan_in_loop,
-        "profiled_steps": args.profile, "threads": torch.get_num_threads(),
+        "profiled_steps": args.profile, "compile_validation": args.compile_validation, "threads": torch.get_num_threads(),
         # Inductor's C++ wrapper launches the unroll's kernels without its Python one: --cpp-wrapper sets it for the
         # unroll (train.compile_cpp_wrapper), TORCHINDUCTOR_CPP_WRAPPER=1 for every compile in the process
         "cpp_wrapper": args.cpp_wrapper or bool(inductor_config.cpp_wrapper),
