@@ -17,7 +17,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from draftlab.data.features import (FORMAT, HEAD_FILE, SMALL_TENSORS, WIDE_TENSORS, HiddenTap, Entry, head_top1,
+from draftlab.data.features import (FORMAT, HEAD_FILE, SMALL_TENSORS, WIDE_TENSORS, Entry, HiddenTap, head_top1,
                                     model_mask, offline_entries, pad_batch, read_manifest, target_head, target_info)
 from draftlab.data.samples import SPLITS, read_samples
 from draftlab.data.vocab import read_vocab, vocab_path
