@@ -31,6 +31,8 @@ def test_stage_code_is_what_the_stage_imports():
     assert "draftlab.serve.engine" in modules["bench"] and "draftlab.data.features" in modules["extract"]
     assert "draftlab.data.prompts" in modules["generate"]
     assert not any(m.startswith("draftlab.train") for m in modules["generate"] | modules["extract"])
+    # the reader is training's alone: a change to it leaves every extracted pool valid
+    assert "draftlab.data.reader" in modules["train"] and "draftlab.data.reader" not in modules["extract"]
     assert "draftlab.pipeline" not in set().union(*modules.values())  # no stage depends on the runner
 
 

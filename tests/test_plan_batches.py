@@ -47,3 +47,23 @@ def test_the_source_plans_with_train_plan_window(tiny_cfg):
     assert wide.num_batches("train", 0, BUDGET, 2048, 0) < narrow.num_batches("train", 0, BUDGET, 2048, 0)
     with pytest.raises(ConfigError, match="train.plan_window"):
         validate(tiny_cfg("train.plan_window=0"))
+
+
+def test_the_validation_plan_groups_samples_by_length():
+    """Unshuffled (validation): every sample once, within the budget, longest first, whatever the seed and epoch;
+    padded to little more than its tokens, where index order padded the same lengths to about twice theirs."""
+    lengths = _lengths()
+    plan = plan_batches(lengths, BUDGET, seed=0, epoch=0, shuffle=False)
+    assert sorted(i for batch in plan for i in batch) == list(range(len(lengths)))
+    assert all(max(lengths[i] for i in b) * len(b) <= BUDGET for b in plan)
+    assert plan == plan_batches(lengths, BUDGET, seed=5, epoch=3, shuffle=False)
+    widths = [max(lengths[i] for i in b) for b in plan]
+    assert widths == sorted(widths, reverse=True)
+    padded = sum(len(b) * width for b, width in zip(plan, widths))
+    in_order, batch, width = 0, [], 0  # index order, cut at the same budget: what the plan was before
+    for length in lengths:
+        if batch and max(width, length) * (len(batch) + 1) > BUDGET:
+            in_order, batch, width = in_order + len(batch) * width, [], 0
+        batch, width = batch + [length], max(width, length)
+    in_order += len(batch) * width
+    assert padded < 1.1 * sum(lengths) < in_order / 1.5, (padded, sum(lengths), in_order)

@@ -7,7 +7,6 @@ through its own hidden state, so accuracy above chance means features and the hi
 
 from __future__ import annotations
 
-import sys
 import types
 
 import pytest
@@ -271,12 +270,9 @@ def test_init_from_continues_for_more_epochs(tmp_path):
 
 
 def _install_fake_features(monkeypatch, source):
-    try:
-        import draftlab.data.features as features
-    except ImportError:
-        features = types.ModuleType("draftlab.data.features")
-        monkeypatch.setitem(sys.modules, "draftlab.data.features", features)
-    monkeypatch.setattr(features, "open_source", lambda cfg, inputs: source, raising=False)
+    import draftlab.data.reader as reader
+
+    monkeypatch.setattr(reader, "open_source", lambda cfg, inputs: source)
 
 
 def test_stage_run_exports_best_draft(tmp_path, monkeypatch):

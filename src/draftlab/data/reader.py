@@ -54,19 +54,23 @@ def plan_batches(lengths: list[int], batch_tokens: int, seed: int, epoch: int, s
                  window_size: int = PLAN_WINDOW) -> list[list[int]]:
     """Positions into `lengths` grouped so that B * T_padded <= batch_tokens (a too-long sample goes alone).
 
-    Shuffled: a seeded permutation, sorted by length inside windows of `window_size` samples (little padding), then
-    the batch order shuffled again. Not shuffled: index order. Deterministic for (seed, epoch). Each window's last
-    batch takes what is left: at 256 samples and the GPU preset's 16,384 tokens a batch held 69% of its budget on
-    average (BENCHMARKS.md), so train.plan_window trades a more random order for fuller batches.
+    Shuffled (training): a seeded permutation, sorted by length inside windows of `window_size` samples (little
+    padding), then the batch order shuffled again. Each window's last batch takes what is left: at 256 samples and
+    the GPU preset's 16,384 tokens a batch held 69% of its budget on average (BENCHMARKS.md), so train.plan_window
+    trades a more random order for fuller batches. Deterministic for (seed, epoch).
+    Not shuffled (validation): longest first, ties in index order, as one window. Order does not matter to a pass's
+    sums, padding does: on headline-like lengths (bench/unroll_sizes.py's) index order padded 2,000 samples to
+    2.24x their tokens in 53 batches, by length 1.05x in 23.
     """
     n = len(lengths)
     gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + int(epoch))
     order = torch.randperm(n, generator=gen).tolist() if shuffle else list(range(n))
+    if not shuffle:
+        window_size = max(n, 1)
     batches: list[list[int]] = []
     for start in range(0, n, window_size):
         window = order[start:start + window_size]
-        if shuffle:
-            window.sort(key=lambda i: -lengths[i])
+        window.sort(key=lambda i: -lengths[i])  # stable: ties keep their order
         current: list[int] = []
         longest = 0
         for i in window:
