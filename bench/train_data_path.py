@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 import time
@@ -33,23 +34,42 @@ from draftlab.train.ttt import target_distribution, ttt_unroll  # noqa: E402
 H, V, VD = 576, 49152, 8192
 
 
+def headline_lengths(n: int, seed: int = 0) -> tuple[list[int], list[int]]:
+    """(sample lengths, prompt lengths) drawn like the headline's ShareGPT samples: prompts log-normal around 50
+    chat tokens, at most 384; answers of 128 tokens, the cap, for 60% of samples, else 8-127 (means about 67 and
+    104, as measured there)."""
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.clamp(torch.exp(torch.randn(n, generator=g) * 0.8 + math.log(50)), 12, 384).long()
+    answer = torch.where(torch.rand(n, generator=g) < 0.6, torch.full((n,), 128),
+                         torch.randint(8, 128, (n,), generator=g))
+    return (prompt + answer).tolist(), prompt.tolist()
+
+
 def synthetic_source(folder: Path, samples: int, seq: int, per_shard: int = 1024,
-                     prompt_frac: float = 0.0, val_every: int = 0) -> FeatureSource:
+                     prompt_frac: float = 0.0, val_every: int = 0, lengths: list[int] | None = None) -> FeatureSource:
     """`prompt_frac` of each sample (its start) is prompt: outside the loss, as a ShareGPT turn's prompt is;
-    every `val_every`-th sample goes to the validation split (0: none). A folder that already holds the pool made
-    with these arguments (its `synthetic.json`) is read as it is: the 64-shard pool took about 40 s to make."""
-    args = {"samples": samples, "seq": seq, "per_shard": per_shard, "prompt_frac": prompt_frac, "val_every": val_every}
+    every `val_every`-th sample goes to the validation split (0: none); `lengths`: the samples' lengths (default:
+    uniform in [seq/2, seq]). A folder that already holds the pool made with these arguments (its
+    `synthetic.json`) is read as it is: the 64-shard pool took about 40 s to make."""
+    args = {"samples": samples, "seq": seq, "per_shard": per_shard, "prompt_frac": prompt_frac, "val_every": val_every,
+            "lengths": lengths}
     made = read_json(folder / "synthetic.json")
     if made is not None and made["args"] == args:
         return FeatureSource(made["manifest"], [Entry(*e) for e in made["entries"]], folder, samples, VD)
+    # the shards are rewritten in place: a run killed among them must not leave the old record to vouch for them
+    (folder / "synthetic.json").unlink(missing_ok=True)
     g = torch.Generator().manual_seed(0)
     shards, entries = [], []
     for number, first in enumerate(range(0, samples, per_shard)):
         n = min(per_shard, samples - first)
-        lengths = torch.randint(seq // 2, seq + 1, (n,), generator=g).tolist()
-        T = sum(lengths)
+        if lengths is None:
+            shard_lengths = torch.randint(seq // 2, seq + 1, (n,), generator=g).tolist()
+        else:
+            shard_lengths = lengths[first:first + n]
+        T = sum(shard_lengths)
         name = f"shard-{number:05d}"
-        loss_mask = torch.cat([(torch.arange(n) >= int(prompt_frac * n)).to(torch.uint8) for n in lengths])
+        loss_mask = torch.cat([(torch.arange(length) >= int(prompt_frac * length)).to(torch.uint8)
+                               for length in shard_lengths])
         save_file({"input_ids": torch.randint(0, V, (T,), generator=g, dtype=torch.int32),
                    "loss_mask": loss_mask,
                    "features": torch.randn(T, 3 * H, generator=g).to(torch.bfloat16),
@@ -58,12 +78,12 @@ def synthetic_source(folder: Path, samples: int, seq: int, per_shard: int = 1024
                   str(folder / f"{name}.safetensors"))
         shards.append({"name": name})
         start = 0
-        for i, length in enumerate(lengths):
+        for i, length in enumerate(shard_lengths):
             split = "val" if val_every and (first + i) % val_every == val_every - 1 else "train"
             entries.append(Entry(first + i, split, length, number, start))
             start += length
-    manifest = {"format": FORMAT, "dtype": "bfloat16", "shapes": {"features": [-1, 3 * H], "last_hidden": [-1, H]}, "target_top": True,
-                "shards": shards, "layer_ids": [1, 14, 26]}
+    manifest = {"format": FORMAT, "dtype": "bfloat16", "shapes": {"features": [-1, 3 * H], "last_hidden": [-1, H]},
+                "target_top": True, "shards": shards, "layer_ids": [1, 14, 26]}
     entries_json = [[e.sample_index, e.split, e.length, e.shard, e.start] for e in entries]
     atomic_write_json(folder / "synthetic.json", {"args": args, "manifest": manifest, "entries": entries_json})
     return FeatureSource(manifest, entries, folder, samples, VD)

@@ -2,8 +2,7 @@
 captured training step needs (train.compile_cuda_graphs, whose padding `attach_plan` applies here with the
 trainer's own code; BENCHMARKS.md, sixteenth session: 727 sets raw, 34 padded, for 1.20x the pairs computed).
 
-Lengths are drawn like the headline's ShareGPT samples (prompts log-normal around 50 chat tokens, at most 384;
-answers of 128 tokens, the cap, for 60% of samples, else 8-127; means about 67 and 104 as measured there); the
+Lengths are drawn like the headline's ShareGPT samples (`train_data_path.headline_lengths`); the
 batches are the trainer's (`plan_batches` at the GPU preset's 16,384 tokens), the sizes those of `PackedPlan`.
 
     python bench/unroll_sizes.py --samples 48000
@@ -14,9 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 
 import torch
+from train_data_path import headline_lengths  # bench/: puts src/ on the path
 
 from draftlab.data.reader import plan_batches
 from draftlab.train.device_batch import attach_plan
@@ -31,12 +30,8 @@ def main() -> None:
     ap.add_argument("--row-bucket", type=int, default=8, help="B padded to a multiple of this")
     ap.add_argument("--count-bucket", type=int, default=2048, help="every count padded to one multiple of this")
     args = ap.parse_args()
-    g = torch.Generator().manual_seed(0)
     n = args.samples
-    prompt = torch.clamp(torch.exp(torch.randn(n, generator=g) * 0.8 + math.log(50)), 12, 384).long()
-    answer = torch.where(torch.rand(n, generator=g) < 0.6, torch.full((n,), 128),
-                         torch.randint(8, 128, (n,), generator=g))
-    lengths = (prompt + answer).tolist()
+    lengths, prompt = headline_lengths(n)
     raw, bucketed, pairs, padded_pairs = set(), set(), 0, 0
     padding = {"multiple": args.length_bucket, "rows": args.row_bucket, "counts": args.count_bucket}
     batches = plan_batches(lengths, args.batch_tokens, 0, 0, True)
@@ -54,8 +49,8 @@ def main() -> None:
         bucketed.add((*padded.shape, len(padded.kept), len(padded.needed), *padded.sizes))
         pairs += len(plan.step_of)
         padded_pairs += len(padded.step_of)
-    print(json.dumps({"samples": n, "mean_prompt": round(prompt.float().mean().item(), 1),
-                      "mean_answer": round(answer.float().mean().item(), 1), "batches": len(batches),
+    print(json.dumps({"samples": n, "mean_prompt": round(sum(prompt) / n, 1),
+                      "mean_answer": round((sum(lengths) - sum(prompt)) / n, 1), "batches": len(batches),
                       "distinct_raw": len(raw), "distinct_bucketed": len(bucketed),
                       "length_bucket": args.length_bucket, "row_bucket": args.row_bucket,
                       "count_bucket": args.count_bucket,

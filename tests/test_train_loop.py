@@ -143,7 +143,7 @@ def test_val_accuracy_climbs_far_above_chance(tmp_path):
                       tmp_path / "ckpt", rep)
     before = trainer.evaluate("val")
     result = trainer.run()
-    first, last = result.history[0], result.history[-1]
+    last = result.history[-1]
     chance = 1 / VD
     assert result.steps >= 150
     assert before["acc_0"] < 0.2 and last["val/acc_0"] > 0.6 > 10 * chance, last
@@ -269,7 +269,7 @@ def test_init_from_continues_for_more_epochs(tmp_path):
     assert cont.best_weights.exists() and not list((tmp_path / "cont").glob(".*.tmp"))  # no copy left half-done
 
 
-def _install_fake_features(monkeypatch, source):
+def _install_fake_source(monkeypatch, source):
     import draftlab.data.reader as reader
 
     monkeypatch.setattr(reader, "open_source", lambda cfg, inputs: source)
@@ -280,7 +280,7 @@ def test_stage_run_exports_best_draft(tmp_path, monkeypatch):
     from draftlab.stages import train as stage
 
     source = FakeSource(n_train=16, n_val=8)
-    _install_fake_features(monkeypatch, source)
+    _install_fake_source(monkeypatch, source)
     cfg = default_config({"draft": {"vocab_size": VD}, "serve": {"num_steps": 2},
                           "train": {"epochs": 2, "max_steps": None, "ttt_steps": 2, "batch_tokens": 200, "max_seq_len": 64,
                                     "log_every": 2, "checkpoint_every": 4, "device": "cpu"}})

@@ -29,7 +29,8 @@ MAX_OPEN_SHARDS = 128
 # the host run steps ahead of the GPU and then wait for it, so it takes batches in bursts. With 2 ahead the trainer
 # waited 6.4 s for batches in 700 steps, with 2 read workers as with 4; with 8, 0.9 s, at the same tok/s: the GPU
 # was the bound, and train/data_wait_frac had blamed the reader (BENCHMARKS.md, seventeenth session). Pinned on a
-# GPU host: ~75 MB a batch at 16,384 tokens.
+# GPU host: ~75 MB a batch at 16,384 tokens, so ~600 MB, twice that while a validation pass reads beside the paused
+# training iterator, and as much on each torchrun rank (each reads the whole global batch).
 PREFETCH = 8
 READ_WORKERS = 2  # threads building them: each batch on its own (bench/read_batches.py --read-workers times 1 and 2)
 
@@ -59,8 +60,8 @@ def plan_batches(lengths: list[int], batch_tokens: int, seed: int, epoch: int, s
     the GPU preset's 16,384 tokens a batch held 69% of its budget on average (BENCHMARKS.md), so train.plan_window
     trades a more random order for fuller batches. Deterministic for (seed, epoch).
     Not shuffled (validation): longest first, ties in index order, as one window. Order does not matter to a pass's
-    sums, padding does: on headline-like lengths (bench/unroll_sizes.py's) index order padded 2,000 samples to
-    2.24x their tokens in 53 batches, by length 1.05x in 23.
+    sums, padding does: on 2,000 headline-like lengths (bench/train_data_path.headline_lengths) at 16,384 tokens,
+    index order padded them to 2.26x their tokens in 50 batches, by length 1.05x in 23 (bench/val_pass.py).
     """
     n = len(lengths)
     gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + int(epoch))
