@@ -181,8 +181,9 @@ prefetch)  # the reader's queue under CUDA graphs (reader.PREFETCH: 2 until the 
 trainer_ab)  # the preset's compiled unroll against train.compile_cuda_graphs, warm as in the headline (both graphs
   # loaded from the compile cache, validation's included), alternated, on one 64-shard pool kept in $ROOT/pool. A
   # cold run of each compiles training and validation (~4 minutes each; its rate is not a warm one). RUNS picks and
-  # orders them: the next session's two calls are RUNS="cold_plain cold_cg" (~9 minutes with install and the issue's
-  # step), then RUNS="plain cg plain cg" (~5 minutes). JSON lines in $OUT/trainer_ab.jsonl (cuda_graphs tells them apart)
+  # orders them: two cold runs after install and the step pass a call's 600 s, so the next session's calls
+  # are RUNS=cold_plain (after those), RUNS="cold_cg plain", then RUNS="cg plain cg" (BENCHMARKS.md, Left to run).
+  # JSON lines in $OUT/trainer_ab.jsonl (cuda_graphs tells them apart)
   for run in ${RUNS:-cold_plain cold_cg plain cg plain cg}; do
     case $run in *plain) graphs=() ;; *cg) graphs=(--cuda-graphs) ;; esac
     RUN_LIMIT=360 trainer_speed trainer_ab --steps ${STEPS:-700} --compile-unroll true --compile-validation --pool $ROOT/pool \
