@@ -11,6 +11,9 @@ Every timed run draws samples of its own (same count and length range), as the s
   forward_cudnn  the same with PyTorch's own kernel choice (cuDNN's attention on an H200; CUDA only)
   forward_head   plus the full-vocabulary argmax (`head_top1`), which extraction stores as `target_top`
   extract_host   extraction with the shards copied to pinned host memory and dropped: no file written
+  extract_null   the stage's `ShardWriter` (its threads, events and buffers in flight) with the write left out: with
+                 extract_host and extract_shm it splits the write's share (10% on the H200) into the writer's
+                 pipeline and the file itself
   extract        the stage's loop writing to --root's disk
   extract_shm    the same into /dev/shm (`--shm`): the write without the disk (the GPU preset's pool)
   extract_wN, extract_shm_wN   the same with N writer threads (`--writers 1 4`: extract.writers)
@@ -83,8 +86,20 @@ def plain_forward(target, shards: list[list[Sample]], batch_size: int, head: boo
     sync(target.device)
 
 
+class NullWriter(ShardWriter):
+    """The stage's writer, its pipeline whole (copies started on submit, a thread waiting on their events, `writers`
+    + 1 shards of pinned buffers alive, the manifest recorded in order) but no shard file: `_write` returns the bytes
+    it would have written."""
+
+    @staticmethod
+    def _write(path: Path, host: dict, events: list) -> int:
+        for event in events:
+            event.synchronize()
+        return sum(t.numel() * t.element_size() for t in host.values())
+
+
 def extraction(target, tap, shards, batch_size: int, dtype: torch.dtype, folder: Path | None,
-               writers: int = 1) -> int:
+               writers: int = 1, writer_class: type[ShardWriter] = ShardWriter) -> int:
     """The stage's loop; `folder` None: the shards are copied to the host (pinned, side stream) and dropped."""
     if folder is None:
         nbytes = 0
@@ -97,7 +112,7 @@ def extraction(target, tap, shards, batch_size: int, dtype: torch.dtype, folder:
     for old in folder.glob("shard-*"):
         old.unlink()
     manifest = {"shards": [], "num_samples": 0}
-    writer = ShardWriter(folder, manifest, writers)
+    writer = writer_class(folder, manifest, writers)
     try:
         for shard in shards:
             writer.submit(extract_shard(tap, shard, batch_size, dtype, target.device), 0.0)
@@ -171,6 +186,8 @@ def main() -> None:
         disk = Path(stack.enter_context(tempfile.TemporaryDirectory(
             prefix="extract-bench-", dir=args.root if Path(args.root).exists() else None)))
         folders = {"extract_host": None}  # where each extraction variant writes its shards (None: nowhere)
+        # extract_null writes only its manifest (a few hundred bytes a shard)
+        folders["extract_null"] = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="extract-null-")))
         if not args.no_disk:
             folders["extract"] = disk
         if args.shm:
@@ -184,9 +201,10 @@ def main() -> None:
         for name, folder in folders.items():
             for writers in ([1] if folder is None else args.writers):
                 variant = name if writers == 1 else f"{name}_w{writers}"
-                variants[variant] = functools.partial(lambda folder, writers, shards: written.append((
-                    extraction(target, tap, shards, args.batch_size, store, folder, writers),
-                    sum(len(s.input_ids) for shard in shards for s in shard))), folder, writers)
+                writer_class = NullWriter if name == "extract_null" else ShardWriter
+                variants[variant] = functools.partial(lambda folder, writers, writer_class, shards: written.append((
+                    extraction(target, tap, shards, args.batch_size, store, folder, writers, writer_class),
+                    sum(len(s.input_ids) for shard in shards for s in shard))), folder, writers, writer_class)
         warm = shards_of(10**6)[:1]
         plain_forward(target, warm, args.batch_size)  # warm-up: kernels, allocator, first-touch pages
         extraction(target, tap, warm, args.batch_size, store, disk)

@@ -5,9 +5,10 @@
 #   bash bench/h200_extract.sh
 #   DISK=0 bash bench/h200_extract.sh   (no dd and no disk variant: the disk's write-back, which runs on after a
 #     write and slowed the next variant by up to 1.9x, then disturbs nothing; five repeats)
+#   (after h200_headline.sh's install and wheels calls on the same warm machine, a call carrying nothing does)
 # It prints the machine's disk facts and a sequential write's speed (dd, 16 GB: more than the page cache holds
-# dirty), then bench/extract_vs_forward.py's parts (forward, forward_head, extract_host, extract,
-# extract_shm when /dev/shm has room; each writing variant with WRITERS writer threads, default "1 4"). What comes
+# dirty), then bench/extract_vs_forward.py's parts (forward, forward_head, extract_host, extract_null (the writer's
+# pipeline without the file), extract, extract_shm when /dev/shm has room; each writing variant with WRITERS writer threads, default "1 4"). What comes
 # back: $OUT/extract_parts.jsonl and $OUT/disk.txt.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 SITE=/tmp/site
