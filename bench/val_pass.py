@@ -38,14 +38,7 @@ def plan_in_index_order(lengths, batch_tokens, seed, epoch, shuffle, window_size
     """The unshuffled plan before the seventeenth session: samples in index order, cut at the token budget."""
     if shuffle:
         return plan_by_length(lengths, batch_tokens, seed, epoch, shuffle, window_size)
-    batches, current, widest = [], [], 0
-    for i, length in enumerate(lengths):
-        if current and max(widest, length) * (len(current) + 1) > batch_tokens:
-            batches.append(current)
-            current, widest = [], 0
-        current.append(i)
-        widest = max(widest, length)
-    return batches + ([current] if current else [])
+    return reader.cut_batches(range(len(lengths)), lengths, batch_tokens)
 
 
 def main() -> None:
@@ -64,7 +57,12 @@ def main() -> None:
     variants = {"by_length": plan_by_length, "index_order": plan_in_index_order}
     settings = LoopSettings(max_steps=1, epochs=None, batch_tokens=args.batch_tokens, device=args.device,
                             compile_cuda_graphs=args.cuda_graphs)
-    results = {name: {"seconds": []} for name in variants}
+    results = {}
+    for name, plan in variants.items():  # the plans' shapes, from the lengths alone
+        groups = plan(lengths, args.batch_tokens, 0, 0, False)
+        padded = sum(len(g) * max(lengths[i] for i in g) for g in groups)
+        results[name] = {"seconds": [], "batches": len(groups), "padded_x": round(padded / sum(lengths), 3)}
+    cuda = args.device == "cuda"
     with tempfile.TemporaryDirectory(prefix="val-pass-") as tmp:
         source = synthetic_source(Path(tmp), args.samples, 0, prompt_frac=0.4, val_every=1, lengths=lengths)
         trainers = {name: Trainer(smollm2_draft(), source, torch.randn(V, 576) * 0.02, settings, Path(tmp) / name,
@@ -76,19 +74,15 @@ def main() -> None:
         for round_ in range(args.passes + 1):
             for name, plan in variants.items():
                 reader.plan_batches = plan
-                if torch.cuda.is_available() and args.device == "cuda":
+                if cuda:
                     torch.cuda.synchronize()
                 start = time.perf_counter()
                 metrics = trainers[name].evaluate("val")
-                if torch.cuda.is_available() and args.device == "cuda":
+                if cuda:
                     torch.cuda.synchronize()
                 if round_:
                     results[name]["seconds"].append(round(time.perf_counter() - start, 3))
                 results[name]["val_loss"] = metrics["loss"]  # evaluate returns names without the split prefix
-                groups = plan(lengths, args.batch_tokens, 0, 0, False)
-                results[name]["batches"] = len(groups)
-                results[name]["padded_x"] = round(sum(len(g) * max(lengths[i] for i in g) for g in groups)
-                                                  / sum(lengths), 3)
         reader.plan_batches = plan_by_length
     for name, result in results.items():
         print(json.dumps({"variant": name, "device": args.device, "samples": args.samples,

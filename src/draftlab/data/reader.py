@@ -72,19 +72,26 @@ def plan_batches(lengths: list[int], batch_tokens: int, seed: int, epoch: int, s
     for start in range(0, n, window_size):
         window = order[start:start + window_size]
         window.sort(key=lambda i: -lengths[i])  # stable: ties keep their order
-        current: list[int] = []
-        longest = 0
-        for i in window:
-            widest = max(longest, lengths[i])
-            if current and widest * (len(current) + 1) > batch_tokens:
-                batches.append(current)
-                current, widest = [], lengths[i]
-            current.append(i)
-            longest = widest
-        if current:
-            batches.append(current)
+        batches += cut_batches(window, lengths, batch_tokens)
     if shuffle:
         batches = [batches[j] for j in torch.randperm(len(batches), generator=gen).tolist()]
+    return batches
+
+
+def cut_batches(order, lengths: list[int], batch_tokens: int) -> list[list[int]]:
+    """`order` cut into consecutive batches with B * T_padded <= batch_tokens (a too-long sample goes alone)."""
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i in order:
+        widest = max(longest, lengths[i])
+        if current and widest * (len(current) + 1) > batch_tokens:
+            batches.append(current)
+            current, widest = [], lengths[i]
+        current.append(i)
+        longest = widest
+    if current:
+        batches.append(current)
     return batches
 
 
