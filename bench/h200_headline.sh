@@ -178,11 +178,12 @@ prefetch)  # the reader's queue under CUDA graphs (reader.PREFETCH: 2 until the 
   # both: compare the second and the third. About 8 minutes; JSON lines in $OUT/prefetch.jsonl
   cg=(--steps ${STEPS:-700} --compile-unroll true --cuda-graphs)
   for depth in 8 2 8; do trainer_speed prefetch "${cg[@]}" --prefetch $depth; done ;;
-trainer_ab)  # the preset's compiled unroll against train.compile_cuda_graphs, warm as in the headline (both graphs
-  # loaded from the compile cache, validation's included), alternated, on one 64-shard pool kept in $ROOT/pool. A
-  # cold run of each compiles training and validation (~4 minutes each; its rate is not a warm one). RUNS picks and
-  # orders them: two cold runs after install and the step pass a call's 600 s, so the next session's calls
-  # are RUNS=cold_plain (after those), RUNS="cold_cg plain", then RUNS="cg plain cg" (BENCHMARKS.md, Left to run).
+trainer_ab)  # the plain compiled unroll against train.compile_cuda_graphs (the GPU preset's since 2026-12-03), warm
+  # as in the headline (both graphs loaded from the compile cache, validation's included), alternated, on one 64-shard
+  # pool kept in $ROOT/pool. A cold run of each compiles training and validation (3-4 minutes each; its rate is not a
+  # warm one). RUNS picks and orders them: two cold runs after install and the step pass a call's 600 s (the
+  # nineteenth session ran RUNS=cold_plain, "cold_cg plain", "cold_cg cold_plain", "cg plain cg plain";
+  # BENCHMARKS.md). trainer_speed.py sets the key from its flag, not from the preset.
   # JSON lines in $OUT/trainer_ab.jsonl (cuda_graphs tells them apart)
   for run in ${RUNS:-cold_plain cold_cg plain cg plain cg}; do
     case $run in *plain) graphs=() ;; *cg) graphs=(--cuda-graphs) ;; esac
