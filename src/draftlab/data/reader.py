@@ -84,12 +84,11 @@ def cut_batches(order, lengths: list[int], batch_tokens: int) -> list[list[int]]
     current: list[int] = []
     longest = 0
     for i in order:
-        widest = max(longest, lengths[i])
-        if current and widest * (len(current) + 1) > batch_tokens:
+        if current and max(longest, lengths[i]) * (len(current) + 1) > batch_tokens:
             batches.append(current)
-            current, widest = [], lengths[i]
+            current, longest = [], 0
         current.append(i)
-        longest = widest
+        longest = max(longest, lengths[i])
     if current:
         batches.append(current)
     return batches
