@@ -4,7 +4,8 @@ part 7).
 The kill is real (SIGKILL from the kernel, no cleanup runs). It lands at a seeded random file replacement of the
 stage, just before or just after the rename, the moments where a half-written output could survive; the seed
 is DRAFTLAB_CRASH_SEED (default 0) and every kill point is logged, so a failure can be replayed. The killed job
-is a fork of the test process, so it costs no start-up: a few seconds per stage on the tiny target.
+is a process of its own (tests/crash_child.py), started as a real job starts: a few seconds per stage on the tiny
+target.
 """
 
 from __future__ import annotations
@@ -14,16 +15,18 @@ import logging
 import os
 import random
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
-from conftest import compose_config, tiny_overrides
-from draftlab.config import validate
+from crash_child import ReplaceCounter, config
 from draftlab.pipeline import plan, run_stages
 from draftlab.reporting import NullReporter
 
 log = logging.getLogger("draftlab.tests.crash")
 STAGES = ["generate", "extract", "train", "bench"]
 SEED = int(os.environ.get("DRAFTLAB_CRASH_SEED", "0"))
+CHILD = Path(__file__).with_name("crash_child.py")
 # Timings differ between runs by nature, and how much work a run found already done is its history, not its
 # output (a rerun after a kill finds some); everything else must be equal.
 TIMING = ("seconds", "per_s", "wait", "speedup", "wall", "time", "new_samples", "new_steps", "cached")
@@ -32,41 +35,13 @@ PROVENANCE = ("produced_by",)
 SKIP = (".lock", ".png")  # locks; plots embed nothing but what the JSON next to them holds
 
 
-def config(root: Path):
-    # checkpoint_every=1: train's kill can land after a checkpoint, so resuming from one is exercised
-    return validate(compose_config(tiny_overrides(root, "tracking.enabled=false", "train.checkpoint_every=1")))
-
-
-class ReplaceCounter:
-    """Counts os.replace calls (the last step of every atomic write) and, in a doomed child, SIGKILLs itself at
-    the chosen one."""
-
-    def __init__(self, monkeypatch, kill_at: int = 0, after: bool = False):
-        self.real, self.count, self.kill_at, self.after = os.replace, 0, kill_at, after
-        monkeypatch.setattr(os, "replace", self)
-
-    def __call__(self, src, dst):
-        self.count += 1
-        if self.count == self.kill_at and not self.after:
-            os.kill(os.getpid(), signal.SIGKILL)
-        result = self.real(src, dst)
-        if self.count == self.kill_at and self.after:
-            os.kill(os.getpid(), signal.SIGKILL)
-        return result
-
-
-def killed_run(cfg, stage: str, counter: ReplaceCounter) -> None:
-    """Runs the stage in a forked child that kills itself at counter.kill_at; returns once it died."""
-    pid = os.fork()
-    if pid == 0:  # the child: never return into pytest
-        code = 1
-        try:
-            run_stages(cfg, NullReporter(), names=[stage])
-            code = 3  # finished: the kill point was never reached
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, f"child exit status {status}"
+def killed_run(root: Path, stage: str, kill_at: int, after: bool) -> None:
+    """Runs the stage in a job that kills itself at replacement `kill_at`; returns once it died."""
+    command = [sys.executable, str(CHILD), str(root), stage, str(kill_at), "after" if after else "before"]
+    env = {**os.environ, "DRAFTLAB_PROGRESS": "0"}
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == -signal.SIGKILL, \
+        f"the {stage} job exited with {proc.returncode} instead of dying at replacement {kill_at}:\n{proc.stderr[-4000:]}"
 
 
 def normalised(path: Path, root: Path):
@@ -97,14 +72,14 @@ def test_kill_9_anywhere_then_rerun_equals_uninterrupted(tmp_path, monkeypatch):
     rng = random.Random(SEED)
     reference, crashed = config(tmp_path / "reference"), config(tmp_path / "crashed")
     for stage in STAGES:
+        counter = ReplaceCounter()
         with monkeypatch.context() as patch:
-            counter = ReplaceCounter(patch)
+            patch.setattr(os, "replace", counter)
             run_stages(reference, NullReporter(), names=[stage])
         kill_at, after = rng.randint(1, counter.count), rng.random() < 0.5
         log.warning("crash test (DRAFTLAB_CRASH_SEED=%d): kill -9 %s at file replacement %d of %d, %s the rename",
                     SEED, stage, kill_at, counter.count, "after" if after else "before")
-        with monkeypatch.context() as patch:
-            killed_run(crashed, stage, ReplaceCounter(patch, kill_at, after))
+        killed_run(tmp_path / "crashed", stage, kill_at, after)
         run_stages(crashed, NullReporter(), names=[stage])  # the rerun resumes what the kill left
 
         want = outputs(plan(reference)[stage].folder, tmp_path / "reference")

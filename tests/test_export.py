@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -121,3 +122,30 @@ def test_round_trip(tmp_path):
     export_draft(model, cfg, folder, "bfloat16")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["draft"]
     assert load_draft(folder).cfg == cfg
+
+
+def test_a_kill_between_the_swap_renames_leaves_only_a_swept_leftover(tmp_path, monkeypatch):
+    """Re-exporting swaps folders with two renames; stopped between them, the old folder must carry a name the
+    pipeline's leftover sweep (`.*.tmp`) removes, or it stays among the stage's outputs for good."""
+    from draftlab import export, fsutil
+
+    cfg = _config()
+    model = Eagle3Draft(cfg)
+    folder = export_draft(model, cfg, tmp_path / "draft", "float32")
+    real, renames = os.replace, []
+
+    def stop_after_the_first_rename(src, dst):
+        renames.append(dst)
+        real(src, dst)
+        if len(renames) == 1:
+            raise KeyboardInterrupt("killed between the renames")
+
+    monkeypatch.setattr(export.os, "replace", stop_after_the_first_rename)
+    with pytest.raises(KeyboardInterrupt):
+        export_draft(model, cfg, folder, "float32")
+    monkeypatch.setattr(export.os, "replace", real)
+    assert not folder.exists()
+    fsutil.remove_leftovers(tmp_path, ".*.tmp", recursive=True)  # what the pipeline does before a rerun
+    assert list(tmp_path.iterdir()) == []
+    export_draft(model, cfg, folder, "float32")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["draft"]

@@ -40,14 +40,14 @@ def export_draft(model: Eagle3Draft, cfg: DraftModelConfig, folder: Path, torch_
     (tmp / "config.json").write_text(json.dumps(cfg.to_hf_config(torch_dtype), indent=2, sort_keys=True) + "\n")
     if provenance is not None:
         (tmp / draft_provenance.FILE).write_text(json.dumps(provenance, indent=2, sort_keys=True) + "\n")
+    # A kill between the two renames leaves the old folder under a `.*.tmp` name: the pipeline's leftover sweep
+    # removes it, as it does `tmp` (a plain `.old` would outlive the rerun, a stray file among the outputs).
+    old = folder.parent / f".{folder.name}.old.tmp"
+    shutil.rmtree(old, ignore_errors=True)
     if folder.exists():
-        old = folder.parent / f".{folder.name}.old"
-        shutil.rmtree(old, ignore_errors=True)
         os.replace(folder, old)
-        os.replace(tmp, folder)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, folder)
+    os.replace(tmp, folder)
+    shutil.rmtree(old, ignore_errors=True)
     return folder
 
 

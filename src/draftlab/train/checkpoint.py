@@ -3,7 +3,10 @@
 A checkpoint folder holds `model.safetensors` (trainable weights), `optimizer.safetensors` (AdamW state, keyed
 `<param index>.<name>`), `rng.safetensors` (torch and CUDA generator states) and `trainer.json` (the loop's
 state, the optimizer's param groups, Python's RNG state). It is written into `.<name>.tmp` and renamed, and
-`latest.json` moves only after the rename, so a kill at any point leaves the previous checkpoint usable.
+`latest.json` moves only after the rename, so a kill at any point leaves the previous checkpoint usable. A second
+write at the same position (the loop saves again after its last window and validation) takes a new folder,
+`<name>-001`, rather than replacing the one `latest.json` may name: a kill between removing that one and the rename
+left `latest.json` naming nothing (seed 2 of tests/test_crash_resume.py).
 Nothing is ever unpickled. What the state means is the loop's business (train/loop.py).
 """
 
@@ -54,9 +57,18 @@ def resolve_checkpoint(path: str | Path) -> Path:
     raise FileNotFoundError(f"train.init_from: no checkpoint at {path}")
 
 
+def _unused(ckpt_dir: Path, name: str) -> str:
+    """`name`, or `name-001`, `name-002`... when taken: zero-padded, so the names still sort by age."""
+    taken = {p.name for p in Path(ckpt_dir).glob(f"{name}*")}
+    if name not in taken:
+        return name
+    return next(f"{name}-{n:03d}" for n in range(1, len(taken) + 2) if f"{name}-{n:03d}" not in taken)
+
+
 def write_checkpoint(ckpt_dir: Path, name: str, model: dict[str, torch.Tensor], optimizer: dict, state: dict) -> None:
     """Writes checkpoint `name` (weights, `optimizer.state_dict()`, RNG states and `state`), points `latest.json`
     at it, and keeps the newest KEEP_CHECKPOINTS."""
+    name = _unused(ckpt_dir, name)
     final = ckpt_dir / name
     tmp = ckpt_dir / f".{name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -71,7 +83,6 @@ def write_checkpoint(ckpt_dir: Path, name: str, model: dict[str, torch.Tensor], 
     fsutil.atomic_write_json(tmp / "trainer.json", dict(state, format=CKPT_FORMAT,
                                                         param_groups=optimizer["param_groups"],
                                                         python_rng=list(random.getstate())))
-    shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     fsutil.atomic_write_json(ckpt_dir / "latest.json", {"name": name, "step": state["step"]})
     older = sorted(p for p in ckpt_dir.glob("ckpt-*") if p.name != name)
