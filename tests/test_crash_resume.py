@@ -2,10 +2,10 @@
 part 7).
 
 The kill is real (SIGKILL from the kernel, no cleanup runs). It lands at a seeded random file replacement of the
-stage, just before or just after the rename, the moments where a half-written output could survive; the seed
-is DRAFTLAB_CRASH_SEED (default 0) and every kill point is logged, so a failure can be replayed. The killed job
-is a process of its own (tests/crash_child.py), started as a real job starts: a few seconds per stage on the tiny
-target.
+stage, just before or just after the rename, the moments where a half-written output could survive; the seeds
+are DRAFTLAB_CRASH_SEEDS (default 0,1,2) and every kill point is logged, so a failure can be replayed. The killed
+job is a process of its own (tests/crash_child.py), started as a real job starts: a few seconds per stage on the
+tiny target.
 """
 
 from __future__ import annotations
@@ -19,13 +19,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from crash_child import ReplaceCounter, config
 from draftlab.pipeline import plan, run_stages
 from draftlab.reporting import NullReporter
 
 log = logging.getLogger("draftlab.tests.crash")
 STAGES = ["generate", "extract", "train", "bench"]
-SEED = int(os.environ.get("DRAFTLAB_CRASH_SEED", "0"))
+# Three seeds by default, three kill points a stage: seed 2 found what seed 0 missed (a checkpoint rewritten in place)
+SEEDS = [int(seed) for seed in os.environ.get("DRAFTLAB_CRASH_SEEDS", "0,1,2").split(",")]
 CHILD = Path(__file__).with_name("crash_child.py")
 # Timings differ between runs by nature, and how much work a run found already done is its history, not its
 # output (a rerun after a kill finds some); everything else must be equal.
@@ -68,8 +71,9 @@ def outputs(folder: Path, root: Path) -> dict[str, object]:
             if p.is_file() and not p.name.endswith(SKIP) and "checkpoints" not in p.parts}
 
 
-def test_kill_9_anywhere_then_rerun_equals_uninterrupted(tmp_path, monkeypatch):
-    rng = random.Random(SEED)
+@pytest.mark.parametrize("seed", SEEDS)
+def test_kill_9_anywhere_then_rerun_equals_uninterrupted(tmp_path, monkeypatch, seed):
+    rng = random.Random(seed)
     reference, crashed = config(tmp_path / "reference"), config(tmp_path / "crashed")
     for stage in STAGES:
         counter = ReplaceCounter()
@@ -77,8 +81,8 @@ def test_kill_9_anywhere_then_rerun_equals_uninterrupted(tmp_path, monkeypatch):
             patch.setattr(os, "replace", counter)
             run_stages(reference, NullReporter(), names=[stage])
         kill_at, after = rng.randint(1, counter.count), rng.random() < 0.5
-        log.warning("crash test (DRAFTLAB_CRASH_SEED=%d): kill -9 %s at file replacement %d of %d, %s the rename",
-                    SEED, stage, kill_at, counter.count, "after" if after else "before")
+        log.warning("crash test (DRAFTLAB_CRASH_SEEDS=%d): kill -9 %s at file replacement %d of %d, %s the rename",
+                    seed, stage, kill_at, counter.count, "after" if after else "before")
         killed_run(tmp_path / "crashed", stage, kill_at, after)
         run_stages(crashed, NullReporter(), names=[stage])  # the rerun resumes what the kill left
 
