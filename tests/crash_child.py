@@ -4,9 +4,9 @@ SIGKILLs itself at a chosen file replacement.
     python tests/crash_child.py ROOT STAGE KILL_AT AFTER
 
 A process of its own, not a fork of pytest: a fork inherits whatever the test session holds at that moment (threads
-of earlier tests, their pools, patched modules), and CI once saw such a child fail where no real job would
-(stop 33: exit status 1, no traceback). A real job starts clean, and so does this one; what it prints comes back to
-the test.
+of earlier tests, their pools, patched modules). CI once saw such a forked child exit with status 1 and no
+traceback (2026-12-04; not reproduced here). A real job starts clean, and so does this one; what it prints comes
+back to the test.
 """
 
 from __future__ import annotations
