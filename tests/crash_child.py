@@ -20,6 +20,8 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 
 from conftest import compose_config, tiny_overrides  # noqa: E402
 from draftlab.config import validate  # noqa: E402
+from draftlab.pipeline import run_stages  # noqa: E402
+from draftlab.reporting import NullReporter  # noqa: E402
 
 
 def config(root: Path):
@@ -45,9 +47,6 @@ class ReplaceCounter:
 
 
 def main(root: str, stage: str, kill_at: str, after: str) -> int:
-    from draftlab.pipeline import run_stages
-    from draftlab.reporting import NullReporter
-
     cfg = config(Path(root))
     os.replace = ReplaceCounter(int(kill_at), after == "after")
     run_stages(cfg, NullReporter(), names=[stage])

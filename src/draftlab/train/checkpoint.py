@@ -12,6 +12,7 @@ Nothing is ever unpickled. What the state means is the loop's business (train/lo
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import shutil
@@ -59,10 +60,8 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 def _unused(ckpt_dir: Path, name: str) -> str:
     """`name`, or `name-001`, `name-002`... when taken: zero-padded, so the names still sort by age."""
-    taken = {p.name for p in Path(ckpt_dir).glob(f"{name}*")}
-    if name not in taken:
-        return name
-    return next(f"{name}-{n:03d}" for n in range(1, len(taken) + 2) if f"{name}-{n:03d}" not in taken)
+    candidates = itertools.chain([name], (f"{name}-{n:03d}" for n in itertools.count(1)))
+    return next(c for c in candidates if not (Path(ckpt_dir) / c).exists())
 
 
 def write_checkpoint(ckpt_dir: Path, name: str, model: dict[str, torch.Tensor], optimizer: dict, state: dict) -> None:
