@@ -16,6 +16,8 @@ Every timed run draws samples of its own (same count and length range), as the s
                  pipeline and the file itself
   extract        the stage's loop writing to --root's disk
   extract_shm    the same into /dev/shm (`--shm`): the write without the disk (the GPU preset's pool)
+  extract_shm_raw  the same bytes into /dev/shm with a plain file write instead of safetensors' (`--shm`; not a
+                 readable shard): whether the serialiser or the file itself costs
   extract_wN, extract_shm_wN   the same with N writer threads (`--writers 1 4`: extract.writers)
 
     python bench/extract_vs_forward.py --device cpu --target smollm2 --samples 32 --threads 2
@@ -96,6 +98,20 @@ class NullWriter(ShardWriter):
         for event in events:
             event.synchronize()
         return sum(t.numel() * t.element_size() for t in host.values())
+
+
+class RawWriter(ShardWriter):
+    """The stage's writer with each tensor's bytes written by a plain `write` (the GIL released for each), not by
+    safetensors: the same bytes, in no format any reader takes."""
+
+    @staticmethod
+    def _write(path: Path, host: dict, events: list) -> int:
+        for event in events:
+            event.synchronize()
+        with open(path, "wb") as handle:
+            for t in host.values():
+                handle.write(memoryview(t.contiguous().view(torch.uint8).numpy()))
+        return path.stat().st_size
 
 
 def extraction(target, tap, shards, batch_size: int, dtype: torch.dtype, folder: Path | None,
@@ -193,6 +209,8 @@ def main() -> None:
         if args.shm:
             folders["extract_shm"] = Path(stack.enter_context(
                 tempfile.TemporaryDirectory(prefix="extract-bench-", dir="/dev/shm")))
+            folders["extract_shm_raw"] = Path(stack.enter_context(
+                tempfile.TemporaryDirectory(prefix="extract-raw-", dir="/dev/shm")))
         written: list[int] = []
         variants = {"forward": lambda shards: plain_forward(target, shards, args.batch_size),
                     "forward_head": lambda shards: plain_forward(target, shards, args.batch_size, head=True)}
@@ -201,7 +219,7 @@ def main() -> None:
         for name, folder in folders.items():
             for writers in ([1] if folder is None else args.writers):
                 variant = name if writers == 1 else f"{name}_w{writers}"
-                writer_class = NullWriter if name == "extract_null" else ShardWriter
+                writer_class = {"extract_null": NullWriter, "extract_shm_raw": RawWriter}.get(name, ShardWriter)
                 variants[variant] = functools.partial(lambda folder, writers, writer_class, shards: written.append((
                     extraction(target, tap, shards, args.batch_size, store, folder, writers, writer_class),
                     sum(len(s.input_ids) for shard in shards for s in shard))), folder, writers, writer_class)

@@ -8,8 +8,9 @@
 #   (after h200_headline.sh's install and wheels calls on the same warm machine, a call carrying nothing does)
 # It prints the machine's disk facts and a sequential write's speed (dd, 16 GB: more than the page cache holds
 # dirty), then bench/extract_vs_forward.py's parts (forward, forward_head, extract_host, extract_null (the writer's
-# pipeline without the file), extract, extract_shm when /dev/shm has room; each writing variant with WRITERS writer threads, default "1 4"). What comes
-# back: $OUT/extract_parts.jsonl and $OUT/disk.txt.
+# pipeline without the file), extract, extract_shm and extract_shm_raw (a plain write of the same bytes) when
+# /dev/shm has room; each writing variant with WRITERS writer threads, default "1 4"). What comes back:
+# $OUT/extract_parts.jsonl, $OUT/tmpfs_write.jsonl and $OUT/disk.txt.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 SITE=/tmp/site
 . "$(dirname "$0")/gpu_machine.sh"  # install_wheels, keep_first_half
@@ -29,6 +30,11 @@ install_wheels .whl .whl-tf && keep_first_half || exit 1
   rm -f "$ROOT/dd.bin"
   sync
 } 2>&1 | tee "$OUT/disk.txt"
+
+# tmpfs's write speed from 1 to 8 threads, safetensors' and a plain write's, the main thread idle and busy in Python
+# (about a minute; TMPFS=0 leaves it out): $OUT/tmpfs_write.jsonl
+[ "${TMPFS:-1}" = 1 ] && PYTHONPATH=$SITE timeout 150 python3 bench/tmpfs_write.py --folder /dev/shm --pinned \
+  --repeats 2 | tee -a "$OUT/tmpfs_write.jsonl" | cut -c1-1500
 
 flags=(--repeats 3); [ "${DISK:-1}" = 1 ] || flags=(--repeats 5 --no-disk)
 shm=()
