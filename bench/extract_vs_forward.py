@@ -7,9 +7,12 @@ padding and copies) and with the stage's attention kernels (draftlab.attention).
 `--repeats` times (best and median tok/s kept; robust to a shared machine), so that the cost splits into its parts.
 Every timed run draws samples of its own (same count and length range), as the stage rarely sees a shape twice;
 `--same-shapes` reuses one set, which hid cuDNN's per-shape planning until 2026-12-02 (BENCHMARKS.md).
+`--samples-from` takes a generate stage's samples instead (real lengths and answer masks, e.g. a headline's): timed
+run k then reads the k-th window of `--samples` of them, wrapping around.
   forward        the target's body alone (the goal's baseline)
   forward_cudnn  the same with PyTorch's own kernel choice (cuDNN's attention on an H200; CUDA only)
-  forward_head   plus the full-vocabulary argmax (`head_top1`), which extraction stores as `target_top`
+  forward_head   plus the full-vocabulary argmax (`head_top1`) at every position (what a causal LM's forward adds)
+  forward_read   plus that argmax only where training reads it (`stored_top1`, as extraction stores `target_top`)
   extract_host   extraction with the shards copied to pinned host memory and dropped: no file written
   extract_null   the stage's `ShardWriter` (its threads, events and buffers in flight) with the write left out: with
                  extract_host and extract_shm it splits the write's share (10% on the H200) into the writer's
@@ -43,9 +46,9 @@ import torch
 
 from draftlab.attention import variable_shape_attention
 from draftlab.config import default_config
-from draftlab.data.features import HiddenTap, head_top1, model_mask, pad_batch
+from draftlab.data.features import HiddenTap, head_top1, model_mask, pad_batch, stored_top1
 from draftlab.data.layers import resolve_layers
-from draftlab.data.samples import Sample
+from draftlab.data.samples import Sample, read_samples
 from draftlab.stages.extract import ShardWriter, extract_shard, start_host_copy
 from draftlab.target import load_target
 
@@ -62,29 +65,41 @@ def synthetic_samples(count: int, min_len: int, max_len: int, vocab: int, seed: 
     return samples
 
 
+def real_samples(folder: Path, count: int) -> list[Sample]:
+    """All of a generate folder's samples (ids and answer masks only), refused when fewer than one run needs."""
+    samples = [Sample(s.index, s.input_ids, s.loss_mask, s.split) for s in read_samples(folder)]
+    if len(samples) < count:
+        raise SystemExit(f"--samples-from {folder}: {len(samples)} samples, fewer than --samples {count}")
+    return samples
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def plain_forward(target, shards: list[list[Sample]], batch_size: int, head: bool = False,
+def plain_forward(target, shards: list[list[Sample]], batch_size: int, head: str = "",
                   cudnn: bool = False) -> None:
     """The same batches as `extract_shard` makes (sorted by length inside a shard), without capture or storage.
-    `head`: plus the full-vocabulary argmax of every position (what a causal LM's forward would add).
-    `cudnn`: PyTorch's own choice of attention kernel (cuDNN on an H200), which the stage leaves out."""
+    `head`: "all", plus the full-vocabulary argmax of every position (what a causal LM's forward would add); "read",
+    only where training reads it. `cudnn`: PyTorch's own choice of attention kernel (cuDNN on an H200), which the
+    stage leaves out."""
     weight = target.model.get_output_embeddings().weight
     with torch.inference_mode(), (contextlib.nullcontext() if cudnn else variable_shape_attention()):
         for shard in shards:
             order = sorted(shard, key=lambda s: len(s.input_ids))
             for start in range(0, len(order), batch_size):
-                seqs = [s.input_ids for s in order[start:start + batch_size]]
+                chunk = order[start:start + batch_size]
+                seqs = [s.input_ids for s in chunk]
                 ids, mask = pad_batch(seqs)
                 mask = model_mask(seqs, mask)
                 out = target.model.model(input_ids=ids.to(target.device),
                                          attention_mask=None if mask is None else mask.to(target.device),
                                          use_cache=False)
-                if head:
+                if head == "all":
                     head_top1(out.last_hidden_state, weight)
+                elif head == "read":
+                    stored_top1(out.last_hidden_state, weight, [s.loss_mask for s in chunk])
     sync(target.device)
 
 
@@ -166,6 +181,7 @@ def main() -> None:
     parser.add_argument("--store-dtype", default="bfloat16", help="extract.dtype")
     parser.add_argument("--layers", default="auto")
     parser.add_argument("--samples", type=int, default=32)
+    parser.add_argument("--samples-from", default=None, help="a generate folder: its samples, not synthetic ones")
     parser.add_argument("--min-len", type=int, default=128)
     parser.add_argument("--max-len", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=8, help="extract.batch_size")
@@ -177,6 +193,8 @@ def main() -> None:
                         help="every timed run on the same samples (as before 2026-12-02): per-shape plans amortise")
     parser.add_argument("--no-disk", action="store_true",
                         help="leave out `extract`: the disk's write-back then slows no other variant")
+    parser.add_argument("--variants", nargs="+", default=None,
+                        help="only these variants (names as printed; forward always runs: the ratios' base)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     parser.add_argument("--root", default="outputs", help="paths.root (the converted SmolLM2 is cached there)")
@@ -194,8 +212,14 @@ def main() -> None:
     tap = HiddenTap(target.model, layer_ids)
     store = getattr(torch, args.store_dtype)
 
+    real = real_samples(Path(args.samples_from), args.samples) if args.samples_from else None
+
     def shards_of(seed: int) -> list[list[Sample]]:
-        samples = synthetic_samples(args.samples, args.min_len, args.max_len, target.vocab_size, seed)
+        if real is None:
+            samples = synthetic_samples(args.samples, args.min_len, args.max_len, target.vocab_size, seed)
+        else:  # the seed-th window, wrapping: each timed run its own samples while the folder lasts
+            start = seed * args.samples % len(real)
+            samples = (real + real)[start:start + args.samples]
         return [samples[i:i + args.shard_size] for i in range(0, len(samples), args.shard_size)]
 
     with contextlib.ExitStack() as stack:
@@ -213,7 +237,8 @@ def main() -> None:
                 tempfile.TemporaryDirectory(prefix="extract-raw-", dir="/dev/shm")))
         written: list[int] = []
         variants = {"forward": lambda shards: plain_forward(target, shards, args.batch_size),
-                    "forward_head": lambda shards: plain_forward(target, shards, args.batch_size, head=True)}
+                    "forward_head": lambda shards: plain_forward(target, shards, args.batch_size, head="all"),
+                    "forward_read": lambda shards: plain_forward(target, shards, args.batch_size, head="read")}
         if args.device == "cuda":
             variants["forward_cudnn"] = lambda shards: plain_forward(target, shards, args.batch_size, cudnn=True)
         for name, folder in folders.items():
@@ -223,6 +248,11 @@ def main() -> None:
                 variants[variant] = functools.partial(lambda folder, writers, writer_class, shards: written.append((
                     extraction(target, tap, shards, args.batch_size, store, folder, writers, writer_class),
                     sum(len(s.input_ids) for shard in shards for s in shard))), folder, writers, writer_class)
+        if args.variants:
+            unknown = set(args.variants) - set(variants)
+            if unknown:
+                parser.error(f"--variants: no variant {sorted(unknown)}; there are {sorted(variants)}")
+            variants = {name: fn for name, fn in variants.items() if name == "forward" or name in args.variants}
         warm = shards_of(10**6)[:1]
         plain_forward(target, warm, args.batch_size)  # warm-up: kernels, allocator, first-touch pages
         extraction(target, tap, warm, args.batch_size, store, disk)
@@ -239,11 +269,12 @@ def main() -> None:
                 rates[name].append(tokens / timed(functools.partial(fn, shards)))
     best = {name: max(r) for name, r in rates.items()}
     median = {name: sorted(r)[len(r) // 2] for name, r in rates.items()}
-    main_name = "extract" if "extract" in best else "extract_host"
+    main_name = next((name for name in ("extract", "extract_host") if name in best), list(best)[-1])
     print(json.dumps({
         "device": args.device, "target": args.target, "dtype": args.dtype, "store_dtype": args.store_dtype,
         "layer_ids": layer_ids, "samples": args.samples, "tokens": sum(len(s.input_ids) for f in fixed for s in f),
         "batch_size": args.batch_size, "shard_size": args.shard_size, "same_shapes": args.same_shapes,
+        "samples_from": args.samples_from,
         "threads": torch.get_num_threads(),
         "safetensors": importlib.metadata.version("safetensors"), "torch": torch.__version__,
         "forward_tok_s": round(best["forward"], 1), "extract_tok_s": round(best[main_name], 1),
@@ -252,7 +283,7 @@ def main() -> None:
         "ratios_to_forward": {name: round(best["forward"] / best[name], 3) for name in variants},
         "tok_s": {name: round(best[name], 1) for name in variants},
         "tok_s_runs": {name: [round(r, 1) for r in runs] for name, runs in rates.items()},
-        "bytes_per_token": round(written[-1][0] / written[-1][1], 1), "goal_ratio": 1.1,
+        "bytes_per_token": round(written[-1][0] / written[-1][1], 1) if written else None, "goal_ratio": 1.1,
     }))
 
 

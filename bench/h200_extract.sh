@@ -6,6 +6,10 @@
 #   DISK=0 bash bench/h200_extract.sh   (no dd and no disk variant: the disk's write-back, which runs on after a
 #     write and slowed the next variant by up to 1.9x, then disturbs nothing; five repeats)
 #   (after h200_headline.sh's install and wheels calls on the same warm machine, a call carrying nothing does)
+#   SAMPLES=32768 REPEATS=3 VARIANTS="forward_head forward_read extract_null_w4 extract_shm_w4" WRITERS=4 TMPFS=0 DISK=0 \
+#     bash bench/h200_extract.sh   (about 5 minutes)
+#     (32 shards: the last shard's write, which nothing overlaps, then weighs 1/32 as in the stage at 50,000
+#      samples, not 1/8 as at the default 8,192; BATCH sets --batch-size, 64 as the GPU preset)
 # It prints the machine's disk facts and a sequential write's speed (dd, 16 GB: more than the page cache holds
 # dirty), then bench/extract_vs_forward.py's parts (forward, forward_head, extract_host, extract_null (the writer's
 # pipeline without the file), extract, extract_shm and extract_shm_raw (a plain write of the same bytes) when
@@ -36,13 +40,15 @@ install_wheels .whl .whl-tf && keep_first_half || exit 1
 [ "${TMPFS:-1}" = 1 ] && PYTHONPATH=$SITE timeout 150 python3 bench/tmpfs_write.py --folder /dev/shm --pinned \
   --repeats 2 | tee -a "$OUT/tmpfs_write.jsonl" | cut -c1-1500
 
-flags=(--repeats 3); [ "${DISK:-1}" = 1 ] || flags=(--repeats 5 --no-disk)
+flags=(--repeats ${REPEATS:-3}); [ "${DISK:-1}" = 1 ] || flags=(--repeats ${REPEATS:-5} --no-disk)
 shm=()
 avail_gb=$(df --output=avail -BG /dev/shm | tail -n 1 | tr -dc 0-9)
 [ "${avail_gb:-0}" -ge 12 ] && shm=(--shm)
+variants=(); [ -n "${VARIANTS:-}" ] && variants=(--variants $VARIANTS)
 PYTHONPATH=$SITE:src timeout 420 python3 bench/extract_vs_forward.py --device cuda --target shaped \
-  --dtype bfloat16 --samples "${SAMPLES:-8192}" --batch-size 64 --shard-size 1024 "${shm[@]}" --writers ${WRITERS:-1 4} \
-  "${flags[@]}" --root "$ROOT" >> "$OUT/extract_parts.jsonl" 2> "$OUT/extract_parts.err"
+  --dtype bfloat16 --samples "${SAMPLES:-8192}" --batch-size ${BATCH:-64} --shard-size 1024 "${shm[@]}" \
+  --writers ${WRITERS:-1 4} "${variants[@]}" "${flags[@]}" --root "$ROOT" >> "$OUT/extract_parts.jsonl" \
+  2> "$OUT/extract_parts.err"
 echo "rc=$?"; tail -n 3 "$OUT/extract_parts.err" | cut -c1-300
 python3 -c "import json,sys; r=json.loads(open(sys.argv[1]).readlines()[-1]); print(json.dumps({k: r[k] for k in \
   ('tokens', 'safetensors', 'torch', 'ratios_to_forward', 'tok_s', 'tok_s_runs', 'bytes_per_token')}, indent=1))" \

@@ -3,7 +3,7 @@
 # nvidia-h200 (estimated about 10 minutes: BENCHMARKS.md "Left to run"). A call runs at most 10 minutes and
 # carries at most 64 MiB, so the run starts detached and later calls watch it; relaunched, it resumes where it
 # stopped (every stage resumes). Prepare here, from a clean main:
-#   mkdir -p .headline/main && git archive HEAD src conf bench | tar -x -C .headline/main
+#   mkdir -p .headline/main && git archive HEAD src conf bench ':!bench/results' | tar -x -C .headline/main
 #   git rev-parse HEAD > .headline/COMMIT
 #   python bench/export_prompts.py .headline/prompts.jsonl --count 52741 --max-chars 3000   # every such prompt
 #   gzip .headline/prompts.jsonl   # 13 MB -> 5: call 1 carries the GGUF's first half too (64 MiB in all)
@@ -36,6 +36,8 @@
 #     (the issue's generate stage, 5c67ce0 copied to /tmp/oldgen, against today's on the same prompts; ~4 minutes)
 #   or, after a headline (nothing carried): bash /tmp/headline/main/bench/h200_headline.sh extract_stage
 #     (the extract stage alone on the headline's 50,000 samples: in memory with 1 and 4 writers, on the disk)
+#   or, after a headline (nothing carried): bash /tmp/headline/main/bench/h200_headline.sh extract_real
+#     (part 3 on the headline's own samples: the plain forward against the stage's loop, real SmolLM2; ~3 minutes)
 #   or, after a headline (nothing carried): bash /tmp/headline/main/bench/h200_headline.sh generate_probe
 #     (why the stage answers at ~40k tok/s where the bench said 62k: the bench on the headline's prompts at the
 #      stage's width and at the bench's old one, the compiled step, then the stage alone under cProfile; ~4 min)
@@ -60,7 +62,7 @@
 # What comes back: $OUT/headline.tgz (the job's results.json with every stage's seconds, and log-headline.txt). The end-to-end
 # time is the log's first to last timestamp; import the job with `python -m draftlab import-runs`.
 set -uo pipefail
-step=${1:?usage: h200_headline.sh install|wheels|start|watch|small|warm|reader|reader_cg|prefetch|trainer_ab|generate_vs_issue|extract_stage|generate_probe|generate_ab|slots|train_profile|train_flags|bench_ab}
+step=${1:?usage: h200_headline.sh install|wheels|start|watch|small|warm|reader|reader_cg|prefetch|trainer_ab|generate_vs_issue|extract_stage|extract_real|generate_probe|generate_ab|slots|train_profile|train_flags|bench_ab}
 export PYTHONUNBUFFERED=1 SITE=/tmp/site
 . "$(dirname "$0")/gpu_machine.sh"  # install_wheels, keep_first_half, smollm2_gguf, start_detached, watch_jobs
 ROOT=${ROOT:-/tmp/dl}; H=/tmp/headline; BUDGET=${BUDGET:-570}; START=$(date +%s)
@@ -301,4 +303,15 @@ bench_ab)  # after a headline, same machine: the bench stage's measurement from 
       | sed "s|^{|{\"code\": \"$code\", |" >> "$OUT"/bench_ab.jsonl)
     status=$?; echo "$code rc=$status"; [ $status = 0 ] && tail -n 1 "$OUT"/bench_ab.jsonl | cut -c1-400
   done ;;
+extract_real)  # after a headline, same machine: part 3 on the stage's own inputs, which the synthetic bench never
+  # had: bench/extract_vs_forward.py with the real SmolLM2 on the headline's samples (real lengths and answer masks;
+  # EXTRACT_SAMPLES a run, 16,384 unless set; shards of 1,024 and batches of 64 as the preset), the plain forward
+  # against the stage's loop with four writers into /dev/shm, alternated; about 3 minutes; $OUT/extract_real.jsonl
+  samples=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['tags']['folder.generate'])" \
+    $ROOT/e2e/results.json) || exit 1
+  (cd $H/main && PYTHONPATH=$SITE:src timeout 540 python3 bench/extract_vs_forward.py --device cuda --target smollm2 \
+    --dtype bfloat16 --root $ROOT --samples-from "$samples" --samples ${EXTRACT_SAMPLES:-16384} --batch-size 64 \
+    --shard-size 1024 --shm --writers 4 --variants forward_head forward_read extract_null_w4 extract_shm_w4 \
+    --repeats 3 --no-disk) >> "$OUT"/extract_real.jsonl 2>> "$OUT"/extract_real.err
+  echo "extract_real rc=$?"; tail -n 1 "$OUT"/extract_real.jsonl | cut -c1-900 ;;
 esac

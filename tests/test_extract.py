@@ -193,8 +193,10 @@ def test_a_pool_made_with_other_layers_starts_over(pool):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_stored_target_top_gives_the_plain_soft_targets(pool, dtype):
-    """extract stores the full-vocab argmax (int32, 4 bytes a token) of the stored last_hidden; training's fast path
-    (draft rows of lm_head only) then forms exactly the targets of the full-vocab path, batch by batch."""
+    """extract stores the full-vocab argmax (int32, 4 bytes a token) of the stored last_hidden where training reads
+    it (s where loss_mask[s+1]) and 0 elsewhere; training's fast path (draft rows of lm_head only) then forms
+    exactly the targets of the full-vocab path there, batch by batch (tests/test_ttt.py: the unroll reads nothing
+    else)."""
     from draftlab.train.ttt import target_distribution
 
     cfg = config(pool, samples=12, batch_size=3, dtype=dtype)
@@ -203,16 +205,19 @@ def test_stored_target_top_gives_the_plain_soft_targets(pool, dtype):
     source = open_source(cfg, {"extract": pool / "extract"})
     d2t, t2d = source.vocab()
     lm_head = source.head()["lm_head.weight"]
-    checked = 0
+    checked = read_count = 0
     for batch in source.batches("train", 0, 128, 64, seed=3):  # no truncation: every token checked
         assert batch["target_top"].dtype == torch.int32 and batch["target_top"].shape == batch["input_ids"].shape
         plain = target_distribution(batch["last_hidden"], lm_head, d2t, t2d)
         fast = target_distribution(batch["last_hidden"], lm_head, d2t, t2d, top=batch["target_top"])
-        real = batch["attention_mask"]
-        assert torch.equal(fast.top[real], plain.top[real]) and torch.equal(fast.in_vocab[real], plain.in_vocab[real])
+        read = torch.zeros_like(batch["loss_mask"])
+        read[:, :-1] = batch["loss_mask"][:, 1:]  # no sample is cut here: the next token is in the batch
+        assert torch.equal(fast.top[read], plain.top[read]) and torch.equal(fast.in_vocab[read], plain.in_vocab[read])
+        assert not batch["target_top"][~read].any()
         assert torch.allclose(fast.probs, plain.probs, atol=1e-6)
-        checked += int(real.sum())
-    assert checked == source.num_tokens("train")
+        checked += int(batch["attention_mask"].sum())
+        read_count += int(read.sum())
+    assert checked == source.num_tokens("train") and read_count > 0
 
 
 def test_extraction_attention_never_goes_to_cudnn(pool, monkeypatch):

@@ -205,3 +205,36 @@ def test_draft_rows_fast_path_equals_the_full_vocab_path():
     # the given argmax is what the masks use: a wrong one changes them (so the argument is not ignored)
     wrong = target_distribution(batch["last_hidden"], lm_head, model.d2t, model.t2d, top=(plain.top + 1) % V)
     assert not torch.equal(wrong.in_vocab, plain.in_vocab)
+
+
+def test_training_reads_the_target_top_only_where_extract_stores_it():
+    """extract stores the full-vocabulary argmax only at `read_positions` (s where loss_mask[s+1]) and 0 elsewhere:
+    the padded and the packed unroll give bit-identical losses and stats with it as with the argmax everywhere, and
+    dropping any one read position changes them (so the positions are not a superset picked to pass)."""
+    from draftlab.data.features import read_positions
+    from draftlab.train.packed import packed_unroll
+
+    model = _model(layers=2)
+    batch, lm_head = _batch()
+    full = target_distribution(batch["last_hidden"], lm_head, model.d2t, model.t2d).top.to(torch.int32)
+    masks = [m[:n] for m, n in zip(batch["loss_mask"], batch["attention_mask"].sum(1))]  # each sample's own mask
+    index = read_positions(masks, T)
+    stored = torch.zeros(full.numel(), dtype=torch.int32)
+    stored[index] = full.view(-1)[index]
+    assert 0 < len(index) < int(batch["attention_mask"].sum())  # prompt and last positions are left out
+
+    def run(top):
+        with_top = {**batch, "target_top": top.view(full.shape)}
+        tg = target_distribution(batch["last_hidden"], lm_head, model.d2t, model.t2d, top=with_top["target_top"])
+        return (ttt_unroll(model, with_top, tg, steps=3, decay=0.8),
+                packed_unroll(model, with_top, lm_head, steps=3, decay=0.8))
+
+    for (loss_full, stats_full), (loss_stored, stats_stored) in zip(run(full), run(stored)):
+        assert torch.equal(loss_full, loss_stored) and torch.equal(stats_full, stats_stored)
+    # the argmax at one read position replaced by a token whose draft-vocab membership differs: something changes
+    changed = stored.clone()
+    position = int(index[len(index) // 2])
+    other = int((~model.t2d).nonzero()[0]) if bool(model.t2d[changed[position]]) else int(model.t2d.nonzero()[0])
+    changed[position] = other
+    for (loss_stored, stats_stored), (loss_changed, stats_changed) in zip(run(stored), run(changed)):
+        assert not (torch.equal(loss_stored, loss_changed) and torch.equal(stats_stored, stats_changed))

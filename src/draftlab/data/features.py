@@ -4,7 +4,8 @@ that a change to the reader leaves the extract stage's code version, and so ever
 
 A features folder holds `manifest.json` (complete shards only; rewritten after each shard), `shard-NNNNN.safetensors`
 (the generate tensors of its samples plus `features` [T, n_layers*H] and `last_hidden` [T, H] in `extract.dtype`,
-and `target_top` int32 [T], the full-vocabulary argmax, when the manifest says `"target_top": true`),
+and `target_top` int32 [T], the full-vocabulary argmax where training reads it and 0 elsewhere (`stored_top1`), when
+the manifest says `"target_top": true`),
 `target_head.safetensors` (fp32 `embed_tokens.weight`, `lm_head.weight`) and `vocab/n{N}-v{V}.safetensors`.
 """
 
@@ -85,6 +86,27 @@ def head_top1(last_hidden: torch.Tensor, head_weight: torch.Tensor, chunk: int =
     if not tops:
         return flat.new_zeros(last_hidden.shape[:-1], dtype=torch.int32)
     return torch.cat(tops).to(last_hidden.device).view(last_hidden.shape[:-1])
+
+
+def read_positions(loss_masks: list[torch.Tensor], T: int) -> torch.Tensor:
+    """Flat indices into a [len(loss_masks), T] batch of the positions whose target training reads: s where the
+    next token, s + 1, is an answer token (train/ttt.py: step j at t reads the target at s = t+1+j only when
+    loss_mask[s+1]). Each mask is its sample's whole one, so a sample cut to T tokens keeps its last position's
+    answer; from host-side masks, so nothing is read back from the device."""
+    rows = [m[1:T + 1].nonzero().squeeze(1) + i * T for i, m in enumerate(loss_masks)]
+    return torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long)
+
+
+@torch.inference_mode()
+def stored_top1(last_hidden: torch.Tensor, head_weight: torch.Tensor, loss_masks: list[torch.Tensor]) -> torch.Tensor:
+    """`target_top` as stored: `head_top1` at the `read_positions` only, 0 at the others (no loss or accuracy ever
+    looks there). On ShareGPT answers are about 61% of the tokens, so this drops about 2/5 of the [N, 576] x
+    [576, 49152] matmul that cost extraction 7-8% of the target's forward on an H200 (BENCHMARKS.md)."""
+    B, T, H = last_hidden.shape
+    index = read_positions(loss_masks, T).to(last_hidden.device)
+    top = torch.zeros(B * T, dtype=torch.int32, device=last_hidden.device)
+    top[index] = head_top1(last_hidden.reshape(B * T, H).index_select(0, index), head_weight)
+    return top.view(B, T)
 
 
 def pad_batch(seqs: list[torch.Tensor], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

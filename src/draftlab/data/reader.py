@@ -17,8 +17,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from draftlab.data.features import (FORMAT, HEAD_FILE, SMALL_TENSORS, WIDE_TENSORS, Entry, HiddenTap, head_top1,
-                                    model_mask, offline_entries, pad_batch, read_manifest, target_head, target_info)
+from draftlab.data.features import (FORMAT, HEAD_FILE, SMALL_TENSORS, WIDE_TENSORS, Entry, HiddenTap, model_mask,
+                                    offline_entries, pad_batch, read_manifest, stored_top1, target_head, target_info)
 from draftlab.data.samples import SPLITS, read_samples
 from draftlab.data.vocab import read_vocab, vocab_path
 
@@ -200,7 +200,7 @@ class FeatureSource:
         features, last = self._tap(ids, on_device if use_mask else None, self.batch_dtype)  # rounded as offline
         features = features.masked_fill(~on_device[..., None], 0.0)  # padding positions are zero, as offline
         last = last.masked_fill(~on_device[..., None], 0.0)
-        top = head_top1(last, self._tap.head_weight)
+        top = stored_top1(last, self._tap.head_weight, [e.loss_mask for e in group])  # as offline stores it
         # the masks stay on the host, as offline: the trainer lists the packed rows from them without a read-back
         return {"input_ids": ids, "features": features, "last_hidden": last, "target_top": top, "loss_mask": loss,
                 "attention_mask": mask, "sample_index": torch.tensor([e.sample_index for e in group])}

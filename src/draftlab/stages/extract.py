@@ -20,8 +20,8 @@ import torch
 
 from draftlab.code_version import code_version  # under DVC's fixed folder, new code must not extend old features
 from draftlab.data import samples as samples_fmt
-from draftlab.data.features import (FORMAT, HEAD_FILE, HiddenTap, head_top1, model_mask, offline_entries,
-                                    pad_batch, read_manifest, target_head, target_info)
+from draftlab.data.features import (FORMAT, HEAD_FILE, HiddenTap, model_mask, offline_entries, pad_batch,
+                                    read_manifest, stored_top1, target_head, target_info)
 from draftlab.data.layers import CONVENTION, LAST_WARNING, num_target_layers, resolve_layers, sglang_servable, spec_name
 from draftlab.data.room import free_bytes
 from draftlab.data.vocab import count_tokens, vocab_name, vocab_path, write_vocab
@@ -34,7 +34,8 @@ ROOM_MARGIN = 1 << 30  # bytes kept free beyond the estimate: the manifest, the 
 
 def extract_batch(tap: HiddenTap, batch: list, dtype: torch.dtype, device) -> list[tuple[torch.Tensor, ...]]:
     """(features [T_i, nL*H], last_hidden [T_i, H], target_top [T_i]) per sample, on the device; the first two in
-    the storage dtype, the last the int32 full-vocabulary argmax of the stored last_hidden (features.head_top1).
+    the storage dtype, the last the int32 full-vocabulary argmax of the stored last_hidden where training reads it
+    (features.stored_top1).
 
     Per-sample slices use lengths known on the host, so no boolean gather (and no device->host sync) happens here.
     """
@@ -42,7 +43,7 @@ def extract_batch(tap: HiddenTap, batch: list, dtype: torch.dtype, device) -> li
     ids, mask = pad_batch(seqs)
     mask = model_mask(seqs, mask)
     features, last = tap(ids.to(device), None if mask is None else mask.to(device), dtype)
-    top = head_top1(last, tap.head_weight)
+    top = stored_top1(last, tap.head_weight, [s.loss_mask for s in batch])
     return [(features[i, :len(s.input_ids)], last[i, :len(s.input_ids)], top[i, :len(s.input_ids)])
             for i, s in enumerate(batch)]
 
@@ -172,7 +173,8 @@ def new_manifest(cfg, target, layer_ids: list[int], samples_fingerprint: str) ->
             "convention": CONVENTION, "dtype": cfg.extract.dtype, "target": target_info(target),
             "samples_fingerprint": samples_fingerprint, "code_version": code_version("extract"),
             "shapes": {"features": [-1, width], "last_hidden": [-1, target.hidden_size]},
-            "target_top": True,  # shards hold the int32 full-vocabulary argmax: training's fast soft targets
+            # shards hold the int32 full-vocabulary argmax where training reads it: its fast soft targets
+            "target_top": True,
             "num_samples": 0, "tokens": 0, "bytes": 0, "bytes_per_token": 0.0, "shards": [], "vocabs": {}}
 
 
