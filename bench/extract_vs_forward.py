@@ -8,20 +8,22 @@ padding and copies) and with the stage's attention kernels (draftlab.attention).
 Every timed run draws samples of its own (same count and length range), as the stage rarely sees a shape twice;
 `--same-shapes` reuses one set, which hid cuDNN's per-shape planning until 2026-12-02 (BENCHMARKS.md).
 `--samples-from` takes a generate stage's samples instead (real lengths and answer masks, e.g. a headline's): timed
-run k then reads the k-th window of `--samples` of them, wrapping around.
+run k then reads the k-th window of `--samples` of them, wrapping around (windows repeat once the folder is used up;
+the stage's kernels do not plan per shape, so a repeated window costs what a new one does).
   forward        the target's body alone (the goal's baseline)
   forward_cudnn  the same with PyTorch's own kernel choice (cuDNN's attention on an H200; CUDA only)
   forward_head   plus the full-vocabulary argmax (`head_top1`) at every position (what a causal LM's forward adds)
   forward_read   plus that argmax only where training reads it (`stored_top1`, as extraction stores `target_top`)
   extract_host   extraction with the shards copied to pinned host memory and dropped: no file written
   extract_null   the stage's `ShardWriter` (its threads, events and buffers in flight) with the write left out: with
-                 extract_host and extract_shm it splits the write's share (10% on the H200) into the writer's
-                 pipeline and the file itself
+                 extract_host and extract_shm it splits the write's share into the writer's pipeline and the file
+                 (the file: about the last shard's write, which nothing overlaps; BENCHMARKS.md, 2026-12-04)
   extract        the stage's loop writing to --root's disk
   extract_shm    the same into /dev/shm (`--shm`): the write without the disk (the GPU preset's pool)
   extract_shm_raw  the same bytes into /dev/shm with a plain file write instead of safetensors' (`--shm`; not a
                  readable shard): whether the serialiser or the file itself costs
   extract_wN, extract_shm_wN   the same with N writer threads (`--writers 1 4`: extract.writers)
+Each writing variant writes into a folder of its own, cleared after its timer.
 
     python bench/extract_vs_forward.py --device cpu --target smollm2 --samples 32 --threads 2
     python bench/extract_vs_forward.py --device cuda --target shaped --samples 8192 --batch-size 64 \
@@ -140,8 +142,6 @@ def extraction(target, tap, shards, batch_size: int, dtype: torch.dtype, folder:
                 event.synchronize()
             nbytes += sum(t.numel() * t.element_size() for t in host.values())
         return nbytes
-    for old in folder.glob("shard-*"):
-        old.unlink()
     manifest = {"shards": [], "num_samples": 0}
     writer = writer_class(folder, manifest, writers)
     try:
@@ -150,6 +150,13 @@ def extraction(target, tap, shards, batch_size: int, dtype: torch.dtype, folder:
     finally:
         writer.close()  # waits for the last write: its device->host copy syncs the device
     return manifest["bytes"]
+
+
+def clear(folder: Path | None) -> None:
+    """A writing variant's shards removed, outside its timer: deleting ~7 GB from tmpfs takes about 0.5 s, which a
+    timed run that cleared its folder first paid until the twenty-first session (BENCHMARKS.md)."""
+    for old in folder.glob("shard-*") if folder else ():
+        old.unlink()
 
 
 def timed(fn) -> float:
@@ -223,31 +230,34 @@ def main() -> None:
         return [samples[i:i + args.shard_size] for i in range(0, len(samples), args.shard_size)]
 
     with contextlib.ExitStack() as stack:
-        disk = Path(stack.enter_context(tempfile.TemporaryDirectory(
-            prefix="extract-bench-", dir=args.root if Path(args.root).exists() else None)))
-        folders = {"extract_host": None}  # where each extraction variant writes its shards (None: nowhere)
-        # extract_null writes only its manifest (a few hundred bytes a shard)
-        folders["extract_null"] = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="extract-null-")))
+        def folder(prefix: str, where: str | None) -> Path:
+            return Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=prefix, dir=where)))
+
+        disk_root = args.root if Path(args.root).exists() else None
+        disk = folder("extract-warm-", disk_root)
+        # where each extraction variant writes its shards (None: nowhere); extract_null writes only its manifest
+        places = {"extract_host": None, "extract_null": ("extract-null-", None)}
         if not args.no_disk:
-            folders["extract"] = disk
+            places["extract"] = ("extract-bench-", disk_root)
         if args.shm:
-            folders["extract_shm"] = Path(stack.enter_context(
-                tempfile.TemporaryDirectory(prefix="extract-bench-", dir="/dev/shm")))
-            folders["extract_shm_raw"] = Path(stack.enter_context(
-                tempfile.TemporaryDirectory(prefix="extract-raw-", dir="/dev/shm")))
+            places["extract_shm"] = ("extract-bench-", "/dev/shm")
+            places["extract_shm_raw"] = ("extract-raw-", "/dev/shm")
         written: list[int] = []
         variants = {"forward": lambda shards: plain_forward(target, shards, args.batch_size),
                     "forward_head": lambda shards: plain_forward(target, shards, args.batch_size, head="all"),
                     "forward_read": lambda shards: plain_forward(target, shards, args.batch_size, head="read")}
         if args.device == "cuda":
             variants["forward_cudnn"] = lambda shards: plain_forward(target, shards, args.batch_size, cudnn=True)
-        for name, folder in folders.items():
-            for writers in ([1] if folder is None else args.writers):
+        folders: dict[str, Path | None] = {}  # a folder of its own for each writing variant
+        for name, place in places.items():
+            for writers in ([1] if place is None else args.writers):
                 variant = name if writers == 1 else f"{name}_w{writers}"
                 writer_class = {"extract_null": NullWriter, "extract_shm_raw": RawWriter}.get(name, ShardWriter)
+                folders[variant] = None if place is None else folder(*place)
                 variants[variant] = functools.partial(lambda folder, writers, writer_class, shards: written.append((
                     extraction(target, tap, shards, args.batch_size, store, folder, writers, writer_class),
-                    sum(len(s.input_ids) for shard in shards for s in shard))), folder, writers, writer_class)
+                    sum(len(s.input_ids) for shard in shards for s in shard))), folders[variant], writers,
+                    writer_class)
         if args.variants:
             unknown = set(args.variants) - set(variants)
             if unknown:
@@ -256,6 +266,7 @@ def main() -> None:
         warm = shards_of(10**6)[:1]
         plain_forward(target, warm, args.batch_size)  # warm-up: kernels, allocator, first-touch pages
         extraction(target, tap, warm, args.batch_size, store, disk)
+        clear(disk)
         os.sync()  # nothing of the warm-up's write-back left to slow the first timed variant
         rates: dict[str, list[float]] = {name: [] for name in variants}
         seeds = iter(range(1, 10**6))
@@ -267,6 +278,7 @@ def main() -> None:
                 shards = fixed if args.same_shapes else shards_of(next(seeds))
                 tokens = sum(len(s.input_ids) for shard in shards for s in shard)
                 rates[name].append(tokens / timed(functools.partial(fn, shards)))
+                clear(folders.get(name))
     best = {name: max(r) for name, r in rates.items()}
     median = {name: sorted(r)[len(r) // 2] for name, r in rates.items()}
     main_name = next((name for name in ("extract", "extract_host") if name in best), list(best)[-1])
@@ -277,11 +289,13 @@ def main() -> None:
         "samples_from": args.samples_from,
         "threads": torch.get_num_threads(),
         "safetensors": importlib.metadata.version("safetensors"), "torch": torch.__version__,
-        "forward_tok_s": round(best["forward"], 1), "extract_tok_s": round(best[main_name], 1),
+        "main_variant": main_name, "forward_tok_s": round(best["forward"], 1),
+        "extract_tok_s": round(best[main_name], 1),
         "ratio": round(best["forward"] / best[main_name], 3),
         "ratio_median": round(median["forward"] / median[main_name], 3),
         "ratios_to_forward": {name: round(best["forward"] / best[name], 3) for name in variants},
         "tok_s": {name: round(best[name], 1) for name in variants},
+        "tok_s_median": {name: round(median[name], 1) for name in variants},
         "tok_s_runs": {name: [round(r, 1) for r in runs] for name, runs in rates.items()},
         "bytes_per_token": round(written[-1][0] / written[-1][1], 1) if written else None, "goal_ratio": 1.1,
     }))

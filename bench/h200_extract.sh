@@ -8,8 +8,8 @@
 #   (after h200_headline.sh's install and wheels calls on the same warm machine, a call carrying nothing does)
 #   SAMPLES=32768 REPEATS=3 VARIANTS="forward_head forward_read extract_null_w4 extract_shm_w4" WRITERS=4 TMPFS=0 DISK=0 \
 #     bash bench/h200_extract.sh   (about 5 minutes)
-#     (32 shards: the last shard's write, which nothing overlaps, then weighs 1/32 as in the stage at 50,000
-#      samples, not 1/8 as at the default 8,192; BATCH sets --batch-size, 64 as the GPU preset)
+#     (32 shards: the last shard's write, which nothing overlaps, then weighs 1/32, near the stage's 1/49 at
+#      50,000 samples, not 1/8 as at the default 8,192; BATCH sets --batch-size, 64 as the GPU preset)
 # It prints the machine's disk facts and a sequential write's speed (dd, 16 GB: more than the page cache holds
 # dirty), then bench/extract_vs_forward.py's parts (forward, forward_head, extract_host, extract_null (the writer's
 # pipeline without the file), extract, extract_shm and extract_shm_raw (a plain write of the same bytes) when
@@ -41,9 +41,15 @@ install_wheels .whl .whl-tf && keep_first_half || exit 1
   --repeats 2 | tee -a "$OUT/tmpfs_write.jsonl" | cut -c1-1500
 
 flags=(--repeats ${REPEATS:-3}); [ "${DISK:-1}" = 1 ] || flags=(--repeats ${REPEATS:-5} --no-disk)
+# /dev/shm holds one variant's shards at a time (each run's are removed after it): about 0.9 MB a sample (192 tokens
+# of 4,617 bytes), plus room to spare; without it the shm variants are left out, and a VARIANTS naming one fails
 shm=()
 avail_gb=$(df --output=avail -BG /dev/shm | tail -n 1 | tr -dc 0-9)
-[ "${avail_gb:-0}" -ge 12 ] && shm=(--shm)
+need_gb=$(( ${SAMPLES:-8192} * 9 / 10000 + 4 ))
+if [ "${avail_gb:-0}" -ge "$need_gb" ]; then shm=(--shm)
+elif [[ " ${VARIANTS:-} " == *" extract_shm"* ]]; then
+  echo "/dev/shm has ${avail_gb} GB free, the shm variants need about ${need_gb} GB for SAMPLES=${SAMPLES:-8192}"; exit 1
+fi
 variants=(); [ -n "${VARIANTS:-}" ] && variants=(--variants $VARIANTS)
 PYTHONPATH=$SITE:src timeout 420 python3 bench/extract_vs_forward.py --device cuda --target shaped \
   --dtype bfloat16 --samples "${SAMPLES:-8192}" --batch-size ${BATCH:-64} --shard-size 1024 "${shm[@]}" \

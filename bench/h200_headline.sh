@@ -309,9 +309,16 @@ extract_real)  # after a headline, same machine: part 3 on the stage's own input
   # against the stage's loop with four writers into /dev/shm, alternated; about 3 minutes; $OUT/extract_real.jsonl
   samples=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['tags']['folder.generate'])" \
     $ROOT/e2e/results.json) || exit 1
+  # one run's shards in /dev/shm beside the headline's 40 GB pool: about 0.85 MB a sample (176 tokens of 4,617 bytes)
+  avail_gb=$(df --output=avail -BG /dev/shm | tail -n 1 | tr -dc 0-9)
+  need_gb=$(( ${EXTRACT_SAMPLES:-16384} * 85 / 100000 + 4 ))
+  [ "${avail_gb:-0}" -ge "$need_gb" ] || { echo "/dev/shm: ${avail_gb} GB free, ${need_gb} GB needed"; exit 1; }
   (cd $H/main && PYTHONPATH=$SITE:src timeout 540 python3 bench/extract_vs_forward.py --device cuda --target smollm2 \
     --dtype bfloat16 --root $ROOT --samples-from "$samples" --samples ${EXTRACT_SAMPLES:-16384} --batch-size 64 \
     --shard-size 1024 --shm --writers 4 --variants forward_head forward_read extract_null_w4 extract_shm_w4 \
     --repeats 3 --no-disk) >> "$OUT"/extract_real.jsonl 2>> "$OUT"/extract_real.err
   echo "extract_real rc=$?"; tail -n 1 "$OUT"/extract_real.jsonl | cut -c1-900 ;;
+*)
+  echo "h200_headline.sh: no step '$step' (this copy's steps are in its usage line; an old .headline lacks new ones)"
+  exit 2 ;;
 esac

@@ -210,31 +210,37 @@ def test_draft_rows_fast_path_equals_the_full_vocab_path():
 def test_training_reads_the_target_top_only_where_extract_stores_it():
     """extract stores the full-vocabulary argmax only at `read_positions` (s where loss_mask[s+1]) and 0 elsewhere:
     the padded and the packed unroll give bit-identical losses and stats with it as with the argmax everywhere, and
-    dropping any one read position changes them (so the positions are not a superset picked to pass)."""
+    also with the other positions filled adversarially (a token of the opposite draft-vocab membership: a 0 often
+    shares the true argmax's, which would hide a position read but not stored). Flipping any one read position
+    changes them, so the positions are not a superset picked to pass."""
     from draftlab.data.features import read_positions
     from draftlab.train.packed import packed_unroll
 
     model = _model(layers=2)
     batch, lm_head = _batch()
-    full = target_distribution(batch["last_hidden"], lm_head, model.d2t, model.t2d).top.to(torch.int32)
+    full = target_distribution(batch["last_hidden"], lm_head, model.d2t, model.t2d).top.to(torch.int32).view(-1)
     masks = [m[:n] for m, n in zip(batch["loss_mask"], batch["attention_mask"].sum(1))]  # each sample's own mask
     index = read_positions(masks, T)
-    stored = torch.zeros(full.numel(), dtype=torch.int32)
-    stored[index] = full.view(-1)[index]
     assert 0 < len(index) < int(batch["attention_mask"].sum())  # prompt and last positions are left out
+    inside, outside = int(model.t2d.nonzero()[0]), int((~model.t2d).nonzero()[0])
+    opposite = torch.where(model.t2d[full.long()], outside, inside).to(torch.int32)  # the other membership
+    stored = torch.zeros_like(full)
+    stored[index] = full[index]
+    adversarial = opposite.clone()
+    adversarial[index] = full[index]
 
     def run(top):
-        with_top = {**batch, "target_top": top.view(full.shape)}
+        with_top = {**batch, "target_top": top.view(batch["input_ids"].shape)}
         tg = target_distribution(batch["last_hidden"], lm_head, model.d2t, model.t2d, top=with_top["target_top"])
         return (ttt_unroll(model, with_top, tg, steps=3, decay=0.8),
                 packed_unroll(model, with_top, lm_head, steps=3, decay=0.8))
 
-    for (loss_full, stats_full), (loss_stored, stats_stored) in zip(run(full), run(stored)):
-        assert torch.equal(loss_full, loss_stored) and torch.equal(stats_full, stats_stored)
-    # the argmax at one read position replaced by a token whose draft-vocab membership differs: something changes
-    changed = stored.clone()
-    position = int(index[len(index) // 2])
-    other = int((~model.t2d).nonzero()[0]) if bool(model.t2d[changed[position]]) else int(model.t2d.nonzero()[0])
-    changed[position] = other
-    for (loss_stored, stats_stored), (loss_changed, stats_changed) in zip(run(stored), run(changed)):
-        assert not (torch.equal(loss_stored, loss_changed) and torch.equal(stats_stored, stats_changed))
+    reference = run(full)
+    for top in (stored, adversarial):
+        for (loss_full, stats_full), (loss, stats) in zip(reference, run(top)):
+            assert torch.equal(loss_full, loss) and torch.equal(stats_full, stats)
+    for position in index.tolist():  # each read position matters
+        flipped = adversarial.clone()
+        flipped[position] = opposite[position]
+        for (loss_full, stats_full), (loss, stats) in zip(reference, run(flipped)):
+            assert not (torch.equal(loss_full, loss) and torch.equal(stats_full, stats))

@@ -103,7 +103,9 @@ def stored_top1(last_hidden: torch.Tensor, head_weight: torch.Tensor, loss_masks
     looks there). On ShareGPT answers are about 61% of the tokens, so this drops about 2/5 of the [N, 576] x
     [576, 49152] matmul that cost extraction 7-8% of the target's forward on an H200 (BENCHMARKS.md)."""
     B, T, H = last_hidden.shape
-    index = read_positions(loss_masks, T).to(last_hidden.device)
+    index = read_positions(loss_masks, T)
+    if last_hidden.is_cuda:  # pinned, so the copy does not wait for the forward queued ahead of it
+        index = index.pin_memory().to(last_hidden.device, non_blocking=True)
     top = torch.zeros(B * T, dtype=torch.int32, device=last_hidden.device)
     top[index] = head_top1(last_hidden.reshape(B * T, H).index_select(0, index), head_weight)
     return top.view(B, T)
