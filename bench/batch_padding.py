@@ -26,12 +26,13 @@ def prompt_lengths(path: Path, max_tokens: int, count: int, root: str) -> list[i
 
     cfg = default_config({"paths": {"root": root}})
     models = Path(root) / "models"
-    if load_tokenizer(cfg.target, models) is None:  # the embedded SmolLM2 is converted once, then cached
-        load_target(cfg.target, models)
+    tokenizer = load_tokenizer(cfg.target, models)
+    if tokenizer is None:  # the embedded SmolLM2 is converted once, then cached with its tokenizer
+        tokenizer = load_target(cfg.target, models).tokenizer
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt") as handle:
         prompts = [json.loads(line)["prompt"] for line in handle]
-    lengths = [len(ids) for ids in chat_ids_many(load_tokenizer(cfg.target, models), prompts)]
+    lengths = [len(ids) for ids in chat_ids_many(tokenizer, prompts)]
     return [n for n in lengths if n <= max_tokens][:count]
 
 
@@ -61,8 +62,8 @@ def main() -> None:
     if args.samples_from:
         from draftlab.data.samples import read_samples
 
-        lengths, source = [len(s.input_ids) for s in read_samples(Path(args.samples_from), limit=args.samples)], {
-            "samples_from": args.samples_from}
+        lengths = [len(s.input_ids) for s in read_samples(Path(args.samples_from), limit=args.samples)]
+        source = {"samples_from": args.samples_from}
     elif args.prompts:
         rng = random.Random(0)
         cap = args.max_new_tokens

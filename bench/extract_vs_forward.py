@@ -68,8 +68,8 @@ def synthetic_samples(count: int, min_len: int, max_len: int, vocab: int, seed: 
 
 
 def real_samples(folder: Path, count: int) -> list[Sample]:
-    """All of a generate folder's samples (ids and answer masks only), refused when fewer than one run needs."""
-    samples = [Sample(s.index, s.input_ids, s.loss_mask, s.split) for s in read_samples(folder)]
+    """All of a generate folder's samples, refused when fewer than one run needs."""
+    samples = list(read_samples(folder))
     if len(samples) < count:
         raise SystemExit(f"--samples-from {folder}: {len(samples)} samples, fewer than --samples {count}")
     return samples
@@ -105,6 +105,13 @@ def plain_forward(target, shards: list[list[Sample]], batch_size: int, head: str
     sync(target.device)
 
 
+def copied(host: dict, events: list) -> int:
+    """Waits for a shard's device->host copies (`start_host_copy`'s events); returns the shard's bytes."""
+    for event in events:
+        event.synchronize()
+    return sum(t.numel() * t.element_size() for t in host.values())
+
+
 class NullWriter(ShardWriter):
     """The stage's writer, its pipeline whole (copies started on submit, a thread waiting on their events, `writers`
     + 1 shards of pinned buffers alive, the manifest recorded in order) but no shard file: `_write` returns the bytes
@@ -112,9 +119,7 @@ class NullWriter(ShardWriter):
 
     @staticmethod
     def _write(path: Path, host: dict, events: list) -> int:
-        for event in events:
-            event.synchronize()
-        return sum(t.numel() * t.element_size() for t in host.values())
+        return copied(host, events)
 
 
 class RawWriter(ShardWriter):
@@ -123,8 +128,7 @@ class RawWriter(ShardWriter):
 
     @staticmethod
     def _write(path: Path, host: dict, events: list) -> int:
-        for event in events:
-            event.synchronize()
+        copied(host, events)
         with open(path, "wb") as handle:
             for t in host.values():
                 handle.write(memoryview(t.contiguous().view(torch.uint8).numpy()))
@@ -135,13 +139,8 @@ def extraction(target, tap, shards, batch_size: int, dtype: torch.dtype, folder:
                writers: int = 1, writer_class: type[ShardWriter] = ShardWriter) -> int:
     """The stage's loop; `folder` None: the shards are copied to the host (pinned, side stream) and dropped."""
     if folder is None:
-        nbytes = 0
-        for shard in shards:
-            host, events = start_host_copy(extract_shard(tap, shard, batch_size, dtype, target.device))
-            for event in events:
-                event.synchronize()
-            nbytes += sum(t.numel() * t.element_size() for t in host.values())
-        return nbytes
+        return sum(copied(*start_host_copy(extract_shard(tap, shard, batch_size, dtype, target.device)))
+                   for shard in shards)
     manifest = {"shards": [], "num_samples": 0}
     writer = writer_class(folder, manifest, writers)
     try:
@@ -225,8 +224,8 @@ def main() -> None:
         if real is None:
             samples = synthetic_samples(args.samples, args.min_len, args.max_len, target.vocab_size, seed)
         else:  # the seed-th window, wrapping: each timed run its own samples while the folder lasts
-            start = seed * args.samples % len(real)
-            samples = (real + real)[start:start + args.samples]
+            start = seed * args.samples
+            samples = [real[(start + i) % len(real)] for i in range(args.samples)]
         return [samples[i:i + args.shard_size] for i in range(0, len(samples), args.shard_size)]
 
     with contextlib.ExitStack() as stack:

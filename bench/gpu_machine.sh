@@ -13,6 +13,15 @@ install_wheels() {  # install_wheels DIR...: every wheel in the carried folders 
   done
 }
 
+shm_has_room() {  # shm_has_room SAMPLES KB_PER_SAMPLE: /dev/shm holds one run's shards (and 4 GB to spare), else
+  # says what is missing; the bench writes one variant's shards at a time and removes them after each run
+  local avail_gb need_gb=$(( $1 * $2 / 1000000 + 4 ))
+  avail_gb=$(df --output=avail -BG /dev/shm | tail -n 1 | tr -dc 0-9)
+  [ "${avail_gb:-0}" -ge "$need_gb" ] && return 0
+  echo "/dev/shm has ${avail_gb} GB free; $1 samples' shards need about ${need_gb} GB"
+  return 1
+}
+
 keep_first_half() {  # call 1: hydra's parser runtime (no wheel for it) and the GGUF's first half, for call 2
   mkdir -p "$SITE"
   [ -d .speed/site/antlr4 ] && [ ! -d "$SITE/antlr4" ] && cp -r .speed/site/antlr4 "$SITE/"

@@ -17,7 +17,7 @@
 # $OUT/extract_parts.jsonl, $OUT/tmpfs_write.jsonl and $OUT/disk.txt.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 SITE=/tmp/site
-. "$(dirname "$0")/gpu_machine.sh"  # install_wheels, keep_first_half
+. "$(dirname "$0")/gpu_machine.sh"  # install_wheels, keep_first_half, shm_has_room
 ROOT=${ROOT:-/tmp/dl}
 mkdir -p "$ROOT" "$OUT"
 install_wheels .whl .whl-tf && keep_first_half || exit 1
@@ -41,14 +41,11 @@ install_wheels .whl .whl-tf && keep_first_half || exit 1
   --repeats 2 | tee -a "$OUT/tmpfs_write.jsonl" | cut -c1-1500
 
 flags=(--repeats ${REPEATS:-3}); [ "${DISK:-1}" = 1 ] || flags=(--repeats ${REPEATS:-5} --no-disk)
-# /dev/shm holds one variant's shards at a time (each run's are removed after it): about 0.9 MB a sample (192 tokens
-# of 4,617 bytes), plus room to spare; without it the shm variants are left out, and a VARIANTS naming one fails
+# the synthetic samples' shards: about 900 kB a sample (192 tokens of 4,617 bytes); without the room the shm variants
+# are left out, and a VARIANTS naming one fails
 shm=()
-avail_gb=$(df --output=avail -BG /dev/shm | tail -n 1 | tr -dc 0-9)
-need_gb=$(( ${SAMPLES:-8192} * 9 / 10000 + 4 ))
-if [ "${avail_gb:-0}" -ge "$need_gb" ]; then shm=(--shm)
-elif [[ " ${VARIANTS:-} " == *" extract_shm"* ]]; then
-  echo "/dev/shm has ${avail_gb} GB free, the shm variants need about ${need_gb} GB for SAMPLES=${SAMPLES:-8192}"; exit 1
+if shm_has_room ${SAMPLES:-8192} 900; then shm=(--shm)
+elif [[ " ${VARIANTS:-} " == *" extract_shm"* ]]; then exit 1
 fi
 variants=(); [ -n "${VARIANTS:-}" ] && variants=(--variants $VARIANTS)
 PYTHONPATH=$SITE:src timeout 420 python3 bench/extract_vs_forward.py --device cuda --target shaped \

@@ -64,7 +64,8 @@
 set -uo pipefail
 step=${1:?usage: h200_headline.sh install|wheels|start|watch|small|warm|reader|reader_cg|prefetch|trainer_ab|generate_vs_issue|extract_stage|extract_real|generate_probe|generate_ab|slots|train_profile|train_flags|bench_ab}
 export PYTHONUNBUFFERED=1 SITE=/tmp/site
-. "$(dirname "$0")/gpu_machine.sh"  # install_wheels, keep_first_half, smollm2_gguf, start_detached, watch_jobs
+. "$(dirname "$0")/gpu_machine.sh"  # install_wheels, keep_first_half, smollm2_gguf, start_detached, watch_jobs,
+# shm_has_room
 ROOT=${ROOT:-/tmp/dl}; H=/tmp/headline; BUDGET=${BUDGET:-570}; START=$(date +%s)
 mkdir -p "$ROOT" "$OUT"
 
@@ -309,10 +310,8 @@ extract_real)  # after a headline, same machine: part 3 on the stage's own input
   # against the stage's loop with four writers into /dev/shm, alternated; about 3 minutes; $OUT/extract_real.jsonl
   samples=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['tags']['folder.generate'])" \
     $ROOT/e2e/results.json) || exit 1
-  # one run's shards in /dev/shm beside the headline's 40 GB pool: about 0.85 MB a sample (176 tokens of 4,617 bytes)
-  avail_gb=$(df --output=avail -BG /dev/shm | tail -n 1 | tr -dc 0-9)
-  need_gb=$(( ${EXTRACT_SAMPLES:-16384} * 85 / 100000 + 4 ))
-  [ "${avail_gb:-0}" -ge "$need_gb" ] || { echo "/dev/shm: ${avail_gb} GB free, ${need_gb} GB needed"; exit 1; }
+  # one run's shards in /dev/shm beside the headline's 40 GB pool: about 850 kB a sample (176 tokens of 4,617 bytes)
+  shm_has_room ${EXTRACT_SAMPLES:-16384} 850 || exit 1
   (cd $H/main && PYTHONPATH=$SITE:src timeout 540 python3 bench/extract_vs_forward.py --device cuda --target smollm2 \
     --dtype bfloat16 --root $ROOT --samples-from "$samples" --samples ${EXTRACT_SAMPLES:-16384} --batch-size 64 \
     --shard-size 1024 --shm --writers 4 --variants forward_head forward_read extract_null_w4 extract_shm_w4 \

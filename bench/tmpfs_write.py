@@ -17,6 +17,7 @@ import os
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 import torch
@@ -59,24 +60,15 @@ def spin_alone(seconds: float) -> float:
 def run(write, shards: list[dict], folder: Path, busy: bool) -> tuple[float, float]:
     """(aggregate GB/s, main thread's loop rate while writing) for one write per shard, all threads at once."""
     paths = [folder / f"t{i}.bin" for i in range(len(shards))]
-    left, done = [len(shards)], threading.Event()
-
-    def write_one(tensors: dict, path: Path) -> None:
-        write(tensors, path)
-        with lock:
-            left[0] -= 1
-            if not left[0]:
-                done.set()
-
-    lock = threading.Lock()
-    threads = [threading.Thread(target=write_one, args=(s, p)) for s, p in zip(shards, paths)]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    n = spin_until(done) if busy else 0
-    for t in threads:
-        t.join()
-    seconds = time.perf_counter() - start
+    with ThreadPoolExecutor(max_workers=len(shards)) as pool:
+        start = time.perf_counter()
+        writes = [pool.submit(write, s, p) for s, p in zip(shards, paths)]
+        done = threading.Event()
+        threading.Thread(target=lambda: (wait(writes), done.set())).start()
+        n = spin_until(done) if busy else 0
+        for future in writes:
+            future.result()  # a failed write fails the run
+        seconds = time.perf_counter() - start
     nbytes = sum(p.stat().st_size for p in paths)
     for p in paths:
         p.unlink()
