@@ -4,7 +4,9 @@ Extraction = the extract stage's inner loop exactly (`extract_shard`: hooked for
 the storage dtype + the full-vocabulary top-1, then `ShardWriter`: device->host copy + safetensors writes on its
 background threads). Forward = `model.model(...)` without any capture on batches cut the same way (same host-side
 padding and copies) and with the stage's attention kernels (draftlab.attention). Variants, each timed in turn
-`--repeats` times (best and median tok/s kept; robust to a shared machine), so that the cost splits into its parts.
+`--repeats` times, each repeat starting one variant later (best and median tok/s kept, and each repeat's forward
+over the same repeat's variant, `ratios_paired`: robust to a shared machine), so that the cost splits into its
+parts. Beside each run, the host's load over it (`host_load_runs`: the CPU time stolen by the hypervisor and busy).
 Every timed run draws samples of its own (same count and length range), as the stage rarely sees a shape twice;
 `--same-shapes` reuses one set, which hid cuDNN's per-shape planning until 2026-12-02 (BENCHMARKS.md).
 `--samples-from` takes a generate stage's samples instead (real lengths and answer masks, e.g. a headline's): timed
@@ -40,12 +42,14 @@ import functools
 import importlib.metadata
 import json
 import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+import host_load  # bench/, beside this script
 from draftlab.attention import variable_shape_attention
 from draftlab.config import default_config
 from draftlab.data.features import HiddenTap, head_top1, model_mask, pad_batch, stored_top1
@@ -268,18 +272,25 @@ def main() -> None:
         clear(disk)
         os.sync()  # nothing of the warm-up's write-back left to slow the first timed variant
         rates: dict[str, list[float]] = {name: [] for name in variants}
+        loads: dict[str, list[dict]] = {name: [] for name in variants}
         seeds = iter(range(1, 10**6))
         fixed = shards_of(0)
-        for _ in range(args.repeats):  # alternate so that load on a shared machine hits every variant alike
-            for name, fn in variants.items():
+        names = list(variants)
+        for repeat in range(args.repeats):  # alternate so that load on a shared machine hits every variant alike,
+            # each repeat starting one variant later, so that no variant always runs first or right after another
+            for name in names[repeat % len(names):] + names[:repeat % len(names)]:
                 # The stage's batch shapes vary, so by default a timed run here does not reuse the last one's: a
                 # kernel that plans per shape (cuDNN's attention) pays in the bench as in the stage.
                 shards = fixed if args.same_shapes else shards_of(next(seeds))
                 tokens = sum(len(s.input_ids) for shard in shards for s in shard)
-                rates[name].append(tokens / timed(functools.partial(fn, shards)))
+                before = host_load.snapshot()
+                rates[name].append(tokens / timed(functools.partial(variants[name], shards)))
+                loads[name].append(host_load.shares(before, host_load.snapshot()))
                 clear(folders.get(name))
     best = {name: max(r) for name, r in rates.items()}
-    median = {name: sorted(r)[len(r) // 2] for name, r in rates.items()}
+    median = {name: statistics.median(r) for name, r in rates.items()}
+    # each repeat's forward against the same repeat's variant: a slow stretch of the host hits both
+    paired = {name: [f / v for f, v in zip(rates["forward"], r)] for name, r in rates.items()}  # in repeat order
     main_name = next((name for name in ("extract", "extract_host") if name in best), list(best)[-1])
     print(json.dumps({
         "device": args.device, "target": args.target, "dtype": args.dtype, "store_dtype": args.store_dtype,
@@ -296,6 +307,9 @@ def main() -> None:
         "tok_s": {name: round(best[name], 1) for name in variants},
         "tok_s_median": {name: round(median[name], 1) for name in variants},
         "tok_s_runs": {name: [round(r, 1) for r in runs] for name, runs in rates.items()},
+        "ratios_paired": {name: [round(r, 3) for r in ratios] for name, ratios in paired.items()},
+        "ratio_paired_median": {name: round(statistics.median(ratios), 3) for name, ratios in paired.items()},
+        "host_load_runs": loads,
         "bytes_per_token": round(written[-1][0] / written[-1][1], 1) if written else None, "goal_ratio": 1.1,
     }))
 

@@ -307,15 +307,27 @@ bench_ab)  # after a headline, same machine: the bench stage's measurement from 
 extract_real)  # after a headline, same machine: part 3 on the stage's own inputs, which the synthetic bench never
   # had: bench/extract_vs_forward.py with the real SmolLM2 on the headline's samples (real lengths and answer masks;
   # EXTRACT_SAMPLES a run, 16,384 unless set; shards of 1,024 and batches of 64 as the preset), the plain forward
-  # against the stage's loop with four writers into /dev/shm, alternated; about 3 minutes; $OUT/extract_real.jsonl
+  # against the stage's loop with four writers into /dev/shm, alternated; about 3 minutes; $OUT/extract_real.jsonl.
+  # EXTRACT_VARIANTS (besides the forward; default the four below) and EXTRACT_REPEATS (3): on a noisy host,
+  # EXTRACT_VARIANTS=extract_shm_w4 EXTRACT_REPEATS=8 pairs the forward and the stage eight times in the same time.
+  # Without a headline on this machine, its first EXTRACT_SAMPLES samples are generated here first (the preset's
+  # generate stage alone, about a minute; this call then carries .gguf-b, after a call that kept .gguf-a)
+  results=$ROOT/e2e/results.json limit=540  # the bench's timeout, within the call's 600 s
+  if [ ! -f "$results" ]; then
+    install_wheels .whl-tf && smollm2_gguf || exit 1
+    DRAFTLAB_GIT_COMMIT=$(cat $H/COMMIT) && export DRAFTLAB_GIT_COMMIT
+    timeout 150 bash -c "$(SAMPLES=${EXTRACT_SAMPLES:-16384} run_cmd gen_real \
+      "'stages=[generate]'")" > $ROOT/log-gen_real.txt 2>&1; echo "generate alone rc=$?"
+    results=$ROOT/gen_real/results.json limit=390
+  fi
   samples=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['tags']['folder.generate'])" \
-    $ROOT/e2e/results.json) || exit 1
+    "$results") || exit 1
   # one run's shards in /dev/shm beside the headline's 40 GB pool: about 850 kB a sample (176 tokens of 4,617 bytes)
   shm_has_room ${EXTRACT_SAMPLES:-16384} 850 || exit 1
-  (cd $H/main && PYTHONPATH=$SITE:src timeout 540 python3 bench/extract_vs_forward.py --device cuda --target smollm2 \
+  (cd $H/main && PYTHONPATH=$SITE:src timeout $limit python3 bench/extract_vs_forward.py --device cuda --target smollm2 \
     --dtype bfloat16 --root $ROOT --samples-from "$samples" --samples ${EXTRACT_SAMPLES:-16384} --batch-size 64 \
-    --shard-size 1024 --shm --writers 4 --variants forward_head forward_read extract_null_w4 extract_shm_w4 \
-    --repeats 3 --no-disk) >> "$OUT"/extract_real.jsonl 2>> "$OUT"/extract_real.err
+    --shard-size 1024 --shm --writers 4 --variants ${EXTRACT_VARIANTS:-forward_head forward_read extract_null_w4 \
+    extract_shm_w4} --repeats ${EXTRACT_REPEATS:-3} --no-disk) >> "$OUT"/extract_real.jsonl 2>> "$OUT"/extract_real.err
   echo "extract_real rc=$?"; tail -n 1 "$OUT"/extract_real.jsonl | cut -c1-900 ;;
 *)
   echo "h200_headline.sh: no step '$step' (this copy's steps are in its usage line; an old .headline lacks new ones)"

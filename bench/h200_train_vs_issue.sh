@@ -5,7 +5,7 @@
 #   rm -rf .oldcode && mkdir -p .oldcode && git archive 5c67ce0 src bench | tar -x -C .oldcode
 # One call (carry .whl .speed .oldcode; about 6 minutes, 10 with today_cpp): bash bench/h200_train_vs_issue.sh
 #   (the sixteenth session ran STEPS=600 RUNS="issue today today_cg": 309 s)
-#   (RUNS="issue today" runs only those; STEPS sets trainer_speed's steps, default 300)
+#   (RUNS="issue today" runs only those; STEPS sets trainer_speed's steps, default 300; ISSUE_REPEATS the issue's runs)
 # Runs, in turn (JSON lines in $OUT/train_vs_issue.jsonl, logs in $OUT/train_vs_issue.err):
 #   issue:        the issue's step alone at its default (bench/train_throughput.py, 4,096 tokens, full-vocabulary
 #                 targets, eager): its real trainer ran slower than this (80k against 101k), so ratios against it
@@ -24,11 +24,17 @@ mkdir -p "$OUT"
 install_wheels .whl && keep_first_half || exit 1
 [ -d .oldcode/src ] || { echo "no .oldcode: see this script's header"; exit 1; }
 log=$OUT/train_vs_issue.jsonl; err=$OUT/train_vs_issue.err
-tag() { sed "s/^{/{\"run\": \"$1\", /" | grep '^{' | tee -a "$log" | cut -c1-300; }
+# a run's JSON line tagged with its name; bench/host_load.py's line about it with NAME_load
+tag() { sed -e "s/^{\"host_load\"/{\"run\": \"$1_load\", \"host_load\"/" -e "t" -e "s/^{/{\"run\": \"$1\", /" | grep '^{' \
+  | tee -a "$log" | cut -c1-300; }
 want() { [[ " ${RUNS:-issue today_step today_eager today today_cpp today_cg} " == *" $1 "* ]]; }
 nvidia-smi -L; nproc
-want issue && (cd .oldcode && PYTHONPATH=$SITE:src timeout 120 python3 bench/train_throughput.py --preset smollm2 \
-  --batch-tokens 4096) 2>> "$err" | tag issue
+# the issue's step ran at 60.8k and 86.0k on one machine 20 minutes apart (twenty-second session): ISSUE_REPEATS runs
+# it that many times in a row, each followed by a line with the host's load over it (bench/host_load.py)
+want issue && for _ in $(seq ${ISSUE_REPEATS:-1}); do
+  (cd .oldcode && PYTHONPATH=$SITE:src timeout 120 python3 ../bench/host_load.py -- python3 bench/train_throughput.py \
+    --preset smollm2 --batch-tokens 4096) 2>> "$err" | tag issue
+done
 want today_step && PYTHONPATH=$SITE:src timeout 120 python3 bench/train_throughput.py --preset smollm2 \
   --batch-tokens 4096 --targets full 2>> "$err" | tag today_step
 for name in today_eager today today_cpp today_cg; do

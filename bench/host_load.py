@@ -1,0 +1,66 @@
+"""How loaded the host was while a timed run ran: the share of CPU time stolen by the hypervisor and the share busy.
+
+The lent H200 machines are virtual machines of 16 cores on a shared host. On 2026-12-04 one of them ran the same
+plain forward at 220k-464k tok/s and the issue's training step at 60.8k and then 86.0k tok/s (BENCHMARKS.md,
+twenty-second session), a spread larger than the 10% part 3 asks to resolve. A launch-bound run slows when the host
+takes its CPUs away, and /proc/stat's `steal` counts exactly that time; recording it beside each timed run says
+which runs to distrust instead of guessing. Linux only: elsewhere the snapshot is None and so are the shares.
+
+As a module: `snapshot()` before, `shares(before, snapshot())` after. As a command, around another one (run
+without a shell; its output passes through, then one JSON line with the shares):
+    python3 bench/host_load.py -- python3 bench/train_throughput.py --preset smollm2 --batch-tokens 4096
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# /proc/stat's first line: cpu user nice system idle iowait irq softirq steal guest guest_nice (in clock ticks);
+# guest time is already inside user, so it is left out of the total
+FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def snapshot(path: str = "/proc/stat") -> dict | None:
+    """The machine's CPU time so far by kind, or None where there is no /proc/stat."""
+    try:
+        first = Path(path).read_text().splitlines()[0].split()
+    except (OSError, IndexError):
+        return None
+    if first[0] != "cpu":
+        return None
+    times = {name: int(value) for name, value in zip(FIELDS, first[1:])}
+    times["wall"] = time.monotonic()
+    return times
+
+
+def shares(before: dict | None, after: dict | None) -> dict:
+    """Between two snapshots: `steal` (CPU time the hypervisor gave to others) and `busy` (user, system and
+    interrupts: our own run's threads and anything else on the machine) as fractions of all CPU time."""
+    if before is None or after is None:
+        return {"steal": None, "busy": None, "seconds": None}
+    delta = {name: after[name] - before[name] for name in FIELDS}
+    total = sum(delta.values())
+    if total <= 0:
+        return {"steal": 0.0, "busy": 0.0, "seconds": round(after["wall"] - before["wall"], 3)}
+    busy = delta["user"] + delta["nice"] + delta["system"] + delta["irq"] + delta["softirq"]
+    return {"steal": round(delta["steal"] / total, 4), "busy": round(busy / total, 4),
+            "seconds": round(after["wall"] - before["wall"], 3)}
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] != "--" or len(argv) < 2:
+        print("usage: python3 bench/host_load.py -- COMMAND [ARG...]", file=sys.stderr)
+        return 2
+    command = argv[1:]
+    before = snapshot()
+    rc = subprocess.run(command, check=False).returncode
+    print(json.dumps({"host_load": shares(before, snapshot()), "command": command, "rc": rc}), flush=True)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

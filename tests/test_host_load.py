@@ -1,0 +1,52 @@
+"""bench/host_load.py reads /proc/stat's first line into the shares of CPU time stolen and busy between two
+snapshots: guest time (already inside user) is not counted twice, and a machine without /proc/stat gives None."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def _host_load():
+    spec = importlib.util.spec_from_file_location("bench_host_load", BENCH / "host_load.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _stat(path: Path, user, nice, system, idle, iowait, irq, softirq, steal, guest) -> str:
+    path.write_text(f"cpu  {user} {nice} {system} {idle} {iowait} {irq} {softirq} {steal} {guest} 0\n"
+                    f"cpu0 1 2 3 4 5 6 7 8 9 0\n")
+    return str(path)
+
+
+def test_shares_count_steal_and_busy_between_snapshots(tmp_path):
+    host_load = _host_load()
+    before = host_load.snapshot(_stat(tmp_path / "a", 100, 0, 50, 800, 10, 0, 0, 40, 30))
+    # 1,000 ticks later: 300 user (of which 200 guest), 100 system, 400 idle, 200 stolen
+    after = host_load.snapshot(_stat(tmp_path / "b", 400, 0, 150, 1200, 10, 0, 0, 240, 230))
+    shares = host_load.shares(before, after)
+    assert shares["steal"] == 0.2
+    assert shares["busy"] == 0.4
+    assert shares["seconds"] >= 0
+
+
+def test_no_proc_stat_gives_none(tmp_path):
+    host_load = _host_load()
+    assert host_load.snapshot(str(tmp_path / "missing")) is None
+    assert host_load.shares(None, None) == {"steal": None, "busy": None, "seconds": None}
+
+
+def test_command_line_passes_the_output_through_and_adds_a_json_line():
+    done = subprocess.run([sys.executable, str(BENCH / "host_load.py"), "--", sys.executable, "-c", "print('hello')"],
+                          capture_output=True, text=True, check=True)
+    first, last = done.stdout.splitlines()
+    assert first == "hello"
+    record = json.loads(last)
+    assert record["rc"] == 0 and record["command"][-1] == "print('hello')"
+    assert set(record["host_load"]) == {"steal", "busy", "seconds"}
