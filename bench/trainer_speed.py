@@ -44,6 +44,7 @@ from torch._inductor import config as inductor_config
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import host_load  # noqa: E402
 from train_data_path import H, V, smollm2_draft, synthetic_source  # noqa: E402
 
 from draftlab.data import reader  # noqa: E402
@@ -190,15 +191,19 @@ def main() -> None:
         trainer._log_window = counting_log_window
         trainer._validate = timed(totals, "validation_s", trainer._validate)
         trainer._save = timed(totals, "checkpoint_s", trainer._save)
+        # the writes run on a thread since 2026-12-04 (train/file_queue.py): _save takes the copies, and the run's
+        # last wait for the writes is a checkpoint's cost too, not the steps'
+        trainer._files.close = timed(totals, "checkpoint_s", trainer._files.close)
         if args.device_plan:  # the trainer lists no plan; packed_unroll then lists the rows on the device
             device_batch.PackedPlan = types.SimpleNamespace(of=lambda *args: None)
         if args.plan_in_loop:  # prepare attaches nothing: _copy_to_device lists the rows on the training thread
             trainer._attach_plan = lambda batch: batch
         if args.profile:
             profiled(trainer, args.profile_from, args.profile, args.profile_out)
-        start = time.perf_counter()
+        start, load_before = time.perf_counter(), host_load.snapshot()
         result = trainer.run()
         wall = time.perf_counter() - start
+        load = host_load.shares(load_before, host_load.snapshot())
     tokens = source.num_tokens("train") * result.final["train/epochs_seen"]
     rest = wall - sum(totals.values())
     # every graph built (validation's too once training's came from the cache: train/compiled_unroll.py)
@@ -232,6 +237,7 @@ def main() -> None:
         "tokens_per_s_in_steps": round(tokens / max(rest - training_compile_s, 1e-9), 1),
         **{k: round(v, 2) for k, v in totals.items()}, "rest_s": round(rest, 2),
         "rest_s_per_step": round(rest / max(result.steps, 1), 4),
+        "host_load": load,  # the CPU time stolen by the hypervisor over the run, and busy (bench/host_load.py)
     }), flush=True)
 
 

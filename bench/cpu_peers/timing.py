@@ -46,6 +46,12 @@ def patch(cls, loop: str, evals: tuple[str, ...] = (), saves: tuple[str, ...] = 
         _wrap(cls, name, False)
 
 
+def exclude(cls, *names: str) -> None:
+    """More methods, of another class, whose calls from inside the loop are not training time."""
+    for name in names:
+        _wrap(cls, name, False)
+
+
 @atexit.register
 def _write() -> None:
     path = os.environ.get("CPU_PEERS_TIMING")

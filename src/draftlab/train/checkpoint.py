@@ -12,6 +12,7 @@ Nothing is ever unpickled. What the state means is the loop's business (train/lo
 
 from __future__ import annotations
 
+import copy
 import itertools
 import os
 import random
@@ -28,9 +29,11 @@ KEEP_CHECKPOINTS = 2
 
 
 def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Everything in the state dict except frozen parameters (the target embedding is re-copied on load)."""
+    """Everything in the state dict except frozen parameters (the target embedding is re-copied on load), where the
+    tensors live: the live ones, which whoever keeps them copies to the host (`snapshot_checkpoint`, the loop's
+    best weights)."""
     frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
-    return {k: v.detach().cpu() for k, v in model.state_dict().items() if k not in frozen}
+    return {k: v.detach() for k, v in model.state_dict().items() if k not in frozen}
 
 
 def load_trainable(model: torch.nn.Module, path: Path) -> None:
@@ -67,26 +70,51 @@ def _unused(ckpt_dir: Path, name: str) -> str:
 def write_checkpoint(ckpt_dir: Path, name: str, model: dict[str, torch.Tensor], optimizer: dict, state: dict) -> None:
     """Writes checkpoint `name` (weights, `optimizer.state_dict()`, RNG states and `state`), points `latest.json`
     at it, and keeps the newest KEEP_CHECKPOINTS."""
+    write_snapshot(ckpt_dir, name, snapshot_checkpoint(model, optimizer, state))
+
+
+def snapshot_checkpoint(model: dict[str, torch.Tensor], optimizer: dict, state: dict) -> dict:
+    """What a checkpoint holds, taken now and owned by nobody else: host copies of the weights and the optimizer
+    state (a CPU tensor is copied too, since the next step changes it in place), the RNG states, and a deep copy of
+    the loop's state. `write_snapshot` can then write it on another thread while training goes on."""
+    rng = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rng.update({f"cuda.{i}": t for i, t in enumerate(torch.cuda.get_rng_state_all())})
+    return {"model": {k: _host_copy(v) for k, v in model.items()},
+            "optimizer": {f"{i}.{k}": _host_copy(v) for i, st in optimizer["state"].items() for k, v in st.items()},
+            "rng": rng,
+            "trainer": copy.deepcopy(dict(state, format=CKPT_FORMAT, param_groups=optimizer["param_groups"],
+                                          python_rng=list(random.getstate())))}
+
+
+def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().to("cpu", copy=True)
+
+
+def write_snapshot(ckpt_dir: Path, name: str, snapshot: dict) -> None:
+    """Writes a `snapshot_checkpoint` as checkpoint `name` (or `name-001`... when taken), then `latest.json`, then
+    removes all but the newest KEEP_CHECKPOINTS."""
     name = _unused(ckpt_dir, name)
     final = ckpt_dir / name
     tmp = ckpt_dir / f".{name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    fsutil.atomic_save_safetensors(tmp / "model.safetensors", model)
-    tensors = {f"{i}.{k}": v.detach().cpu() for i, st in optimizer["state"].items() for k, v in st.items()}
-    fsutil.atomic_save_safetensors(tmp / "optimizer.safetensors", tensors)
-    rng = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        rng.update({f"cuda.{i}": t for i, t in enumerate(torch.cuda.get_rng_state_all())})
-    fsutil.atomic_save_safetensors(tmp / "rng.safetensors", rng)
-    fsutil.atomic_write_json(tmp / "trainer.json", dict(state, format=CKPT_FORMAT,
-                                                        param_groups=optimizer["param_groups"],
-                                                        python_rng=list(random.getstate())))
+    fsutil.atomic_save_safetensors(tmp / "model.safetensors", snapshot["model"])
+    fsutil.atomic_save_safetensors(tmp / "optimizer.safetensors", snapshot["optimizer"])
+    fsutil.atomic_save_safetensors(tmp / "rng.safetensors", snapshot["rng"])
+    fsutil.atomic_write_json(tmp / "trainer.json", snapshot["trainer"])
     os.replace(tmp, final)
-    fsutil.atomic_write_json(ckpt_dir / "latest.json", {"name": name, "step": state["step"]})
+    fsutil.atomic_write_json(ckpt_dir / "latest.json", {"name": name, "step": snapshot["trainer"]["step"]})
     older = sorted(p for p in ckpt_dir.glob("ckpt-*") if p.name != name)
     for old in older[: max(0, len(older) - (KEEP_CHECKPOINTS - 1))]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def prune_best_files(ckpt_dir: Path, keep: str | None) -> None:
+    """Removes the best-weights files of earlier best passes: only `keep` (the best so far) stays."""
+    for path in Path(ckpt_dir).glob("best-epoch*.safetensors"):
+        if path.name != keep:
+            path.unlink()
 
 
 def read_checkpoint(folder: Path) -> tuple[dict, dict]:

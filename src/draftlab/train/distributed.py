@@ -26,7 +26,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from draftlab import fsutil
 from draftlab.attention import variable_shape_attention
 from draftlab.train.loop import Trainer
 from draftlab.train.optim import build_optimizer
@@ -228,7 +227,7 @@ class DistributedTrainer(Trainer):
     def _write_weights(self, path: Path) -> None:
         tensors = self._model_tensors()  # FSDP: a collective, so every rank gathers
         if self.rank == 0:
-            fsutil.atomic_save_safetensors(path, tensors)
+            self._queue_weights(path, tensors)
 
     # FSDP: the checkpoint holds full tensors in the one-process layout, so any N (or one process) resumes it.
     def _model_tensors(self) -> dict[str, torch.Tensor]:

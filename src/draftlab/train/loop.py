@@ -12,7 +12,9 @@ Resume contract: a killed run restarted on the same folder continues from its la
 uninterrupted run would (bit-identical on CPU). A checkpoint holds the trainable weights and the AdamW state
 (safetensors), the RNG states, and JSON for the rest: epoch, batch position, optimizer step, the schedule's
 decay start and stop step (the learning rate is a pure function of them), the plateau watch, the metric window
-and the validation history. Nothing is ever unpickled.
+and the validation history. Nothing is ever unpickled. Checkpoints and best weights are written on a background
+thread from copies taken at the save (train/file_queue.py), so the GPU does not wait for the disk; `run` returns
+once they are all written.
 
 Host syncs: a training step reads nothing back from the GPU, so the host queues the next step while the GPU runs
 this one: the packed unroll's rows are listed from the host batch (`PackedPlan`), batches are pinned, and the log
@@ -45,9 +47,10 @@ from draftlab.model.draft import Eagle3Draft
 from draftlab.reporting import NullReporter, Reporter
 from draftlab.target import resolve_device
 from draftlab.train.checkpoint import (load_trainable, latest_checkpoint, read_checkpoint, resolve_checkpoint,
-                                       trainable_state, write_checkpoint)
+                                       prune_best_files, snapshot_checkpoint, trainable_state, write_snapshot)
 from draftlab.train.compiled_unroll import unroll_core_for
 from draftlab.train.device_batch import attach_plan, padding_for, to_device, widen
+from draftlab.train.file_queue import FileQueue
 from draftlab.train.optim import autocast_dtype, build_optimizer
 from draftlab.train.packed import PackedPlan, packed_unroll
 from draftlab.train.schedule import budget_steps, lr_factor, watch_plateau
@@ -121,6 +124,7 @@ class Trainer:
         self._data_wait = 0.0  # seconds this log window waited for batches (train/data_wait_frac)
         self._pending = PendingSums()  # the log window's sums since it was last folded, on the device
         self._val_cache = ValidationCache(self.device)
+        self._files = FileQueue()  # checkpoints and best weights written while the steps go on (train/file_queue.py)
         self.state: dict[str, Any] = {"epoch": 0, "batch": 0, "step": 0, "history": [], "best": None,
                                       "window": None, "total_steps": None, **self._fresh_horizon()}
 
@@ -189,7 +193,11 @@ class Trainer:
         return self.opt.state_dict()
 
     def _write_weights(self, path: Path) -> None:
-        fsutil.atomic_save_safetensors(path, self._model_tensors())
+        self._queue_weights(path, self._model_tensors())
+
+    def _queue_weights(self, path: Path, tensors: dict[str, torch.Tensor]) -> None:
+        copies = {k: v.detach().to("cpu", copy=True) for k, v in tensors.items()}  # the next step changes them
+        self._files.submit(fsutil.atomic_save_safetensors, path, copies)
 
     def _load_states(self, model_file: Path, optimizer_state: dict) -> None:
         load_trainable(self.model, model_file)
@@ -201,7 +209,8 @@ class Trainer:
         self._write_checkpoint(name, self._model_tensors(), self._optimizer_state())
 
     def _write_checkpoint(self, name: str, tensors: dict, optimizer_state: dict) -> None:
-        write_checkpoint(self.ckpt_dir, name, tensors, optimizer_state, dict(self.state, settings=vars(self.s)))
+        snapshot = snapshot_checkpoint(tensors, optimizer_state, dict(self.state, settings=vars(self.s)))
+        self._files.submit(write_snapshot, self.ckpt_dir, name, snapshot)
 
     def load(self, folder: Path, full: bool = True) -> None:
         """Restores weights, optimizer, RNG and position from a checkpoint folder."""
@@ -267,13 +276,17 @@ class Trainer:
                      f"decaying until step {stop}" if stop > self.state["step"] else "stopping")
 
     def _prune_best(self) -> None:
-        keep = self.state["best"]["file"] if self.state["best"] else None
-        for path in self.ckpt_dir.glob("best-epoch*.safetensors"):
-            if path.name != keep:
-                path.unlink()
+        # queued behind the writes before it, so the best file it keeps exists by then
+        self._files.submit(prune_best_files, self.ckpt_dir, self.state["best"]["file"] if self.state["best"] else None)
 
     # ------------------------------------------------------------------ the loop
     def run(self, init_from: str | Path | None = None) -> TrainResult:
+        """Trains to the budget (or the plateau), resuming from the folder's last checkpoint; returns, or raises,
+        once every file it queued is written."""
+        with self._files:
+            return self._run(init_from)
+
+    def _run(self, init_from: str | Path | None) -> TrainResult:
         s = self.s
         latest = latest_checkpoint(self.ckpt_dir)
         if latest:
