@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,15 @@ from hydra.core.global_hydra import GlobalHydra
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
+BENCH = REPO / "bench"
+
+
+def bench_script(name: str):
+    """bench/NAME.py as a module (bench/ is scripts, not a package): its functions tested where they are."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def compose_config(overrides: list[str] | None = None):

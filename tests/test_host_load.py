@@ -3,20 +3,16 @@ snapshots: guest time (already inside user) is not counted twice, and a machine 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+from conftest import BENCH, bench_script
 
 
 def _host_load():
-    spec = importlib.util.spec_from_file_location("bench_host_load", BENCH / "host_load.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_script("host_load")
 
 
 def _stat(path: Path, user, nice, system, idle, iowait, irq, softirq, steal, guest) -> str:

@@ -5,18 +5,13 @@ ops' (nested ops are inside them, not added to them)."""
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+from conftest import bench_script
 
 
 def _trace_summary():
-    spec = importlib.util.spec_from_file_location("bench_trace_summary", BENCH / "trace_summary.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_script("trace_summary")
 
 
 def _event(name, cat, ts, dur, tid=1):
