@@ -1,5 +1,5 @@
 """How much padding the extract stage's batches carry at each `extract.batch_size`: samples sorted by length inside
-each shard, cut into batches, each padded to its longest (extract_shard's batching). Prints one JSON line with the
+each shard, cut into batches, each padded to its longest (the stage's `length_batches`). Prints one JSON line with the
 padded positions over the real ones per batch size.
 
 Real lengths come from a generate folder (`--samples-from`). Without one, from prompts (`--prompts`, a JSONL of
@@ -37,11 +37,13 @@ def prompt_lengths(path: Path, max_tokens: int, count: int, root: str) -> list[i
 
 
 def padding(lengths: list[int], shard_size: int, batch_size: int) -> float:
+    from draftlab.stages.extract import length_batches
+
     padded = real = 0
     for start in range(0, len(lengths), shard_size):
-        shard = sorted(lengths[start:start + shard_size])
-        for b in range(0, len(shard), batch_size):
-            batch = shard[b:b + batch_size]
+        shard = lengths[start:start + shard_size]
+        for indices in length_batches(shard, batch_size):
+            batch = [shard[i] for i in indices]
             padded += max(batch) * len(batch)
             real += sum(batch)
     return padded / real

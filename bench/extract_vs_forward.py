@@ -55,7 +55,7 @@ from draftlab.config import default_config
 from draftlab.data.features import HiddenTap, head_top1, model_mask, pad_batch, stored_top1
 from draftlab.data.layers import resolve_layers
 from draftlab.data.samples import Sample, read_samples
-from draftlab.stages.extract import ShardWriter, extract_shard, start_host_copy
+from draftlab.stages.extract import ShardWriter, extract_shard, length_batches, start_host_copy
 from draftlab.target import load_target
 
 
@@ -86,16 +86,15 @@ def sync(device: torch.device) -> None:
 
 def plain_forward(target, shards: list[list[Sample]], batch_size: int, head: str = "",
                   cudnn: bool = False) -> None:
-    """The same batches as `extract_shard` makes (sorted by length inside a shard), without capture or storage.
+    """The same batches as `extract_shard` makes (`length_batches` inside a shard), without capture or storage.
     `head`: "all", plus the full-vocabulary argmax of every position (what a causal LM's forward would add); "read",
     only where training reads it. `cudnn`: PyTorch's own choice of attention kernel (cuDNN on an H200), which the
     stage leaves out."""
     weight = target.model.get_output_embeddings().weight
     with torch.inference_mode(), (contextlib.nullcontext() if cudnn else variable_shape_attention()):
         for shard in shards:
-            order = sorted(shard, key=lambda s: len(s.input_ids))
-            for start in range(0, len(order), batch_size):
-                chunk = order[start:start + batch_size]
+            for indices in length_batches([len(s.input_ids) for s in shard], batch_size):
+                chunk = [shard[i] for i in indices]
                 seqs = [s.input_ids for s in chunk]
                 ids, mask = pad_batch(seqs)
                 mask = model_mask(seqs, mask)

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from draftlab.train import checkpoint
-from draftlab.train.checkpoint import KEEP_CHECKPOINTS, latest_checkpoint, read_checkpoint, write_checkpoint
+from draftlab.train.checkpoint import (KEEP_CHECKPOINTS, latest_checkpoint, read_checkpoint, snapshot_checkpoint,
+                                       write_snapshot)
 
 NAME = "ckpt-000000003-e0001-b000000000"
 
@@ -22,8 +23,8 @@ def optimizer_state() -> dict:
 
 
 def save(folder, name: str, marker: int) -> None:
-    write_checkpoint(folder, name, {"w": torch.full((4,), float(marker))}, optimizer_state(),
-                     {"step": 3, "marker": marker})
+    write_snapshot(folder, name, snapshot_checkpoint({"w": torch.full((4,), float(marker))}, optimizer_state(),
+                                                     {"step": 3, "marker": marker}))
 
 
 def test_a_save_stopped_before_its_rename_leaves_latest_readable(tmp_path, monkeypatch):

@@ -42,12 +42,11 @@ def _wrap(cls, name: str, is_loop: bool) -> None:
 
 def patch(cls, loop: str, evals: tuple[str, ...] = (), saves: tuple[str, ...] = ()) -> None:
     _wrap(cls, loop, True)
-    for name in (*evals, *saves):
-        _wrap(cls, name, False)
+    exclude(cls, *evals, *saves)
 
 
 def exclude(cls, *names: str) -> None:
-    """More methods, of another class, whose calls from inside the loop are not training time."""
+    """Methods (of any class) whose calls from inside the loop are not training time."""
     for name in names:
         _wrap(cls, name, False)
 

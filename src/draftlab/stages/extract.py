@@ -48,16 +48,21 @@ def extract_batch(tap: HiddenTap, batch: list, dtype: torch.dtype, device) -> li
             for i, s in enumerate(batch)]
 
 
+def length_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
+    """Indices into `lengths`, sorted by length and cut into batches of `batch_size`: how a shard is batched (each
+    batch padded to its longest, so similar lengths together pad least)."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    return [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
+
+
 def extract_shard(tap: HiddenTap, shard: list, batch_size: int, dtype: torch.dtype, device, on_batch=None) -> dict:
     """The shard's packed sample tensors plus `features` / `last_hidden` / `target_top` (still on the device).
 
-    Samples are batched by length (less padding) and put back in index order. `on_batch(n)` after each batch
+    Samples are batched by length (`length_batches`) and put back in index order. `on_batch(n)` after each batch
     (the progress bar).
     """
-    order = sorted(range(len(shard)), key=lambda i: len(shard[i].input_ids))
     results: list = [None] * len(shard)
-    for start in range(0, len(order), batch_size):
-        chunk = order[start:start + batch_size]
+    for chunk in length_batches([len(s.input_ids) for s in shard], batch_size):
         for i, triple in zip(chunk, extract_batch(tap, [shard[i] for i in chunk], dtype, device)):
             results[i] = triple
         if on_batch is not None:

@@ -67,33 +67,28 @@ def _unused(ckpt_dir: Path, name: str) -> str:
     return next(c for c in candidates if not (Path(ckpt_dir) / c).exists())
 
 
-def write_checkpoint(ckpt_dir: Path, name: str, model: dict[str, torch.Tensor], optimizer: dict, state: dict) -> None:
-    """Writes checkpoint `name` (weights, `optimizer.state_dict()`, RNG states and `state`), points `latest.json`
-    at it, and keeps the newest KEEP_CHECKPOINTS."""
-    write_snapshot(ckpt_dir, name, snapshot_checkpoint(model, optimizer, state))
+def host_copies(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Host copies owned by the caller: a CPU tensor is copied too, since the next step changes it in place."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in tensors.items()}
 
 
 def snapshot_checkpoint(model: dict[str, torch.Tensor], optimizer: dict, state: dict) -> dict:
-    """What a checkpoint holds, taken now and owned by nobody else: host copies of the weights and the optimizer
-    state (a CPU tensor is copied too, since the next step changes it in place), the RNG states, and a deep copy of
-    the loop's state. `write_snapshot` can then write it on another thread while training goes on."""
+    """What a checkpoint holds (weights, `optimizer.state_dict()`, RNG states and `state`), taken now and owned by
+    nobody else: `host_copies` of the tensors and a deep copy of the loop's state. `write_snapshot` can then write
+    it on another thread while training goes on."""
     rng = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng.update({f"cuda.{i}": t for i, t in enumerate(torch.cuda.get_rng_state_all())})
-    return {"model": {k: _host_copy(v) for k, v in model.items()},
-            "optimizer": {f"{i}.{k}": _host_copy(v) for i, st in optimizer["state"].items() for k, v in st.items()},
+    return {"model": host_copies(model),
+            "optimizer": host_copies({f"{i}.{k}": v for i, st in optimizer["state"].items() for k, v in st.items()}),
             "rng": rng,
             "trainer": copy.deepcopy(dict(state, format=CKPT_FORMAT, param_groups=optimizer["param_groups"],
                                           python_rng=list(random.getstate())))}
 
 
-def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.detach().to("cpu", copy=True)
-
-
 def write_snapshot(ckpt_dir: Path, name: str, snapshot: dict) -> None:
-    """Writes a `snapshot_checkpoint` as checkpoint `name` (or `name-001`... when taken), then `latest.json`, then
-    removes all but the newest KEEP_CHECKPOINTS."""
+    """Writes a `snapshot_checkpoint` as checkpoint `name` (or `name-001`... when taken), points `latest.json` at it,
+    and keeps the newest KEEP_CHECKPOINTS."""
     name = _unused(ckpt_dir, name)
     final = ckpt_dir / name
     tmp = ckpt_dir / f".{name}.tmp"

@@ -78,10 +78,9 @@ class FileQueue:
     def __exit__(self, exc_type, exc, tb) -> None:
         """Every queued write finished; after an error in the block, a write's own error is logged, not raised
         over the block's."""
-        if exc_type is None:
-            self.close()
-            return
         try:
             self.close()
-        except Exception as err:  # noqa: BLE001 - the block's error is the one to raise
+        except Exception as err:  # noqa: BLE001 - re-raised unless the block's error is on its way
+            if exc_type is None:
+                raise
             log.warning("train: a queued file write failed too: %s", err)

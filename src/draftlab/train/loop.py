@@ -12,9 +12,8 @@ Resume contract: a killed run restarted on the same folder continues from its la
 uninterrupted run would (bit-identical on CPU). A checkpoint holds the trainable weights and the AdamW state
 (safetensors), the RNG states, and JSON for the rest: epoch, batch position, optimizer step, the schedule's
 decay start and stop step (the learning rate is a pure function of them), the plateau watch, the metric window
-and the validation history. Nothing is ever unpickled. Checkpoints and best weights are written on a background
-thread from copies taken at the save (train/file_queue.py), so the GPU does not wait for the disk; `run` returns
-once they are all written.
+and the validation history. Nothing is ever unpickled. Checkpoints and best weights are written on a thread from
+copies taken at the save (train/file_queue.py), so the GPU does not wait for the disk; `run` returns after them.
 
 Host syncs: a training step reads nothing back from the GPU, so the host queues the next step while the GPU runs
 this one: the packed unroll's rows are listed from the host batch (`PackedPlan`), batches are pinned, and the log
@@ -46,14 +45,15 @@ from draftlab.config import TrainConfig
 from draftlab.model.draft import Eagle3Draft
 from draftlab.reporting import NullReporter, Reporter
 from draftlab.target import resolve_device
-from draftlab.train.checkpoint import (load_trainable, latest_checkpoint, read_checkpoint, resolve_checkpoint,
-                                       prune_best_files, snapshot_checkpoint, trainable_state, write_snapshot)
+from draftlab.train.checkpoint import (host_copies, load_trainable, latest_checkpoint, prune_best_files,
+                                       read_checkpoint, resolve_checkpoint, snapshot_checkpoint, trainable_state,
+                                       write_snapshot)
 from draftlab.train.compiled_unroll import unroll_core_for
 from draftlab.train.device_batch import attach_plan, padding_for, to_device, widen
 from draftlab.train.file_queue import FileQueue
 from draftlab.train.optim import autocast_dtype, build_optimizer
 from draftlab.train.packed import PackedPlan, packed_unroll
-from draftlab.train.schedule import budget_steps, lr_factor, watch_plateau
+from draftlab.train.schedule import batches_per_epoch, budget_steps, lr_factor, watch_plateau
 from draftlab.train.ttt import STATS, soft_ce_for, summarize, target_distribution, ttt_unroll
 from draftlab.train.val_cache import ValidationCache
 from draftlab.train.window import PendingSums
@@ -83,18 +83,6 @@ class TrainResult:
     best_weights: Path  # trainable weights of the best validation pass (safetensors)
     steps: int = 0
     extras: dict[str, Any] = field(default_factory=dict)
-
-
-def _batches_per_epoch(source, s: LoopSettings) -> int:
-    counter = getattr(source, "num_batches", None)
-    if counter is not None:
-        count = int(counter("train", 0, s.batch_tokens, s.max_seq_len, s.seed))
-    else:  # no count offered: one pass over epoch 0 (token-budget batching fixes the count per epoch)
-        count = sum(1 for _ in source.batches("train", 0, s.batch_tokens, s.max_seq_len, s.seed, True))
-    if count <= 0:
-        raise ValueError("train: the training split gives no batches (no samples, or every sample is longer "
-                         "than train.max_seq_len)")
-    return count
 
 
 class Trainer:
@@ -196,8 +184,7 @@ class Trainer:
         self._queue_weights(path, self._model_tensors())
 
     def _queue_weights(self, path: Path, tensors: dict[str, torch.Tensor]) -> None:
-        copies = {k: v.detach().to("cpu", copy=True) for k, v in tensors.items()}  # the next step changes them
-        self._files.submit(fsutil.atomic_save_safetensors, path, copies)
+        self._files.submit(fsutil.atomic_save_safetensors, path, host_copies(tensors))
 
     def _load_states(self, model_file: Path, optimizer_state: dict) -> None:
         load_trainable(self.model, model_file)
@@ -305,7 +292,7 @@ class Trainer:
             random.seed(s.seed)
         st = self.state
         if st["epoch_batches"] is None:  # also for a checkpoint written before the step budget existed
-            st["epoch_batches"] = _batches_per_epoch(self.source, s)
+            st["epoch_batches"] = batches_per_epoch(self.source, s)
         if st["total_steps"] is None:
             st["total_steps"] = budget_steps(st["epoch_batches"], s)
         if st["stop_at"] is None:

@@ -1,5 +1,6 @@
-"""The learning-rate schedule, the step budget and the plateau watch of early stopping: pure functions of the
-settings and the trainer's JSON state, so a resumed run recomputes exactly what an uninterrupted one would.
+"""The learning-rate schedule, the step budget and the plateau watch of early stopping: functions of the settings,
+the trainer's JSON state and the data's batch count, so a resumed run recomputes exactly what an uninterrupted one
+would.
 Why warmup-stable-decay for early stopping: docs/ARCHITECTURE.md, "Training budget and convergence".
 """
 
@@ -38,11 +39,25 @@ def lr_factor(step: int, total: int, warmup_ratio: float, schedule: str, decay_s
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def budget_steps(batches_per_epoch: int, s: TrainConfig) -> int:
+def batches_per_epoch(source, s: TrainConfig) -> int:
+    """The training split's batches per epoch, the unit of `budget_steps`: the source's count, or one pass over
+    epoch 0 where it offers none (token-budget batching fixes the count per epoch)."""
+    counter = getattr(source, "num_batches", None)
+    if counter is not None:
+        count = int(counter("train", 0, s.batch_tokens, s.max_seq_len, s.seed))
+    else:
+        count = sum(1 for _ in source.batches("train", 0, s.batch_tokens, s.max_seq_len, s.seed, True))
+    if count <= 0:
+        raise ValueError("train: the training split gives no batches (no samples, or every sample is longer "
+                         "than train.max_seq_len)")
+    return count
+
+
+def budget_steps(epoch_batches: int, s: TrainConfig) -> int:
     """The run's step budget: train.max_steps when set, else train.epochs passes over the data."""
     if not s.max_steps and not s.epochs:
         raise ValueError("train.max_steps: no training budget; set train.max_steps or train.epochs")
-    return int(s.max_steps) if s.max_steps else max(1, batches_per_epoch * s.epochs)
+    return int(s.max_steps) if s.max_steps else max(1, epoch_batches * s.epochs)
 
 
 def watch_plateau(state: dict[str, Any], score: float, s: TrainConfig) -> int | None:
