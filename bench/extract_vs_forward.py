@@ -6,7 +6,8 @@ background threads). Forward = `model.model(...)` without any capture on batches
 padding and copies) and with the stage's attention kernels (draftlab.attention). Variants, each timed in turn
 `--repeats` times, each repeat starting one variant later (best and median tok/s kept, and each repeat's forward
 over the same repeat's variant, `ratios_paired`: robust to a shared machine), so that the cost splits into its
-parts. Beside each run, the host's load over it (`host_load_runs`: the CPU time stolen by the hypervisor and busy).
+parts. Beside each run, the host's load over it (`host_load_runs`: the CPU time stolen by the hypervisor and busy,
+and a fixed Python loop's time before and after: bench/host_load.py).
 Every timed run draws samples of its own (same count and length range), as the stage rarely sees a shape twice;
 `--same-shapes` reuses one set, which hid cuDNN's per-shape planning until 2026-12-02 (BENCHMARKS.md).
 `--samples-from` takes a generate stage's samples instead (real lengths and answer masks, e.g. a headline's): timed

@@ -6,6 +6,12 @@ twenty-second session), a spread larger than the 10% part 3 asks to resolve. A l
 takes its CPUs away, and /proc/stat's `steal` counts exactly that time; recording it beside each timed run says
 which runs to distrust instead of guessing. Linux only: elsewhere the snapshot is None and so are the shares.
 
+Stolen time is not the whole story. On 2026-12-04 a machine that lost 0-0.8% of its CPU time ran the issue's step at
+47-52k, then 78-95k, then 61-68k tok/s within 20 minutes, its GPU at the top clock and half idle (twenty-third
+session): a launch-bound step follows the host CPU's single-thread speed, which a neighbour on the same cores or the
+CPU's own clock changes without any steal. So each snapshot also times a fixed pure-Python loop (`probe_ms`, best
+of three): the same loop taking longer after than before says the host's CPU slowed during the run.
+
 As a module: `snapshot()` before, `shares(before, snapshot())` after. As a command, around another one (run
 without a shell; its output passes through, then one JSON line with the shares):
     python3 bench/host_load.py -- python3 bench/train_throughput.py --preset smollm2 --batch-tokens 4096
@@ -14,6 +20,7 @@ without a shell; its output passes through, then one JSON line with the shares):
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import time
@@ -24,8 +31,20 @@ from pathlib import Path
 FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
 
+def probe_ms(loops: int = 200_000, repeats: int = 3) -> float:
+    """The fastest of `repeats` timings of a fixed pure-Python loop, in ms (about 10 ms on an idle modern core):
+    the interpreter's speed on this host now, which bounds a launch-bound step's Python."""
+    best = math.inf
+    for _ in range(repeats):
+        started, total = time.perf_counter(), 0
+        for i in range(loops):
+            total += i & 7
+        best = min(best, time.perf_counter() - started)
+    return round(best * 1e3, 3)
+
+
 def snapshot(path: str = "/proc/stat") -> dict | None:
-    """The machine's CPU time so far by kind, or None where there is no /proc/stat."""
+    """The machine's CPU time so far by kind and `probe_ms`, or None where there is no /proc/stat."""
     try:
         first = Path(path).read_text().splitlines()[0].split()
     except (OSError, IndexError):
@@ -33,22 +52,25 @@ def snapshot(path: str = "/proc/stat") -> dict | None:
     if first[0] != "cpu":
         return None
     times = {name: int(value) for name, value in zip(FIELDS, first[1:])}
-    times["wall"] = time.monotonic()
+    times["probe_ms"] = probe_ms()
+    times["wall"] = time.monotonic()  # after the probe: `seconds` is the run's, not the probe's
     return times
 
 
 def shares(before: dict | None, after: dict | None) -> dict:
     """Between two snapshots: `steal` (CPU time the hypervisor gave to others) and `busy` (user, system and
-    interrupts: our own run's threads and anything else on the machine) as fractions of all CPU time."""
+    interrupts: our own run's threads and anything else on the machine) as fractions of all CPU time, and the
+    probe's timings before and after."""
     if before is None or after is None:
-        return {"steal": None, "busy": None, "seconds": None}
+        return {"steal": None, "busy": None, "seconds": None, "probe_ms": None}
+    probes = [before.get("probe_ms"), after.get("probe_ms")]
     delta = {name: after[name] - before[name] for name in FIELDS}
     total = sum(delta.values())
     if total <= 0:
-        return {"steal": 0.0, "busy": 0.0, "seconds": round(after["wall"] - before["wall"], 3)}
+        return {"steal": 0.0, "busy": 0.0, "seconds": round(after["wall"] - before["wall"], 3), "probe_ms": probes}
     busy = delta["user"] + delta["nice"] + delta["system"] + delta["irq"] + delta["softirq"]
     return {"steal": round(delta["steal"] / total, 4), "busy": round(busy / total, 4),
-            "seconds": round(after["wall"] - before["wall"], 3)}
+            "seconds": round(after["wall"] - before["wall"], 3), "probe_ms": probes}
 
 
 def main(argv: list[str]) -> int:

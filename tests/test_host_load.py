@@ -30,12 +30,18 @@ def test_shares_count_steal_and_busy_between_snapshots(tmp_path):
     assert shares["steal"] == 0.2
     assert shares["busy"] == 0.4
     assert shares["seconds"] >= 0
+    assert shares["probe_ms"] == [before["probe_ms"], after["probe_ms"]] and before["probe_ms"] > 0
+
+
+def test_the_probe_times_more_loops_as_longer():
+    host_load = _host_load()
+    assert host_load.probe_ms(loops=400_000) > host_load.probe_ms(loops=20_000)
 
 
 def test_no_proc_stat_gives_none(tmp_path):
     host_load = _host_load()
     assert host_load.snapshot(str(tmp_path / "missing")) is None
-    assert host_load.shares(None, None) == {"steal": None, "busy": None, "seconds": None}
+    assert host_load.shares(None, None) == {"steal": None, "busy": None, "seconds": None, "probe_ms": None}
 
 
 def test_command_line_passes_the_output_through_and_adds_a_json_line():
@@ -45,4 +51,4 @@ def test_command_line_passes_the_output_through_and_adds_a_json_line():
     assert first == "hello"
     record = json.loads(last)
     assert record["rc"] == 0 and record["command"][-1] == "print('hello')"
-    assert set(record["host_load"]) == {"steal", "busy", "seconds"}
+    assert set(record["host_load"]) == {"steal", "busy", "seconds", "probe_ms"}
