@@ -236,7 +236,8 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter) -> dict:
             _check_room(cfg, out, manifest, _tokens_between(samples_manifest, done, n), n - done)
             _extract(cfg, out, samples_dir, manifest, target, layer_ids, done, n, reporter)
     metrics = _finish(cfg, out, samples_dir, manifest, n, reporter)
-    metrics["extract/new_samples"] = float(max(0, n - done) if offline else 0)
+    if offline:  # what `invoke` reads to call the stage cached: online stores no samples, yet loads the target
+        metrics["extract/new_samples"] = float(max(0, n - done))
     reporter.tag("extract.layer_ids", ",".join(map(str, layer_ids)))
     reporter.tag("extract.sglang_servable", str(manifest["sglang_servable"]).lower())
     return metrics
