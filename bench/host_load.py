@@ -8,9 +8,10 @@ which runs to distrust instead of guessing. Linux only: elsewhere the snapshot i
 
 Stolen time is not the whole story. On 2026-12-04 a machine that lost 0-0.8% of its CPU time ran the issue's step at
 47-52k, then 78-95k, then 61-68k tok/s within 20 minutes, its GPU at the top clock and half idle (twenty-third
-session): a launch-bound step follows the host CPU's single-thread speed, which a neighbour on the same cores or the
-CPU's own clock changes without any steal. So each snapshot also times a fixed pure-Python loop (`probe_ms`, best
-of three): the same loop taking longer after than before says the host's CPU slowed during the run.
+session): a step set on the host's side slows when the host CPU does, and a neighbour on the same cores or the
+CPU's own clock can do that without any steal. So each snapshot also times a fixed pure-Python loop (`probe_ms`,
+best of three). It is a noisy measure: on another machine it moved 9.7-15.3 ms between snapshots and did not track
+six runs of the step at 51-59k (BENCHMARKS.md); read it beside the rate, not as a correction.
 
 As a module: `snapshot()` before, `shares(before, snapshot())` after. As a command, around another one (run
 without a shell; its output passes through, then one JSON line with the shares):
