@@ -29,6 +29,12 @@ tag() { sed -e "s/^{\"host_load\"/{\"run\": \"$1_load\", \"host_load\"/" -e "t" 
   | tee -a "$log" | cut -c1-300; }
 want() { [[ " ${RUNS:-issue today_step today_eager today today_cpp today_cg} " == *" $1 "* ]]; }
 nvidia-smi -L; nproc
+# the GPU sampled every 250 ms through every run ($OUT/train_vs_issue_smi.csv): the issue's step ran at 47-95k on one
+# machine with the GPU at its top clock and half idle (twenty-third session); each issue_load line's `clock` is its
+# run's span in this log's timestamps, so a run's GPU utilisation can be read beside its rate
+nvidia-smi --query-gpu=timestamp,clocks.sm,utilization.gpu,power.draw,clocks_event_reasons.active --format=csv \
+  -lms 250 > "$OUT/train_vs_issue_smi.csv" 2>/dev/null & sampler=$!
+trap 'kill $sampler 2>/dev/null' EXIT
 # the issue's step ran at 60.8k and 86.0k on one machine 20 minutes apart (twenty-second session): ISSUE_REPEATS runs
 # it that many times in a row, each followed by a line with the host's load over it (bench/host_load.py)
 want issue && for _ in $(seq ${ISSUE_REPEATS:-1}); do

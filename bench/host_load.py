@@ -14,7 +14,8 @@ best of three). It is a noisy measure: on another machine it moved 9.7-15.3 ms b
 six runs of the step at 51-59k (BENCHMARKS.md); read it beside the rate, not as a correction.
 
 As a module: `snapshot()` before, `shares(before, snapshot())` after. As a command, around another one (run
-without a shell; its output passes through, then one JSON line with the shares):
+without a shell; its output passes through, then one JSON line with the shares and the run's start and end in
+local time, `clock`, in nvidia-smi's timestamp format):
     python3 bench/host_load.py -- python3 bench/train_throughput.py --preset smollm2 --batch-tokens 4096
 """
 
@@ -74,14 +75,24 @@ def shares(before: dict | None, after: dict | None) -> dict:
             "seconds": round(after["wall"] - before["wall"], 3), "probe_ms": probes}
 
 
+def local_clock() -> str:
+    """The local time as `nvidia-smi --query-gpu=timestamp` writes it, so that a run's span can be cut out of a GPU
+    sample log taken beside it (what the GPU did during the run: its clock and how busy it was)."""
+    now = time.time()
+    return time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] != "--" or len(argv) < 2:
         print("usage: python3 bench/host_load.py -- COMMAND [ARG...]", file=sys.stderr)
         return 2
     command = argv[1:]
     before = snapshot()
+    started = local_clock()
     rc = subprocess.run(command, check=False).returncode
-    print(json.dumps({"host_load": shares(before, snapshot()), "command": command, "rc": rc}), flush=True)
+    ended = local_clock()
+    print(json.dumps({"host_load": shares(before, snapshot()), "command": command, "rc": rc,
+                      "clock": [started, ended]}), flush=True)
     return rc
 
 

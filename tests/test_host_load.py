@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from conftest import BENCH, bench_script
@@ -52,3 +53,5 @@ def test_command_line_passes_the_output_through_and_adds_a_json_line():
     record = json.loads(last)
     assert record["rc"] == 0 and record["command"][-1] == "print('hello')"
     assert set(record["host_load"]) == {"steal", "busy", "seconds", "probe_ms"}
+    started, ended = (time.strptime(c.split(".")[0], "%Y/%m/%d %H:%M:%S") for c in record["clock"])
+    assert started <= ended
