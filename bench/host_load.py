@@ -7,11 +7,11 @@ takes its CPUs away, and /proc/stat's `steal` counts exactly that time; recordin
 which runs to distrust instead of guessing. Linux only: elsewhere the snapshot is None and so are the shares.
 
 Stolen time is not the whole story. On 2026-12-04 a machine that lost 0-0.8% of its CPU time ran the issue's step at
-47-52k, then 78-95k, then 61-68k tok/s within 20 minutes, its GPU at the top clock and half idle (twenty-third
-session): a step set on the host's side slows when the host CPU does, and a neighbour on the same cores or the
-CPU's own clock can do that without any steal. So each snapshot also times a fixed pure-Python loop (`probe_ms`,
-best of three). It is a noisy measure: on another machine it moved 9.7-15.3 ms between snapshots and did not track
-six runs of the step at 51-59k (BENCHMARKS.md); read it beside the rate, not as a correction.
+47-52k, then 78-95k, then 61-68k tok/s within 20 minutes, its GPU at the top clock and at most 54% busy where
+sampled (twenty-third session): a step set on the host's side slows when the host CPU does, and a neighbour on the
+same cores or the CPU's own clock can do that without any steal. So each snapshot also times a fixed pure-Python
+loop (`probe_ms`, best of three). It is a noisy measure: on another machine it moved 9.7-15.3 ms between snapshots
+and did not track six runs of the step at 51-59k (BENCHMARKS.md); read it beside the rate, not as a correction.
 
 As a module: `snapshot()` before, `shares(before, snapshot())` after. As a command, around another one (run
 without a shell; its output passes through, then one JSON line with the shares and the run's start and end in
@@ -55,7 +55,9 @@ def snapshot(path: str = "/proc/stat") -> dict | None:
         return None
     times = {name: int(value) for name, value in zip(FIELDS, first[1:])}
     times["probe_ms"] = probe_ms()
-    times["wall"] = time.monotonic()  # after the probe: `seconds` is the run's, not the probe's
+    # after the probe, so the window between two snapshots holds the second one's probe (about 25 ms) and not the
+    # first's: negligible against runs of seconds
+    times["wall"] = time.monotonic()
     return times
 
 

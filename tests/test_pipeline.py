@@ -44,11 +44,14 @@ def test_extract_pool_root_moves_the_feature_pool_and_nothing_else(tiny_cfg, tmp
 
 def test_online_extract_is_cached_only_when_it_did_no_work(tiny_cfg):
     """Online, extract stores no samples but loads the target and writes its head: the first job's summary must
-    not call that cached (it did, from `extract/new_samples` 0); the rerun, which finds the stage's record, is."""
-    overrides = ("stages=[generate,extract]", "data.samples=8", "extract.mode=online", "tracking.enabled=false")
-    first = run_task(tiny_cfg(*overrides))
+    not call that cached (it did, from `extract/new_samples` 0); the rerun, which finds the stage's record, is; and
+    so is a job at more samples, which runs the stage (another record) but finds its manifest and head."""
+    overrides = ("stages=[generate,extract]", "extract.mode=online", "tracking.enabled=false")
+    first = run_task(tiny_cfg(*overrides, "data.samples=8"))
     assert first["extract/cached"] == 0 and "extract/new_samples" not in first
-    assert run_task(tiny_cfg(*overrides))["extract/cached"] == 1
+    assert run_task(tiny_cfg(*overrides, "data.samples=8"))["extract/cached"] == 1
+    more = run_task(tiny_cfg(*overrides, "data.samples=10"))
+    assert more["extract/cached"] == 1 and more["extract/new_samples"] == 0
 
 
 def test_generate_job_is_tracked_and_cached_on_rerun(tiny_cfg, tmp_path):

@@ -39,7 +39,8 @@ def invoke(name: str, cfg, out: Path, inputs: dict[str, Path], reporter,
     started = time.perf_counter()
     metrics = dict(run(cfg, out, inputs, reporter))
     metrics[f"{name}/seconds"] = time.perf_counter() - started
-    # An incremental stage that found every sample in its pool did no work: it counts as cached.
+    # An incremental stage that found every sample in its pool did no work: it counts as cached (online extract
+    # reports 0 when it found its manifest and head, and leaves the metric out when it loaded the target).
     metrics[f"{name}/cached"] = float(metrics.get(f"{name}/new_samples", 1) == 0)
     for path in metrics_files:
         atomic_write_json(Path(path), metrics)

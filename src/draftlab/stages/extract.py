@@ -220,7 +220,8 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter) -> dict:
             manifest = None
     offline = cfg.extract.mode == "offline"
     done = manifest["num_samples"] if manifest else 0
-    if manifest is None or not (out / HEAD_FILE).exists() or (offline and done < n):
+    loads_target = manifest is None or not (out / HEAD_FILE).exists() or (offline and done < n)
+    if loads_target:
         from draftlab.target import load_target
 
         target = load_target(cfg.target, Path(cfg.paths.root) / "models")
@@ -236,8 +237,10 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter) -> dict:
             _check_room(cfg, out, manifest, _tokens_between(samples_manifest, done, n), n - done)
             _extract(cfg, out, samples_dir, manifest, target, layer_ids, done, n, reporter)
     metrics = _finish(cfg, out, samples_dir, manifest, n, reporter)
-    if offline:  # what `invoke` reads to call the stage cached: online stores no samples, yet loads the target
-        metrics["extract/new_samples"] = float(max(0, n - done))
+    # what `invoke` reads to call the stage cached. Online stores no samples: it did work only if it loaded the target
+    # (a new pool's manifest and head), and then the metric is left out, not 0
+    if offline or not loads_target:
+        metrics["extract/new_samples"] = float(max(0, n - done) if offline else 0)
     reporter.tag("extract.layer_ids", ",".join(map(str, layer_ids)))
     reporter.tag("extract.sglang_servable", str(manifest["sglang_servable"]).lower())
     return metrics
