@@ -30,7 +30,7 @@ tag() { sed -e "s/^{\"host_load\"/{\"run\": \"$1_load\", \"host_load\"/" -e "t" 
 want() { [[ " ${RUNS:-issue today_step today_eager today today_cpp today_cg} " == *" $1 "* ]]; }
 nvidia-smi -L; nproc
 # the GPU sampled every 250 ms through every run ($OUT/train_vs_issue_smi.csv): the issue's step ran at 47-95k on one
-# machine with the GPU at its top clock and half idle (twenty-third session); each issue_load line's `clock` is its
+# machine with the GPU at its top clock and about half idle (twenty-third session); each issue_load line's `clock` is its
 # run's span in this log's timestamps, so a run's GPU utilisation can be read beside its rate
 nvidia-smi --query-gpu=timestamp,clocks.sm,utilization.gpu,power.draw,clocks_event_reasons.active --format=csv \
   -lms 250 > "$OUT/train_vs_issue_smi.csv" 2>/dev/null & sampler=$!

@@ -34,8 +34,8 @@ FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
 
 def probe_ms(loops: int = 200_000, repeats: int = 3) -> float:
-    """The fastest of `repeats` timings of a fixed pure-Python loop, in ms (about 10 ms on an idle modern core):
-    the interpreter's speed on this host now, which bounds a launch-bound step's Python."""
+    """The fastest of `repeats` timings of a fixed pure-Python loop, in ms (8 ms on the dev machine, 10-15 ms on
+    the lent H200 machines): the interpreter's speed on this host now, a proxy for a launch-bound step's Python."""
     best = math.inf
     for _ in range(repeats):
         started, total = time.perf_counter(), 0
