@@ -51,3 +51,5 @@ for name in today_eager today today_cpp today_cg; do
   PYTHONPATH=$SITE:src timeout 280 python3 bench/trainer_speed.py --batch-tokens 16384 --samples 2048 \
     --steps ${STEPS:-300} "${flags[@]}" 2>> "$err" | tag $name
 done
+# each wrapped run's rate beside the GPU's samples over it (bench/gpu_util_runs.py)
+want issue && python3 bench/gpu_util_runs.py "$log" "$OUT/train_vs_issue_smi.csv" | tee "$OUT/issue_gpu_util.jsonl"
