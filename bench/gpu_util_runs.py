@@ -20,8 +20,10 @@ import json
 import statistics
 import sys
 from datetime import datetime
+from pathlib import Path
 
-STAMP = "%Y/%m/%d %H:%M:%S.%f"  # nvidia-smi's timestamp, and host_load.local_clock's
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from host_load import CLOCK_FORMAT  # noqa: E402  (the format of both logs' times)
 
 
 def read_samples(path: str) -> list[dict]:
@@ -41,7 +43,7 @@ def read_samples(path: str) -> list[dict]:
         if len(row) < len(header):  # the sampler killed mid-line
             continue
         try:
-            samples.append({"time": datetime.strptime(row[at["time"]].strip(), STAMP),
+            samples.append({"time": datetime.strptime(row[at["time"]].strip(), CLOCK_FORMAT),
                             "util": float(row[at["util"]].split()[0]),
                             "sm_mhz": float(row[at["sm"]].split()[0])})
         except ValueError as err:
@@ -57,7 +59,7 @@ def runs_with_gpu(run_lines: list[dict], samples: list[dict]) -> list[dict]:
         if "clock" not in line:
             previous = line
             continue
-        start, end = (datetime.strptime(stamp, STAMP) for stamp in line["clock"])
+        start, end = (datetime.strptime(stamp, CLOCK_FORMAT) for stamp in line["clock"])
         inside = [s for s in samples if start <= s["time"] <= end]
         busy = [s for s in inside if s["util"] > 0]
         name = line.get("run", "run").removesuffix("_load")

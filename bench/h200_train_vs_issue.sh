@@ -25,13 +25,13 @@ install_wheels .whl && keep_first_half || exit 1
 [ -d .oldcode/src ] || { echo "no .oldcode: see this script's header"; exit 1; }
 log=$OUT/train_vs_issue.jsonl; err=$OUT/train_vs_issue.err
 # a run's JSON line tagged with its name; bench/host_load.py's line about it with NAME_load
-tag() { sed -e "s/^{\"host_load\"/{\"run\": \"$1_load\", \"host_load\"/" -e "t" -e "s/^{/{\"run\": \"$1\", /" | grep '^{' \
-  | tee -a "$log" | cut -c1-300; }
+tag() { sed -e "s/^{\"host_load\"/{\"run\": \"$1_load\", \"host_load\"/" -e "t" -e "s/^{/{\"run\": \"$1\", /" \
+  | grep '^{' | tee -a "$log" | cut -c1-300; }
 want() { [[ " ${RUNS:-issue today_step today_eager today today_cpp today_cg} " == *" $1 "* ]]; }
 nvidia-smi -L; nproc
 # the GPU sampled every 250 ms through every run ($OUT/train_vs_issue_smi.csv): the issue's step ran at 47-95k on one
-# machine with the GPU at its top clock and about half idle (twenty-third session); each issue_load line's `clock` is its
-# run's span in this log's timestamps, so a run's GPU utilisation can be read beside its rate
+# machine with the GPU at its top clock and about half idle (twenty-third session); each issue_load line's `clock`
+# is its run's span in this log's timestamps, so a run's GPU utilisation can be read beside its rate
 nvidia-smi --query-gpu=timestamp,clocks.sm,utilization.gpu,power.draw,clocks_event_reasons.active --format=csv \
   -lms 250 > "$OUT/train_vs_issue_smi.csv" 2>/dev/null & sampler=$!
 trap 'kill $sampler 2>/dev/null' EXIT

@@ -26,11 +26,13 @@ import math
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 # /proc/stat's first line: cpu user nice system idle iowait irq softirq steal guest guest_nice (in clock ticks);
 # guest time is already inside user, so it is left out of the total
 FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+CLOCK_FORMAT = "%Y/%m/%d %H:%M:%S.%f"  # nvidia-smi's timestamp (which stops at milliseconds)
 
 
 def probe_ms(loops: int = 200_000, repeats: int = 3) -> float:
@@ -67,21 +69,19 @@ def shares(before: dict | None, after: dict | None) -> dict:
     probe's timings before and after."""
     if before is None or after is None:
         return {"steal": None, "busy": None, "seconds": None, "probe_ms": None}
-    probes = [before.get("probe_ms"), after.get("probe_ms")]
     delta = {name: after[name] - before[name] for name in FIELDS}
     total = sum(delta.values())
-    if total <= 0:
-        return {"steal": 0.0, "busy": 0.0, "seconds": round(after["wall"] - before["wall"], 3), "probe_ms": probes}
     busy = delta["user"] + delta["nice"] + delta["system"] + delta["irq"] + delta["softirq"]
-    return {"steal": round(delta["steal"] / total, 4), "busy": round(busy / total, 4),
-            "seconds": round(after["wall"] - before["wall"], 3), "probe_ms": probes}
+    return {"steal": round(delta["steal"] / total, 4) if total > 0 else 0.0,
+            "busy": round(busy / total, 4) if total > 0 else 0.0,
+            "seconds": round(after["wall"] - before["wall"], 3),
+            "probe_ms": [before.get("probe_ms"), after.get("probe_ms")]}
 
 
 def local_clock() -> str:
-    """The local time as `nvidia-smi --query-gpu=timestamp` writes it, so that a run's span can be cut out of a GPU
-    sample log taken beside it (what the GPU did during the run: its clock and how busy it was)."""
-    now = time.time()
-    return time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
+    """The local time as `nvidia-smi --query-gpu=timestamp` writes it (CLOCK_FORMAT to the millisecond), so that a
+    run's span can be cut out of a GPU sample log taken beside it (bench/gpu_util_runs.py)."""
+    return datetime.now().strftime(CLOCK_FORMAT)[:-3]
 
 
 def main(argv: list[str]) -> int:

@@ -239,8 +239,10 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter) -> dict:
     metrics = _finish(cfg, out, samples_dir, manifest, n, reporter)
     # what `invoke` reads to call the stage cached. Online stores no samples: it did work only if it loaded the target
     # (a new pool's manifest and head), and then the metric is left out, not 0
-    if offline or not loads_target:
-        metrics["extract/new_samples"] = float(max(0, n - done) if offline else 0)
+    if offline:
+        metrics["extract/new_samples"] = float(max(0, n - done))
+    elif not loads_target:
+        metrics["extract/new_samples"] = 0.0
     reporter.tag("extract.layer_ids", ",".join(map(str, layer_ids)))
     reporter.tag("extract.sglang_servable", str(manifest["sglang_servable"]).lower())
     return metrics
