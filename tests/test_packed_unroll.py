@@ -174,3 +174,23 @@ def test_a_plan_from_another_batch_is_refused():
     plan = PackedPlan.of(batch["loss_mask"][:, :-1], batch["attention_mask"][:, :-1], 3)
     with pytest.raises(ValueError, match="plan is for a"):
         packed_unroll(model, batch, lm_head, 3, 0.8, plan=plan)
+
+
+@pytest.mark.parametrize("with_top", [True, False])
+def test_teacher_rows_hold_bf16_logits_and_give_the_softmax_of_them(with_top):
+    """The packed unroll keeps the teacher as logits in lm_head's dtype (half the bytes of fp32 probabilities in a
+    bf16 run) and forms each step's soft targets from them: the same fp32 softmax `target_distribution` gives."""
+    from draftlab.train.packed import Rows, RowTargets
+
+    model = _model(layers=1)
+    batch, lm_head = _batch(seed=9, with_top=with_top)
+    head = lm_head.to(torch.bfloat16)
+    plan = PackedPlan.of(batch["loss_mask"], batch["attention_mask"], 3)
+    rows = Rows(plan.needed, (4, T))
+    teacher = RowTargets(batch["last_hidden"], head, model.d2t, model.t2d, rows, top=batch.get("target_top"))
+    want = target_distribution(batch["last_hidden"], head, model.d2t, model.t2d, top=batch.get("target_top"))
+    assert teacher.logits.dtype == torch.bfloat16 and teacher.lse.dtype == torch.float32
+    picked = torch.tensor([len(rows) - 1, 0, 2])  # any rows, in any order
+    b, t = rows.b[picked], rows.t[picked]
+    assert torch.allclose(teacher.probs(picked), want.probs[b, t], rtol=1e-5, atol=1e-7)
+    assert torch.equal(teacher.top[b, t], want.top[b, t]) and torch.equal(teacher.in_vocab[b, t], want.in_vocab[b, t])

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from draftlab.model.draft import Eagle3Draft, TTTCache, _rotate_half
-from draftlab.train.ttt import STATS, record_step, soft_ce, step_loss, target_distribution, ttt_unroll
+from draftlab.train.ttt import STATS, record_step, soft_ce, step_loss, target_distribution, teacher_logits, ttt_unroll
 
 
 class Rows:
@@ -118,21 +118,30 @@ TEACHER_CHUNK = 2048
 
 
 class RowTargets:
-    """The teacher at `rows`, the positions s whose next token counts: probs [N_s, Vd] with `row` [B, T] (-1 elsewhere)
-    mapping a position to its probs row, and the full-vocabulary argmax `top` / `in_vocab` [B, T]."""
+    """The teacher at `rows`, the positions s whose next token counts: its draft-vocabulary logits [N_s, Vd] in
+    lm_head's dtype and their logsumexp `lse` [N_s] (fp32), with `row` [B, T] (-1 elsewhere) mapping a position to
+    its row, and the full-vocabulary argmax `top` / `in_vocab` [B, T]. `probs` forms the soft targets of the rows
+    a step reads, where the loss reads them.
+
+    Why logits and not probabilities: every step reads the soft targets of its pairs, the unroll's biggest
+    reduction (the loss over [pairs, draft vocab]) reads them forward and backward, and in bf16 logits they are
+    half the bytes of fp32 probabilities. The values are the same: both are the fp32 softmax of the bf16 logits."""
 
     def __init__(self, last_hidden: Tensor, lm_head: Tensor, d2t: Tensor, t2d: Tensor, rows: Rows,
                  top: Tensor | None = None) -> None:
-        picked = rows.gather(last_hidden)[:, None]  # [N_s, 1, H]: the fast paths of target_distribution apply
-        part = target_distribution(picked, lm_head, d2t, t2d, TEACHER_CHUNK,
-                                   top=None if top is None else rows.gather(top[..., None]))
-        self.probs = part.probs[:, 0]
+        self.logits, top_rows = teacher_logits(rows.gather(last_hidden), lm_head, d2t, TEACHER_CHUNK,
+                                               top=None if top is None else rows.gather(top[..., None])[:, 0])
+        self.lse = self.logits.float().logsumexp(-1)
         shape, dev = (rows.B, rows.T), last_hidden.device
         self.row = torch.full(shape, -1, dtype=torch.long, device=dev)
         self.row.view(-1)[rows.index] = torch.arange(len(rows), device=dev)
         self.top = torch.zeros(shape, dtype=torch.long, device=dev)
-        self.top.view(-1)[rows.index] = part.top[:, 0]
+        self.top.view(-1)[rows.index] = top_rows
         self.in_vocab = t2d[self.top]
+
+    def probs(self, index: Tensor) -> Tensor:
+        """The soft targets [len(index), Vd] (fp32) of the rows `index`: softmax(logits) as exp(logits - lse)."""
+        return (self.logits.index_select(0, index).float() - self.lse.index_select(0, index)[:, None]).exp()
 
 
 def _attention(attn, h_q: Tensor, h_kv: Tensor, rows: Rows, cos: Tensor, sin: Tensor, cache: TTTCache,
@@ -259,7 +268,7 @@ def packed_core(model: Eagle3Draft, batch: dict[str, Tensor], lm_head: Tensor, p
         # have no teacher row: clamped, and kept out of every sum by `real`
         s = (rows.t[sel] + 1 + j).clamp(max=T - 1)
         b = rows.b[sel]
-        p = targets.probs.index_select(0, targets.row[b, s].clamp(min=0))
+        p = targets.probs(targets.row[b, s].clamp(min=0))
         in_vocab = targets.in_vocab[b, s]
         term, ce_sum, n_loss = step_loss(lg, p, in_vocab & real, j, decay, loss_norm, ce)
         loss = loss + term

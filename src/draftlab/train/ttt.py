@@ -43,39 +43,39 @@ class Targets:
 @torch.no_grad()
 def target_distribution(last_hidden: Tensor, lm_head: Tensor, d2t: Tensor, t2d: Tensor, chunk: int = 2048,
                         top: Tensor | None = None) -> Targets:
-    """Target logits = last_hidden @ lm_head.T, in row chunks so a 128k vocab never needs [B*T, V] at once.
-
-    `top` (the full-vocabulary argmax, stored by extract as `target_top`) selects the fast path: the soft targets
-    need only the draft-vocabulary rows of lm_head, so the matmul shrinks by vocab / draft vocab (6x for SmolLM2,
-    where the full one was 27.6% of a training step). Without it the full logits are formed for the argmax.
-    """
-    if top is not None:
-        return draft_rows_distribution(last_hidden, lm_head, d2t, t2d, top, chunk)
-    B, T, _ = last_hidden.shape
-    draft_ids = torch.arange(len(d2t), device=d2t.device) + d2t
-    flat = last_hidden.reshape(B * T, -1)
-    probs, tops = [], []
-    for rows in flat.split(chunk):
-        logits = rows.to(lm_head.dtype) @ lm_head.T
-        tops.append(logits.argmax(-1))
-        probs.append(logits[:, draft_ids].float().softmax(-1))
-    top = torch.cat(tops).view(B, T)
-    return Targets(torch.cat(probs).view(B, T, -1), top, t2d[top])
+    """The teacher's soft targets over the draft vocabulary (fp32, renormalised) and its full-vocabulary argmax
+    (`teacher_logits`, which says what `top` saves)."""
+    logits, top = teacher_logits(last_hidden, lm_head, d2t, chunk, top)
+    return Targets(logits.float().softmax(-1), top, t2d[top])
 
 
 @torch.no_grad()
-def draft_rows_distribution(last_hidden: Tensor, lm_head: Tensor, d2t: Tensor, t2d: Tensor, top: Tensor,
-                            chunk: int = 2048) -> Targets:
-    """The fast path of `target_distribution`: softmax over last_hidden @ lm_head[draft ids].T; `top` given."""
-    B, T, _ = last_hidden.shape
-    draft_ids = torch.arange(len(d2t), device=d2t.device) + d2t
-    head = lm_head.index_select(0, draft_ids.to(lm_head.device))  # [Vd, H]: 8192 x 576 for SmolLM2, cheap
-    flat = last_hidden.reshape(B * T, -1)
-    # compiled, in one piece: a chunk count would be a guard, and every batch size past it a new graph
-    pieces = [flat] if torch.compiler.is_compiling() else flat.split(chunk)
-    probs = [(rows.to(head.dtype) @ head.T).float().softmax(-1) for rows in pieces]
-    top = top.to(device=last_hidden.device, dtype=torch.long).view(B, T)
-    return Targets(torch.cat(probs).view(B, T, -1), top, t2d[top])
+def teacher_logits(last_hidden: Tensor, lm_head: Tensor, d2t: Tensor, chunk: int = 2048,
+                   top: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The target's logits over the draft vocabulary, last_hidden @ lm_head[draft ids].T [..., Vd] in lm_head's
+    dtype, and its argmax over the full vocabulary [...] (long).
+
+    `top` (that argmax, stored by extract as `target_top`) selects the fast path: only the draft-vocabulary rows of
+    lm_head are multiplied, a matmul smaller by vocab / draft vocab (6x for SmolLM2, where the full one was 27.6% of
+    a training step). Without it the full logits are formed for the argmax, in row chunks so that a 128k vocabulary
+    never needs [positions, vocab] at once."""
+    *lead, hidden = last_hidden.shape
+    draft_ids = (torch.arange(len(d2t), device=d2t.device) + d2t).to(lm_head.device)
+    flat = last_hidden.reshape(-1, hidden)
+    if top is not None:
+        head = lm_head.index_select(0, draft_ids)  # [Vd, H]: 8192 x 576 for SmolLM2, cheap
+        # compiled, in one piece: a chunk count would be a guard, and every batch size past it a new graph
+        pieces = [flat] if torch.compiler.is_compiling() else flat.split(chunk)
+        logits = torch.cat([rows.to(head.dtype) @ head.T for rows in pieces])
+        top = top.to(device=last_hidden.device, dtype=torch.long).reshape(-1)
+    else:
+        logits, tops = [], []
+        for rows in flat.split(chunk):
+            full = rows.to(lm_head.dtype) @ lm_head.T
+            tops.append(full.argmax(-1))
+            logits.append(full[:, draft_ids])
+        logits, top = torch.cat(logits), torch.cat(tops)
+    return logits.view(*lead, -1), top.view(lead)
 
 
 def soft_ce(lg: Tensor, p: Tensor, w: Tensor) -> Tensor:

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The teacher's soft targets as bf16 logits (packed.RowTargets since 2026-12-04) against fp32 probabilities (the
+# code before), on one nvidia-h200: the loss alone (bench/loss_kernel.py), then the whole trainer of each code,
+# cold and warm, alternated (BENCHMARKS.md, twenty-fourth session). Prepare here, from the repository root, the two
+# codes side by side (BASE: the commit before the change):
+#   rm -rf .ab && mkdir -p .ab/new .ab/base
+#   git archive HEAD src conf bench ':!bench/results' | tar -x -C .ab/new
+#   git archive BASE src conf bench ':!bench/results' | tar -x -C .ab/base
+# Calls, back to back on one warm machine (a machine idle 30 s is given back, with /tmp and the compile cache):
+#   call 1 (carry .whl .speed .ab): bash bench/h200_loss_ab.sh install            (wheels, codes, the loss alone)
+#   then (nothing carried):         RUNS="new_cold" bash bench/h200_loss_ab.sh ab   (each cold run about 230 s)
+#   then:                           RUNS="base_cold new base" bash bench/h200_loss_ab.sh ab
+#   then:                           RUNS="new base new base" bash bench/h200_loss_ab.sh ab
+# A run is trainer_speed.py as the twenty-third session's trainer_ab ran it (CUDA graphs, validation compiled, 700
+# steps on the 64-shard synthetic pool in /tmp/dl/pool); NAME_cold is the first of that code on the machine (its
+# compile cold), NAME a warm one. JSON lines in $OUT/loss_ab.jsonl, tagged with the run's name; logs in .err.
+set -uo pipefail
+step=${1:?usage: h200_loss_ab.sh install|ab}
+export PYTHONUNBUFFERED=1 SITE=/tmp/site
+. "$(dirname "$0")/gpu_machine.sh"  # install_wheels, keep_first_half
+AB=/tmp/ab; ROOT=/tmp/dl
+mkdir -p "$ROOT" "$OUT"
+
+case "$step" in
+install)
+  nvidia-smi -L; nproc
+  install_wheels .whl && keep_first_half || exit 1
+  [ -d .ab/new/src ] && [ -d .ab/base/src ] || { echo "no .ab/new and .ab/base: see this script's header"; exit 1; }
+  rm -rf $AB && cp -r .ab $AB
+  (cd $AB/new && PYTHONPATH=$SITE timeout 200 python3 bench/loss_kernel.py --device cuda) | tee -a "$OUT/loss_kernel.jsonl" ;;
+ab)
+  for run in ${RUNS:?RUNS: e.g. \"new_cold base_cold new base\"}; do
+    code=${run%_cold}
+    (cd $AB/$code && PYTHONPATH=$SITE timeout 360 python3 bench/trainer_speed.py --batch-tokens 16384 --samples 8192 \
+      --per-shard 128 --steps 700 --compile-unroll true --compile-validation --cuda-graphs --pool $ROOT/pool) \
+      2>> "$OUT/loss_ab.err" | sed "s/^{/{\"run\": \"$run\", /" | tee -a "$OUT/loss_ab.jsonl" | cut -c1-400
+  done ;;
+*) echo "unknown step $step"; exit 2 ;;
+esac

@@ -1,0 +1,100 @@
+"""The packed unroll's loss alone, compiled, forward and backward: its soft targets read as fp32 probabilities
+(the trainer before 2026-12-04) or formed in the loss from the teacher's bf16 logits and their logsumexp
+(`packed.RowTargets.probs` since). On the H200 the fused reduction over [pairs, draft vocabulary] was 28% of the
+GPU's training step (BENCHMARKS.md, sixteenth session); this times it on its own, at the preset's sizes.
+
+The shapes are the trainer's (train/packed.py `packed_core`): `--steps` TTT steps of `--capacity` pairs each, one
+soft cross-entropy and one argmax match per step, the teacher's rows gathered by index, the head's logits in bf16.
+
+    python bench/loss_kernel.py --device cuda                  # the preset: 7 steps of 14,336 pairs, vocab 8,192
+    python bench/loss_kernel.py --device cpu --capacity 256 --vocab 512 --repeats 3   # a smoke run
+Prints one JSON line per variant: milliseconds per forward and backward, and the bytes the soft targets and logits
+take in each direction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from draftlab.train.ttt import soft_ce  # noqa: E402
+
+
+def probs_targets(teacher: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Before: the teacher's softmax formed once in fp32, each step gathering its rows."""
+    return teacher.float().softmax(-1).index_select(0, index)
+
+
+def logits_targets(teacher: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Since: the bf16 logits gathered and exp(logits - lse) formed where the loss reads them."""
+    lse = teacher.float().logsumexp(-1)
+    return (teacher.index_select(0, index).float() - lse.index_select(0, index)[:, None]).exp()
+
+
+def unroll_loss(targets, logits: torch.Tensor, teacher: torch.Tensor, index: torch.Tensor, weight: torch.Tensor,
+                top: torch.Tensor, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The loss and argmax matches over `steps` equal slices, as packed_core computes them step by step."""
+    loss, hits = logits.new_zeros((), dtype=torch.float32), 0
+    for j, (lg, idx, w, tp) in enumerate(zip(logits.chunk(steps), index.chunk(steps), weight.chunk(steps),
+                                             top.chunk(steps))):
+        loss = loss + 0.8**j * soft_ce(lg, targets(teacher, idx), w) / w.sum().clamp(min=1)
+        hits = hits + (lg.argmax(-1) == tp).sum()
+    return loss, hits
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--capacity", type=int, default=14336, help="pairs per step (the preset's padded capacity)")
+    ap.add_argument("--steps", type=int, default=7)
+    ap.add_argument("--vocab", type=int, default=8192)
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--variants", default="probs,logits")
+    args = ap.parse_args()
+    dev = torch.device(args.device)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    pairs = args.capacity * args.steps
+    logits = (torch.randn(pairs, args.vocab, generator=g) * 2).to(dev, torch.bfloat16).requires_grad_(True)
+    teacher = (torch.randn(args.capacity, args.vocab, generator=g) * 3).to(dev, torch.bfloat16)
+    index = torch.randint(0, args.capacity, (pairs,), generator=g).to(dev)
+    weight = (torch.rand(pairs, generator=g) < 0.9).to(dev)
+    top = torch.randint(0, args.vocab, (pairs,), generator=g).to(dev)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    values = {}
+    for name in args.variants.split(","):
+        targets = {"probs": probs_targets, "logits": logits_targets}[name]
+        fn = torch.compile(lambda *a, t=targets: unroll_loss(t, *a, args.steps), dynamic=False)
+        started = time.perf_counter()
+        for _ in range(3):  # compile, then warm
+            logits.grad = None
+            loss, hits = fn(logits, teacher, index, weight, top)
+            loss.backward()
+        sync()
+        compile_s = time.perf_counter() - started
+        start = time.perf_counter()
+        for _ in range(args.repeats):
+            logits.grad = None
+            loss, hits = fn(logits, teacher, index, weight, top)
+            loss.backward()
+        sync()
+        ms = (time.perf_counter() - start) / args.repeats * 1e3
+        values[name] = float(loss.detach())
+        target_bytes = pairs * args.vocab * (4 if name == "probs" else 2)
+        print(json.dumps({"variant": name, "device": str(dev), "pairs": pairs, "vocab": args.vocab,
+                          "ms_forward_backward": round(ms, 3), "compile_s": round(compile_s, 1),
+                          "loss": round(values[name], 6), "hits": int(hits),
+                          "soft_target_gb_read_per_pass": round(target_bytes / 1e9, 2),
+                          "logits_gb_per_pass": round(pairs * args.vocab * 2 / 1e9, 2)}), flush=True)
+    if len(values) > 1:  # the variants are one loss: a bench that timed a different one would say so here
+        first = next(iter(values.values()))
+        assert all(abs(v - first) <= 1e-4 * abs(first) for v in values.values()), values
+
+
+if __name__ == "__main__":
+    main()
