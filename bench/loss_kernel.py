@@ -26,24 +26,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from draftlab.train.ttt import soft_ce  # noqa: E402
 
 
-def probs_targets(teacher: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """Before: the teacher's softmax formed once in fp32, each step gathering its rows."""
-    return teacher.float().softmax(-1).index_select(0, index)
+def probs_targets(teacher: torch.Tensor):
+    """Before: the teacher's softmax formed once in fp32; each step gathers its rows."""
+    probs = teacher.float().softmax(-1)
+    return lambda index: probs.index_select(0, index)
 
 
-def logits_targets(teacher: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """Since: the bf16 logits gathered and exp(logits - lse) formed where the loss reads them."""
+def logits_targets(teacher: torch.Tensor):
+    """Since (packed.RowTargets): the logsumexp formed once; each step gathers bf16 logits, exp(logits - lse)."""
     lse = teacher.float().logsumexp(-1)
-    return (teacher.index_select(0, index).float() - lse.index_select(0, index)[:, None]).exp()
+    return lambda index: (teacher.index_select(0, index).float() - lse.index_select(0, index)[:, None]).exp()
 
 
 def unroll_loss(targets, logits: torch.Tensor, teacher: torch.Tensor, index: torch.Tensor, weight: torch.Tensor,
                 top: torch.Tensor, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The loss and argmax matches over `steps` equal slices, as packed_core computes them step by step."""
-    loss, hits = logits.new_zeros((), dtype=torch.float32), 0
+    loss, hits, rows_of = logits.new_zeros((), dtype=torch.float32), 0, targets(teacher)
     for j, (lg, idx, w, tp) in enumerate(zip(logits.chunk(steps), index.chunk(steps), weight.chunk(steps),
                                              top.chunk(steps))):
-        loss = loss + 0.8**j * soft_ce(lg, targets(teacher, idx), w) / w.sum().clamp(min=1)
+        loss = loss + 0.8**j * soft_ce(lg, rows_of(idx), w) / w.sum().clamp(min=1)
         hits = hits + (lg.argmax(-1) == tp).sum()
     return loss, hits
 
