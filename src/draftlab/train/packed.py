@@ -123,9 +123,10 @@ class RowTargets:
     its row, and the full-vocabulary argmax `top` / `in_vocab` [B, T]. `probs` forms the soft targets of the rows
     a step reads, where the loss reads them.
 
-    Why logits and not probabilities: every step reads the soft targets of its pairs, the unroll's biggest
-    reduction (the loss over [pairs, draft vocab]) reads them forward and backward, and in bf16 logits they are
-    half the bytes of fp32 probabilities. The values are the same: both are the fp32 softmax of the bf16 logits."""
+    Why logits and not probabilities: in a bf16 run they are half the bytes, and the values are the same (both
+    are the fp32 softmax of the bf16 logits). On an H200 the whole trainer ran 1.085x faster this way than with fp32
+    probabilities gathered by every step, though the loss alone ran slower (bench/loss_kernel.py): where the gain
+    comes from is not yet known (BENCHMARKS.md, twenty-fourth session)."""
 
     def __init__(self, last_hidden: Tensor, lm_head: Tensor, d2t: Tensor, t2d: Tensor, rows: Rows,
                  top: Tensor | None = None) -> None:
