@@ -7,10 +7,10 @@
 #   git archive HEAD src conf bench ':!bench/results' | tar -x -C .ab/new
 #   git archive BASE src conf bench ':!bench/results' | tar -x -C .ab/base
 # Calls, back to back on one warm machine (a machine idle 30 s is given back, with /tmp and the compile cache):
-#   call 1 (carry .whl .speed .ab): bash bench/h200_loss_ab.sh install            (wheels, codes, the loss alone)
-#   then (nothing carried):         RUNS="new_cold" bash bench/h200_loss_ab.sh ab   (each cold run about 230 s)
-#   then:                           RUNS="base_cold new base" bash bench/h200_loss_ab.sh ab
-#   then:                           RUNS="new base new base" bash bench/h200_loss_ab.sh ab
+#   call 1 (carry .whl .speed .ab): bash bench/h200_loss_ab.sh install && RUNS=new_cold bash bench/h200_loss_ab.sh ab
+#     (wheels, the two codes, the loss alone, then the new code's cold run: about 330 s; a cold run takes about 230)
+#   call 2 (nothing carried):       RUNS="base_cold new base" bash bench/h200_loss_ab.sh ab
+#   call 3 (nothing carried):       RUNS="new base new base" bash bench/h200_loss_ab.sh ab
 # A run is trainer_speed.py as the twenty-third session's trainer_ab ran it (CUDA graphs, validation compiled, 700
 # steps on the 64-shard synthetic pool in /tmp/dl/pool); NAME_cold is the first of that code on the machine (its
 # compile cold), NAME a warm one. JSON lines in $OUT/loss_ab.jsonl, tagged with the run's name; logs in .err.
@@ -27,7 +27,8 @@ install)
   install_wheels .whl && keep_first_half || exit 1
   [ -d .ab/new/src ] && [ -d .ab/base/src ] || { echo "no .ab/new and .ab/base: see this script's header"; exit 1; }
   rm -rf $AB && cp -r .ab $AB
-  (cd $AB/new && PYTHONPATH=$SITE timeout 200 python3 bench/loss_kernel.py --device cuda) | tee -a "$OUT/loss_kernel.jsonl" ;;
+  (cd $AB/new && PYTHONPATH=$SITE timeout 200 python3 bench/loss_kernel.py --device cuda) \
+    | tee -a "$OUT/loss_kernel.jsonl" ;;
 ab)
   for run in ${RUNS:?RUNS: e.g. \"new_cold base_cold new base\"}; do
     code=${run%_cold}

@@ -1,10 +1,12 @@
 """The packed unroll's loss alone, compiled, forward and backward: its soft targets read as fp32 probabilities
 (the trainer before 2026-12-04) or formed in the loss from the teacher's bf16 logits and their logsumexp
-(`packed.RowTargets.probs` since). On the H200 the fused reduction over [pairs, draft vocabulary] was 28% of the
-GPU's training step (BENCHMARKS.md, sixteenth session); this times it on its own, at the preset's sizes.
+(`packed.soft_targets`, the trainer's since). On the H200 the fused reduction over [pairs, draft vocabulary] was 28% of
+the GPU's training step (BENCHMARKS.md, sixteenth session); this times it on its own, at the preset's sizes.
 
 The shapes are the trainer's (train/packed.py `packed_core`): `--steps` TTT steps of `--capacity` pairs each, one
-soft cross-entropy and one argmax match per step, the teacher's rows gathered by index, the head's logits in bf16.
+soft cross-entropy (`ttt.step_loss`) and one argmax match per step, the teacher's rows gathered by index, the head's
+logits in bf16. The trainer compiles with dynamic shapes; this bench, by default, for these sizes alone
+(`--dynamic`: as the trainer), which is one way its result may differ from the trainer's.
 
     python bench/loss_kernel.py --device cuda                  # the preset: 7 steps of 14,336 pairs, vocab 8,192
     python bench/loss_kernel.py --device cpu --capacity 256 --vocab 512 --repeats 3   # a smoke run
@@ -23,7 +25,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from draftlab.train.ttt import soft_ce  # noqa: E402
+from draftlab.train.packed import soft_targets  # noqa: E402
+from draftlab.train.ttt import step_loss  # noqa: E402
 
 
 def probs_targets(teacher: torch.Tensor):
@@ -33,9 +36,12 @@ def probs_targets(teacher: torch.Tensor):
 
 
 def logits_targets(teacher: torch.Tensor):
-    """Since (packed.RowTargets): the logsumexp formed once; each step gathers bf16 logits, exp(logits - lse)."""
+    """Since: the logsumexp formed once; each step forms its rows' targets from the bf16 logits."""
     lse = teacher.float().logsumexp(-1)
-    return lambda index: (teacher.index_select(0, index).float() - lse.index_select(0, index)[:, None]).exp()
+    return lambda index: soft_targets(teacher, lse, index)
+
+
+VARIANTS = {"probs": probs_targets, "logits": logits_targets}
 
 
 def unroll_loss(targets, logits: torch.Tensor, teacher: torch.Tensor, index: torch.Tensor, weight: torch.Tensor,
@@ -44,9 +50,20 @@ def unroll_loss(targets, logits: torch.Tensor, teacher: torch.Tensor, index: tor
     loss, hits, rows_of = logits.new_zeros((), dtype=torch.float32), 0, targets(teacher)
     for j, (lg, idx, w, tp) in enumerate(zip(logits.chunk(steps), index.chunk(steps), weight.chunk(steps),
                                              top.chunk(steps))):
-        loss = loss + 0.8**j * soft_ce(lg, rows_of(idx), w) / w.sum().clamp(min=1)
+        loss = loss + step_loss(lg, rows_of(idx), w, j, 0.8, None)[0]
         hits = hits + (lg.argmax(-1) == tp).sum()
     return loss, hits
+
+
+def timed(fn, logits: torch.Tensor, inputs: tuple, repeats: int, sync) -> tuple[float, torch.Tensor, torch.Tensor]:
+    """Seconds for `repeats` forward and backward passes of fn, and the last pass's loss and hits."""
+    start = time.perf_counter()
+    for _ in range(repeats):
+        logits.grad = None
+        loss, hits = fn(logits, *inputs)
+        loss.backward()
+    sync()
+    return time.perf_counter() - start, loss.detach(), hits
 
 
 def main() -> None:
@@ -57,39 +74,27 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--variants", default="probs,logits")
+    ap.add_argument("--dynamic", action="store_true", help="compile with dynamic shapes, as the trainer does")
     args = ap.parse_args()
     dev = torch.device(args.device)
     g = torch.Generator(device="cpu").manual_seed(0)
     pairs = args.capacity * args.steps
     logits = (torch.randn(pairs, args.vocab, generator=g) * 2).to(dev, torch.bfloat16).requires_grad_(True)
-    teacher = (torch.randn(args.capacity, args.vocab, generator=g) * 3).to(dev, torch.bfloat16)
-    index = torch.randint(0, args.capacity, (pairs,), generator=g).to(dev)
-    weight = (torch.rand(pairs, generator=g) < 0.9).to(dev)
-    top = torch.randint(0, args.vocab, (pairs,), generator=g).to(dev)
+    inputs = ((torch.randn(args.capacity, args.vocab, generator=g) * 3).to(dev, torch.bfloat16),  # the teacher
+              torch.randint(0, args.capacity, (pairs,), generator=g).to(dev),  # each pair's teacher row
+              (torch.rand(pairs, generator=g) < 0.9).to(dev),  # the pairs that count
+              torch.randint(0, args.vocab, (pairs,), generator=g).to(dev))  # the target's top-1
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     values = {}
     for name in args.variants.split(","):
-        targets = {"probs": probs_targets, "logits": logits_targets}[name]
-        fn = torch.compile(lambda *a, t=targets: unroll_loss(t, *a, args.steps), dynamic=False)
-        started = time.perf_counter()
-        for _ in range(3):  # compile, then warm
-            logits.grad = None
-            loss, hits = fn(logits, teacher, index, weight, top)
-            loss.backward()
-        sync()
-        compile_s = time.perf_counter() - started
-        start = time.perf_counter()
-        for _ in range(args.repeats):
-            logits.grad = None
-            loss, hits = fn(logits, teacher, index, weight, top)
-            loss.backward()
-        sync()
-        ms = (time.perf_counter() - start) / args.repeats * 1e3
-        values[name] = float(loss.detach())
+        fn = torch.compile(lambda *a, t=VARIANTS[name]: unroll_loss(t, *a, args.steps), dynamic=args.dynamic)
+        compile_s, _, _ = timed(fn, logits, inputs, 3, sync)  # compile, then warm
+        seconds, loss, hits = timed(fn, logits, inputs, args.repeats, sync)
+        values[name] = float(loss)
         target_bytes = pairs * args.vocab * (4 if name == "probs" else 2)
         print(json.dumps({"variant": name, "device": str(dev), "pairs": pairs, "vocab": args.vocab,
-                          "ms_forward_backward": round(ms, 3), "compile_s": round(compile_s, 1),
-                          "loss": round(values[name], 6), "hits": int(hits),
+                          "dynamic": args.dynamic, "ms_forward_backward": round(seconds / args.repeats * 1e3, 3),
+                          "compile_s": round(compile_s, 1), "loss": round(values[name], 6), "hits": int(hits),
                           "soft_target_gb_read_per_pass": round(target_bytes / 1e9, 2),
                           "logits_gb_per_pass": round(pairs * args.vocab * 2 / 1e9, 2)}), flush=True)
     if len(values) > 1:  # the variants are one loss: a bench that timed a different one would say so here

@@ -192,5 +192,5 @@ def test_teacher_rows_hold_bf16_logits_and_give_the_softmax_of_them(with_top):
     assert teacher.logits.dtype == torch.bfloat16 and teacher.lse.dtype == torch.float32
     picked = torch.tensor([len(rows) - 1, 0, 2])  # any rows, in any order
     b, t = rows.b[picked], rows.t[picked]
-    assert torch.allclose(teacher.probs(picked), want.probs[b, t], rtol=1e-5, atol=1e-7)
+    assert torch.allclose(teacher.probs_at(picked), want.probs[b, t], rtol=1e-5, atol=1e-7)
     assert torch.equal(teacher.top[b, t], want.top[b, t]) and torch.equal(teacher.in_vocab[b, t], want.in_vocab[b, t])

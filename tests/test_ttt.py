@@ -207,6 +207,27 @@ def test_draft_rows_fast_path_equals_the_full_vocab_path():
     assert not torch.equal(wrong.in_vocab, plain.in_vocab)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_teacher_logits_are_the_draft_rows_of_the_targets_logits_on_both_paths(dtype):
+    """`teacher_logits` gives last_hidden @ lm_head[draft ids].T in lm_head's dtype, shaped as the positions, and the
+    full-vocabulary argmax: formed in chunks without `top`, in one matmul with it."""
+    from draftlab.train.ttt import teacher_logits
+
+    model = _model()
+    batch, lm_head = _batch()
+    head = lm_head.to(dtype)
+    draft_ids = torch.arange(VD) + model.d2t
+    full = batch["last_hidden"].to(dtype) @ head.T
+    plain_logits, plain_top = teacher_logits(batch["last_hidden"], head, model.d2t, chunk=4)  # 42 rows: 11 chunks
+    fast_logits, fast_top = teacher_logits(batch["last_hidden"], head, model.d2t, top=plain_top.to(torch.int32))
+    assert plain_logits.shape == fast_logits.shape == (3, T, VD) and plain_logits.dtype == fast_logits.dtype == dtype
+    assert torch.equal(plain_top, full.float().argmax(-1)) and torch.equal(fast_top, plain_top)
+    assert fast_top.dtype == torch.long
+    tolerance = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1e-2, "atol": 1e-2}
+    for logits in (plain_logits, fast_logits):
+        assert torch.allclose(logits.float(), full[..., draft_ids].float(), **tolerance)
+
+
 def test_training_reads_the_target_top_only_where_extract_stores_it():
     """extract stores the full-vocabulary argmax only at `read_positions` (s where loss_mask[s+1]) and 0 elsewhere:
     the padded and the packed unroll give bit-identical losses and stats with it as with the argmax everywhere, and

@@ -12,8 +12,9 @@ took 10-150 s on the H200):
   width) would be assumed equal, and the first batch where they differ would recompile;
 - the length's remainder modulo 8 (alignment checks): the trainer pads batches to a multiple of 8
   (train/device_batch.py);
-- a chunk count (the teacher's rows are formed in one piece when compiled: train/ttt.py; a pool without
-  `target_top`, from before it was stored, forms the full-vocabulary logits in chunks, so its batches run eager);
+- a chunk count (the teacher's draft-vocabulary logits are one matmul: train/ttt.py `teacher_logits`; a pool
+  without `target_top`, from before it was stored, forms the full-vocabulary logits in chunks, so its batches run
+  eager);
 - a batch of one row: dynamic shapes still specialise sizes 0 and 1, so the first one-row batch (the tail of a
   plan window, data/reader.py) built a second graph on the H200 (93 s); such batches run eager;
 - Inductor's mix-order reduction fusion, off here: it fuses two reductions only above a size (5 Mi elements, e.g.

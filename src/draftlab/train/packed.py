@@ -117,16 +117,22 @@ def _fill(index: Tensor, size: int, positions: int) -> Tensor:
 TEACHER_CHUNK = 2048
 
 
+def soft_targets(logits: Tensor, lse: Tensor, index: Tensor) -> Tensor:
+    """The soft targets [len(index), Vd] (fp32) of the teacher's rows `index`: softmax(logits) formed as
+    exp(logits - lse) from its logits (any dtype) and their fp32 logsumexp (`RowTargets`; bench/loss_kernel.py)."""
+    return (logits.index_select(0, index).float() - lse.index_select(0, index)[:, None]).exp()
+
+
 class RowTargets:
     """The teacher at `rows`, the positions s whose next token counts: its draft-vocabulary logits [N_s, Vd] in
     lm_head's dtype and their logsumexp `lse` [N_s] (fp32), with `row` [B, T] (-1 elsewhere) mapping a position to
-    its row, and the full-vocabulary argmax `top` / `in_vocab` [B, T]. `probs` forms the soft targets of the rows
-    a step reads, where the loss reads them.
+    its row, and the full-vocabulary argmax `top` / `in_vocab` [B, T]. `probs_at` forms the soft targets of the
+    rows a step reads, where the loss reads them.
 
-    Why logits and not probabilities: in a bf16 run they are half the bytes, and the values are the same (both
-    are the fp32 softmax of the bf16 logits). On an H200 the whole trainer ran 1.085x faster this way than with fp32
-    probabilities gathered by every step, though the loss alone ran slower (bench/loss_kernel.py): where the gain
-    comes from is not yet known (BENCHMARKS.md, twenty-fourth session)."""
+    Why logits and not probabilities: in a bf16 run they are half the bytes, and the values are the same up to
+    fp32 rounding (both are the fp32 softmax of the bf16 logits). On an H200 the whole trainer ran 1.085x faster
+    this way than with fp32 probabilities gathered by every step, though the loss alone ran slower
+    (bench/loss_kernel.py): where the gain comes from is not yet known (BENCHMARKS.md, twenty-fourth session)."""
 
     def __init__(self, last_hidden: Tensor, lm_head: Tensor, d2t: Tensor, t2d: Tensor, rows: Rows,
                  top: Tensor | None = None) -> None:
@@ -140,9 +146,8 @@ class RowTargets:
         self.top.view(-1)[rows.index] = top_rows
         self.in_vocab = t2d[self.top]
 
-    def probs(self, index: Tensor) -> Tensor:
-        """The soft targets [len(index), Vd] (fp32) of the rows `index`: softmax(logits) as exp(logits - lse)."""
-        return (self.logits.index_select(0, index).float() - self.lse.index_select(0, index)[:, None]).exp()
+    def probs_at(self, index: Tensor) -> Tensor:
+        return soft_targets(self.logits, self.lse, index)
 
 
 def _attention(attn, h_q: Tensor, h_kv: Tensor, rows: Rows, cos: Tensor, sin: Tensor, cache: TTTCache,
@@ -269,7 +274,7 @@ def packed_core(model: Eagle3Draft, batch: dict[str, Tensor], lm_head: Tensor, p
         # have no teacher row: clamped, and kept out of every sum by `real`
         s = (rows.t[sel] + 1 + j).clamp(max=T - 1)
         b = rows.b[sel]
-        p = targets.probs(targets.row[b, s].clamp(min=0))
+        p = targets.probs_at(targets.row[b, s].clamp(min=0))
         in_vocab = targets.in_vocab[b, s]
         term, ce_sum, n_loss = step_loss(lg, p, in_vocab & real, j, decay, loss_norm, ce)
         loss = loss + term

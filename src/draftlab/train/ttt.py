@@ -46,7 +46,7 @@ def target_distribution(last_hidden: Tensor, lm_head: Tensor, d2t: Tensor, t2d: 
     """The teacher's soft targets over the draft vocabulary (fp32, renormalised) and its full-vocabulary argmax
     (`teacher_logits`, which says what `top` saves)."""
     logits, top = teacher_logits(last_hidden, lm_head, d2t, chunk, top)
-    return Targets(logits.float().softmax(-1), top, t2d[top])
+    return Targets(logits.softmax(-1, dtype=torch.float32), top, t2d[top])  # no fp32 copy of the logits
 
 
 @torch.no_grad()
@@ -57,16 +57,15 @@ def teacher_logits(last_hidden: Tensor, lm_head: Tensor, d2t: Tensor, chunk: int
 
     `top` (that argmax, stored by extract as `target_top`) selects the fast path: only the draft-vocabulary rows of
     lm_head are multiplied, a matmul smaller by vocab / draft vocab (6x for SmolLM2, where the full one was 27.6% of
-    a training step). Without it the full logits are formed for the argmax, in row chunks so that a 128k vocabulary
-    never needs [positions, vocab] at once."""
+    a training step). Without it the full logits are formed for the argmax, in row chunks of `chunk` so that a 128k
+    vocabulary never needs [positions, vocab] at once."""
     *lead, hidden = last_hidden.shape
     draft_ids = (torch.arange(len(d2t), device=d2t.device) + d2t).to(lm_head.device)
     flat = last_hidden.reshape(-1, hidden)
     if top is not None:
         head = lm_head.index_select(0, draft_ids)  # [Vd, H]: 8192 x 576 for SmolLM2, cheap
-        # compiled, in one piece: a chunk count would be a guard, and every batch size past it a new graph
-        pieces = [flat] if torch.compiler.is_compiling() else flat.split(chunk)
-        logits = torch.cat([rows.to(head.dtype) @ head.T for rows in pieces])
+        # one matmul: its output is all kept anyway, and under torch.compile a chunk count would be a guard
+        logits = flat.to(head.dtype) @ head.T
         top = top.to(device=last_hidden.device, dtype=torch.long).reshape(-1)
     else:
         logits, tops = [], []
