@@ -1,6 +1,6 @@
 """The packed unroll's loss alone, compiled, forward and backward: its soft targets read as fp32 probabilities
 (the trainer before 2026-12-04) or formed in the loss from the teacher's bf16 logits and their logsumexp
-(`packed.soft_targets`, the trainer's since). On the H200 the fused reduction over [pairs, draft vocabulary] was 28% of
+(`ttt.soft_targets`, the trainer's since). On the H200 the fused reduction over [pairs, draft vocabulary] was 28% of
 the GPU's training step (BENCHMARKS.md, sixteenth session); this times it on its own, at the preset's sizes.
 
 The shapes are the trainer's (train/packed.py `packed_core`): `--steps` TTT steps of `--capacity` pairs each, one
@@ -25,8 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from draftlab.train.packed import soft_targets  # noqa: E402
-from draftlab.train.ttt import step_loss  # noqa: E402
+from draftlab.train.ttt import soft_targets, step_loss  # noqa: E402
 
 
 def probs_targets(teacher: torch.Tensor):
@@ -38,7 +37,7 @@ def probs_targets(teacher: torch.Tensor):
 def logits_targets(teacher: torch.Tensor):
     """Since: the logsumexp formed once; each step forms its rows' targets from the bf16 logits."""
     lse = teacher.float().logsumexp(-1)
-    return lambda index: soft_targets(teacher, lse, index)
+    return lambda index: soft_targets(teacher.index_select(0, index), lse.index_select(0, index))
 
 
 VARIANTS = {"probs": probs_targets, "logits": logits_targets}

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from draftlab.model.draft import Eagle3Draft
-from draftlab.train.packed import PackedPlan, packed_unroll
+from draftlab.train.packed import PackedPlan, packed_core, packed_unroll
 from draftlab.train.ttt import STATS, target_distribution, ttt_unroll
 
 from test_ttt import HT, V, _model  # the same tiny draft (layers= picks the depth)
@@ -87,11 +87,16 @@ def test_packed_unroll_takes_the_padded_path_when_too_much_counts():
     batch, lm_head = _batch()
     tg = target_distribution(batch["last_hidden"], lm_head, model.d2t, model.t2d, top=batch["target_top"])
     want, want_stats = ttt_unroll(model, batch, tg, 3, 0.8)
-    got, got_stats = packed_unroll(model, batch, lm_head, 3, 0.8, max_kept=0.1)  # about half the positions count
-    assert torch.equal(got.detach(), want.detach()) and torch.equal(got_stats, want_stats)
-    packed, _ = packed_unroll(model, batch, lm_head, 3, 0.8, max_kept=0.9)
-    assert not torch.equal(packed.detach(), want.detach())  # the packed path ran: same value, other rounding
-    assert float(packed.detach()) == pytest.approx(float(want.detach()), rel=1e-5)
+    calls = []
+
+    def core(*args):  # packed_core, counted: which path ran
+        calls.append(1)
+        return packed_core(*args)
+
+    got, got_stats = packed_unroll(model, batch, lm_head, 3, 0.8, max_kept=0.1, core=core)  # about half count
+    assert torch.equal(got.detach(), want.detach()) and torch.equal(got_stats, want_stats) and not calls
+    packed, _ = packed_unroll(model, batch, lm_head, 3, 0.8, max_kept=0.9, core=core)
+    assert calls == [1] and float(packed.detach()) == pytest.approx(float(want.detach()), rel=1e-5)
 
 
 @pytest.fixture

@@ -25,7 +25,8 @@ import torch
 from torch import Tensor
 
 from draftlab.model.draft import Eagle3Draft, TTTCache, _rotate_half
-from draftlab.train.ttt import STATS, record_step, soft_ce, step_loss, target_distribution, teacher_logits, ttt_unroll
+from draftlab.train.ttt import (STATS, record_step, soft_ce, soft_targets, step_loss, target_distribution,
+                                teacher_logits, ttt_unroll)
 
 
 class Rows:
@@ -117,12 +118,6 @@ def _fill(index: Tensor, size: int, positions: int) -> Tensor:
 TEACHER_CHUNK = 2048
 
 
-def soft_targets(logits: Tensor, lse: Tensor, index: Tensor) -> Tensor:
-    """The soft targets [len(index), Vd] (fp32) of the teacher's rows `index`: softmax(logits) formed as
-    exp(logits - lse) from its logits (any dtype) and their fp32 logsumexp (`RowTargets`; bench/loss_kernel.py)."""
-    return (logits.index_select(0, index).float() - lse.index_select(0, index)[:, None]).exp()
-
-
 class RowTargets:
     """The teacher at `rows`, the positions s whose next token counts: its draft-vocabulary logits [N_s, Vd] in
     lm_head's dtype and their logsumexp `lse` [N_s] (fp32), with `row` [B, T] (-1 elsewhere) mapping a position to
@@ -147,7 +142,7 @@ class RowTargets:
         self.in_vocab = t2d[self.top]
 
     def probs_at(self, index: Tensor) -> Tensor:
-        return soft_targets(self.logits, self.lse, index)
+        return soft_targets(self.logits.index_select(0, index), self.lse.index_select(0, index))
 
 
 def _attention(attn, h_q: Tensor, h_kv: Tensor, rows: Rows, cos: Tensor, sin: Tensor, cache: TTTCache,

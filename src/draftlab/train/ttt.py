@@ -46,7 +46,14 @@ def target_distribution(last_hidden: Tensor, lm_head: Tensor, d2t: Tensor, t2d: 
     """The teacher's soft targets over the draft vocabulary (fp32, renormalised) and its full-vocabulary argmax
     (`teacher_logits`, which says what `top` saves)."""
     logits, top = teacher_logits(last_hidden, lm_head, d2t, chunk, top)
-    return Targets(logits.softmax(-1, dtype=torch.float32), top, t2d[top])  # no fp32 copy of the logits
+    # by the packed unroll's formula (`soft_targets`), so that both unrolls train on the very same values
+    return Targets(soft_targets(logits, logits.float().logsumexp(-1)), top, t2d[top])
+
+
+def soft_targets(logits: Tensor, lse: Tensor) -> Tensor:
+    """The teacher's soft targets (fp32): softmax(logits) over the last dimension, formed as exp(logits - lse) from
+    its logits (any dtype) and their fp32 logsumexp `lse`: the form train/packed.py `RowTargets` keeps them in."""
+    return (logits.float() - lse[..., None]).exp()
 
 
 @torch.no_grad()
