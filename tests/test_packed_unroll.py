@@ -198,4 +198,6 @@ def test_teacher_rows_hold_bf16_logits_and_give_the_softmax_of_them(with_top):
     picked = torch.tensor([len(rows) - 1, 0, 2])  # any rows, in any order
     b, t = rows.b[picked], rows.t[picked]
     assert torch.allclose(teacher.probs_at(picked), want.probs[b, t], rtol=1e-5, atol=1e-7)
+    # and what both form is the softmax, written here as torch's own rather than as their shared formula
+    assert torch.allclose(teacher.probs_at(picked), teacher.logits[picked].float().softmax(-1), rtol=1e-5, atol=1e-7)
     assert torch.equal(teacher.top[b, t], want.top[b, t]) and torch.equal(teacher.in_vocab[b, t], want.in_vocab[b, t])
