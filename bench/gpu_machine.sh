@@ -37,6 +37,23 @@ smollm2_gguf() {  # call 2: the whole GGUF where draftlab looks for the llm-smol
   cat /tmp/gg.aa .gguf-b/gg.ab > "$pkg/.gguf.tmp" && mv "$pkg/.gguf.tmp" "$pkg/SmolLM2-135M-Instruct.Q4_1.gguf"
 }
 
+trainer_speed() {  # trainer_speed NAME ARG...: bench/trainer_speed.py from $CODE (/tmp/headline/main unless set) on
+  # a 64-shard synthetic pool (~9 GB), its JSON line appended to $OUT/NAME.jsonl (led by "run": $TAG when TAG is set)
+  # and its log to $OUT/NAME.err
+  local name=$1 tag=""; shift
+  [ -n "${TAG:-}" ] && tag="s/^{/{\"run\": \"$TAG\", /"
+  (cd "${CODE:-/tmp/headline/main}" && PYTHONPATH=$SITE timeout ${RUN_LIMIT:-280} python3 bench/trainer_speed.py \
+    --batch-tokens 16384 --samples 8192 --per-shard 128 "$@") 2>> "$OUT/$name.err" | sed "$tag" >> "$OUT/$name.jsonl"
+  tail -n 1 "$OUT/$name.jsonl" | cut -c1-500
+}
+
+trainer_ab_run() {  # trainer_ab_run NAME ARG...: the whole trainer as h200_headline.sh trainer_ab times it (validation
+  # compiled, STEPS steps, 700 unless set, on the pool kept in $ROOT/pool), through trainer_speed
+  local name=$1; shift
+  RUN_LIMIT=360 trainer_speed "$name" --steps ${STEPS:-700} --compile-unroll true --compile-validation \
+    --pool "$ROOT/pool" "$@"
+}
+
 trainer_measurements() {  # trainer_measurements CODE_DIR: the real trainer against its step alone (BENCHMARKS.md);
   # at most 3 x 110 + 100 + 2 x 70 = 570 s, within one call (the runs of 2026-12-01 took 40-90 s each; 45 s was
   # too short for any of them on 2026-12-02: the synthetic pool and the compiled loss come first)

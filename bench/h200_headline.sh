@@ -65,7 +65,7 @@ set -uo pipefail
 step=${1:?usage: h200_headline.sh install|wheels|start|watch|small|warm|reader|reader_cg|prefetch|trainer_ab|generate_vs_issue|extract_stage|extract_real|generate_probe|generate_ab|slots|train_profile|train_flags|bench_ab}
 export PYTHONUNBUFFERED=1 SITE=/tmp/site
 . "$(dirname "$0")/gpu_machine.sh"  # install_wheels, keep_first_half, smollm2_gguf, start_detached, watch_jobs,
-# shm_has_room
+# shm_has_room, trainer_speed, trainer_ab_run
 ROOT=${ROOT:-/tmp/dl}; H=/tmp/headline; BUDGET=${BUDGET:-570}; START=$(date +%s)
 mkdir -p "$ROOT" "$OUT"
 
@@ -127,14 +127,6 @@ gen() {  # gen ARG...: bench/generate_speed.py on the headline's first 8,192 pro
     | grep -h tokens_per_s | cut -c1-300
 }
 
-trainer_speed() {  # trainer_speed NAME ARG...: bench/trainer_speed.py on a 64-shard synthetic pool (~9 GB), its
-  # JSON line appended to $OUT/NAME.jsonl and its log to $OUT/NAME.err
-  local name=$1; shift
-  (cd $H/main && PYTHONPATH=$SITE timeout ${RUN_LIMIT:-280} python3 bench/trainer_speed.py --batch-tokens 16384 --samples 8192 \
-    --per-shard 128 "$@") >> "$OUT/$name.jsonl" 2>> "$OUT/$name.err"
-  tail -n 1 "$OUT/$name.jsonl" | cut -c1-500
-}
-
 case "$step" in
 install)
   nvidia-smi -L
@@ -190,8 +182,7 @@ trainer_ab)  # the plain compiled unroll against train.compile_cuda_graphs (the 
   # JSON lines in $OUT/trainer_ab.jsonl (cuda_graphs tells them apart)
   for run in ${RUNS:-cold_plain cold_cg plain cg plain cg}; do
     case $run in *plain) graphs=() ;; *cg) graphs=(--cuda-graphs) ;; esac
-    RUN_LIMIT=360 trainer_speed trainer_ab --steps ${STEPS:-700} --compile-unroll true --compile-validation --pool $ROOT/pool \
-      "${graphs[@]}"
+    trainer_ab_run trainer_ab "${graphs[@]}"
   done ;;
 generate_vs_issue)  # part 2's same-run ratio (carry .gguf-b; after install, with /tmp/oldgen holding 5c67ce0's src and
   # conf, and wheels): the issue's generate stage with its GPU overrides (its bench/h200_session.sh), then today's

@@ -11,13 +11,13 @@
 #     (wheels, the two codes, the loss alone, then the new code's cold run: about 330 s; a cold run takes about 230)
 #   call 2 (nothing carried):       RUNS="base_cold new base" bash bench/h200_loss_ab.sh ab
 #   call 3 (nothing carried):       RUNS="new base new base" bash bench/h200_loss_ab.sh ab
-# A run is trainer_speed.py as the twenty-third session's trainer_ab ran it (CUDA graphs, validation compiled, 700
-# steps on the 64-shard synthetic pool in /tmp/dl/pool); NAME_cold is the first of that code on the machine (its
+# A run is h200_headline.sh trainer_ab's (gpu_machine.sh trainer_ab_run: validation compiled, 700 steps on the
+# 64-shard synthetic pool in /tmp/dl/pool), with CUDA graphs; NAME_cold is the first of that code on the machine (its
 # compile cold), NAME a warm one. JSON lines in $OUT/loss_ab.jsonl, tagged with the run's name; logs in .err.
 set -uo pipefail
 step=${1:?usage: h200_loss_ab.sh install|ab}
 export PYTHONUNBUFFERED=1 SITE=/tmp/site
-. "$(dirname "$0")/gpu_machine.sh"  # install_wheels, keep_first_half
+. "$(dirname "$0")/gpu_machine.sh"  # install_wheels, keep_first_half, trainer_ab_run
 AB=/tmp/ab; ROOT=/tmp/dl
 mkdir -p "$ROOT" "$OUT"
 
@@ -31,10 +31,7 @@ install)
     | tee -a "$OUT/loss_kernel.jsonl" ;;
 ab)
   for run in ${RUNS:?RUNS: e.g. \"new_cold base_cold new base\"}; do
-    code=${run%_cold}
-    (cd $AB/$code && PYTHONPATH=$SITE timeout 360 python3 bench/trainer_speed.py --batch-tokens 16384 --samples 8192 \
-      --per-shard 128 --steps 700 --compile-unroll true --compile-validation --cuda-graphs --pool $ROOT/pool) \
-      2>> "$OUT/loss_ab.err" | sed "s/^{/{\"run\": \"$run\", /" | tee -a "$OUT/loss_ab.jsonl" | cut -c1-400
+    CODE=$AB/${run%_cold} TAG=$run trainer_ab_run loss_ab --cuda-graphs
   done ;;
 *) echo "unknown step $step"; exit 2 ;;
 esac

@@ -114,7 +114,8 @@ def _fill(index: Tensor, size: int, positions: int) -> Tensor:
     return torch.cat([index, free.nonzero().squeeze(1)[: size - len(index)]])
 
 
-# rows of the teacher's logits formed at once (eager): bounds a [rows, vocab] temporary for a 128k vocabulary
+# rows of the teacher's full-vocabulary logits formed at once for a pool without `target_top` (ttt.teacher_logits):
+# bounds a [rows, vocab] temporary for a 128k vocabulary
 TEACHER_CHUNK = 2048
 
 

@@ -46,8 +46,9 @@ def target_distribution(last_hidden: Tensor, lm_head: Tensor, d2t: Tensor, t2d: 
     """The teacher's soft targets over the draft vocabulary (fp32, renormalised) and its full-vocabulary argmax
     (`teacher_logits`, which says what `top` saves)."""
     logits, top = teacher_logits(last_hidden, lm_head, d2t, chunk, top)
+    wide = logits.float()  # once: soft_targets' own upcast is then a no-op
     # by the packed unroll's formula (`soft_targets`), so that both unrolls train on the very same values
-    return Targets(soft_targets(logits, logits.float().logsumexp(-1)), top, t2d[top])
+    return Targets(soft_targets(wide, wide.logsumexp(-1)), top, t2d[top])
 
 
 def soft_targets(logits: Tensor, lse: Tensor) -> Tensor:
