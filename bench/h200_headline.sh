@@ -48,9 +48,9 @@
 #   or (carry .gguf-b .whl-tf):             bash /tmp/headline/main/bench/h200_headline.sh slots
 #     (the generator's slot count, data.batch_size: the compiled step in the bench at 512, 1,024, 2,048 slots, then
 #      the stage alone at 512 and 1,024; ~5 min)
-#   or (nothing carried):                   bash /tmp/headline/main/bench/h200_headline.sh train_profile
+#   or (nothing carried):                   [CODE=DIR TAG=NAME] bash /tmp/headline/main/bench/h200_headline.sh train_profile
 #     (the trainer's compiled unroll under torch.profiler, with its Chrome trace: bench/trace_summary.py reads the
-#      GPU's busy share from it; ~4 min with a cold compile)
+#      GPU's busy share from it; ~3-4 min with a cold compile)
 #   or (nothing carried):                   [VARIANTS=...] bash /tmp/headline/main/bench/h200_headline.sh train_flags
 #     (the compiled unroll as it is, without Inductor's wrapper asserts, with its C++ wrapper; each compiled cold,
 #      ~3 x 170 s)
@@ -257,13 +257,15 @@ slots)  # the graphs generator's slot count (data.batch_size): the compiled step
   for slots in ${SLOTS:-512 1024 2048}; do GEN_SLOTS=$slots gen --paths graphs-compiled --max-prompt-tokens 384; done
   VARIANTS=${VARIANTS:-"b512 data.batch_size=512;b1024 data.batch_size=1024"} bash "$0" generate_ab ;;
 train_profile)  # the preset's trainer (compiled unroll, 16,384-token batches) on synthetic shards: 10 steps under
-  # torch.profiler after 60, the kernels' device time against the wall (trainer_profile.txt's first line)
-  (cd $H/main && PYTHONPATH=$SITE:src timeout ${LIMIT:-330} python3 bench/trainer_speed.py --batch-tokens 16384 \
-    --samples 2048 --steps 75 --compile-unroll true --profile 10 --profile-from 60 --eval-every 1000 \
-    --checkpoint-every 1000 --profile-out "$OUT"/trainer_profile.txt) >> "$OUT"/trainer_profile.jsonl \
-    2> "$OUT"/trainer_profile.err
-  echo "rc=$?"; head -n 1 "$OUT"/trainer_profile.txt; tail -n 1 "$OUT"/trainer_profile.jsonl | cut -c1-600
-  gzip -f "$OUT"/trainer_profile.trace.json 2>/dev/null ;;
+  # torch.profiler after 60, the kernels' device time against the wall (trainer_profile.txt's first line). CODE: the
+  # code profiled ($H/main unless set); TAG names its files (trainer_profile_TAG.*), so that two codes' profiles from
+  # one call stay apart (bench/trace_summary.py --against compares their kernels)
+  prof="$OUT"/trainer_profile${TAG:+_$TAG}
+  (cd ${CODE:-$H/main} && PYTHONPATH=$SITE:src timeout ${LIMIT:-330} python3 bench/trainer_speed.py \
+    --batch-tokens 16384 --samples 2048 --steps 75 --compile-unroll true --profile 10 --profile-from 60 \
+    --eval-every 1000 --checkpoint-every 1000 --profile-out "$prof".txt) >> "$prof".jsonl 2> "$prof".err
+  echo "rc=$?"; head -n 1 "$prof".txt; tail -n 1 "$prof".jsonl | cut -c1-600
+  gzip -f "$prof".trace.json 2>/dev/null ;;
 train_flags)  # the compiled unroll under Inductor settings that cut the host's work per kernel launch, one variant
   # at a time: the step is host-bound (train_profile of 2026-12-03: the GPU busy 47% of it; forward and backward each
   # ~23 ms of host time). VARIANTS="NAME [VAR=VALUE ...] [--trainer_speed-flag ...];...": each compiles cold into a

@@ -6,7 +6,9 @@ the GPU's training step (BENCHMARKS.md, sixteenth session); this times it on its
 The shapes are the trainer's (train/packed.py `packed_core`): `--steps` TTT steps of `--capacity` pairs each, one
 soft cross-entropy (`ttt.step_loss`) and one argmax match per step, the teacher's rows gathered by index, the head's
 logits in bf16. The trainer compiles with dynamic shapes; this bench, by default, for these sizes alone
-(`--dynamic`: as the trainer), which is one way its result may differ from the trainer's.
+(`--dynamic`: as the trainer), which is one way its result may differ from the trainer's. It does: on the H200 it
+timed the logits form 1.74x slower, while in the profiled trainer the same change cut the loss's kernels by 3.2 ms a
+step (BENCHMARKS.md, twenty-fifth session). Its numbers are the loss alone, not the trainer's.
 
     python bench/loss_kernel.py --device cuda                  # the preset: 7 steps of 14,336 pairs, vocab 8,192
     python bench/loss_kernel.py --device cpu --capacity 256 --vocab 512 --repeats 3   # a smoke run

@@ -1,14 +1,16 @@
 """What bounds a profiled training step: the GPU's busy time against the wall, each host thread's time, and the
 busiest kernels, read from the Chrome trace that `bench/trainer_speed.py --profile` writes.
 
-    python bench/trace_summary.py trainer_profile.trace.json.gz [--skip-last 1]
+    python bench/trace_summary.py trainer_profile.trace.json.gz [--skip-last 1] [--against OTHER.trace.json.gz]
 
 Steps are torch.profiler's `ProfilerStep#N` annotations. The GPU's busy time is the union of its kernels', copies'
 and memsets' intervals within the steps (summing each op's device time counts overlaps twice, and the profiler's
 own tables add copies into their callers). `--skip-last` leaves out the last steps (in the H200 profile of
 2026-12-03 the last one held an epoch's end: a checkpoint copied to the host, 438 ms). A host thread's time is the
 sum of its outermost ops; where the host threads' time fills the wall and the GPU's does not, launching is the bound,
-not the kernels.
+not the kernels. `--against` adds the kernels whose time per step changed most from the other trace's to this one's
+(two codes' profiles): a kernel is matched by its name without Inductor's trailing number, which a fused kernel
+changes from one graph to the next.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -98,13 +101,35 @@ def summarize(events: list[dict], skip_last: int = 1, top: int = 12) -> dict:
                                         sorted(kernels.items(), key=lambda x: -x[1][1])[:top]}}
 
 
+def kernel_changes(before: dict, after: dict, top: int = 12) -> list[dict]:
+    """The kernels whose ms per step changed most from `before` to `after` (summaries with every kernel listed)."""
+    def by_name(summary: dict) -> dict:
+        merged = defaultdict(float)
+        for name, ms in summary["top_kernels_ms_per_step"].items():
+            merged[re.sub(r"_\d+$", "", name)] += ms
+        return merged
+    old, new = by_name(before), by_name(after)
+    names = sorted(old.keys() | new.keys(), key=lambda k: -abs(new.get(k, 0.0) - old.get(k, 0.0)))
+    return [{"kernel": k, "before_ms": round(old.get(k, 0.0), 3), "after_ms": round(new.get(k, 0.0), 3),
+             "change_ms": round(new.get(k, 0.0) - old.get(k, 0.0), 3)} for k in names[:top]]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("trace", type=Path)
     ap.add_argument("--skip-last", type=int, default=1, help="last steps left out (e.g. one that saved a checkpoint)")
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--against", type=Path, help="another code's trace: the kernels whose time changed most")
     args = ap.parse_args()
-    print(json.dumps(summarize(load(args.trace), args.skip_last, args.top), indent=1))
+    events = load(args.trace)
+    summary = summarize(events, args.skip_last, args.top)
+    if args.against:
+        every = 10 ** 9  # every kernel, so that a name below the top in one trace still finds its match
+        before = summarize(load(args.against), args.skip_last, every)
+        summary["kernel_changes_from_against"] = kernel_changes(
+            before, summarize(events, args.skip_last, every), args.top)
+        summary["against_gpu_ms_per_step"] = before["gpu_ms_per_step"]
+    print(json.dumps(summary, indent=1))
 
 
 if __name__ == "__main__":

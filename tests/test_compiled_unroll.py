@@ -13,7 +13,6 @@ from torch._inductor.utils import run_and_get_code
 
 from draftlab.train.compiled_unroll import CompiledUnroll, unroll_core_for
 from draftlab.train.device_batch import attach_plan, to_device
-from draftlab.train import packed
 from draftlab.train.packed import PackedPlan, packed_unroll
 
 from test_packed_unroll import _batch, _run
@@ -49,10 +48,7 @@ def _assert_close(compiled, eager) -> None:
         assert torch.allclose(grads_c[name], grads_e[name], rtol=1e-4, atol=1e-6), name
 
 
-def test_compiled_unroll_equals_eager_and_keeps_one_graph_across_shapes(caplog, monkeypatch):
-    # eager, the teacher's rows come in chunks: 8 here, so that the shapes below have different chunk counts
-    # (compiled, they come in one piece, or each count would be a graph of its own)
-    monkeypatch.setattr(packed, "TEACHER_CHUNK", 8)
+def test_compiled_unroll_equals_eager_and_keeps_one_graph_across_shapes(caplog):
     model = _model()
     batch, lm_head = _batch()  # 4 rows of 15 positions (padded to 16)
     core = CompiledUnroll()
@@ -66,7 +62,7 @@ def test_compiled_unroll_equals_eager_and_keeps_one_graph_across_shapes(caplog, 
     # traced once (a float traced as a symbol made dynamo start over) and storable in AOTAutograd's cache (an
     # inference_mode switch in the graph was not): what a second process finds warm (BENCHMARKS.md)
     assert aot["total"] - before["total"] == 1 and aot["autograd_cache_bypass"] == before["autograd_cache_bypass"]
-    # other rows, lengths (to 8 and 16 positions) and teacher chunk counts reuse that graph. (Inductor's CPU code
+    # other rows, lengths (to 8 and 16 positions) and teacher row counts reuse that graph. (Inductor's CPU code
     # has a guard of its own: a float sum over more than 4,096 elements, here the pairs of all steps, takes another
     # graph; the tiled batch stays below it.)
     shapes = [batch, _cropped(batch, 3, 7), _tiled(batch, 40)]
@@ -74,8 +70,8 @@ def test_compiled_unroll_equals_eager_and_keeps_one_graph_across_shapes(caplog, 
         compiled = got if b is batch else _run(_unroll(model, b, lm_head, core), model)
         _assert_close(compiled, _run(_unroll(model, b, lm_head), model))
         assert "fc.weight" in compiled[2]
-    chunks = {-(-len(PackedPlan.of(b["loss_mask"], b["attention_mask"], STEPS).needed) // 8) for b in shapes}
-    assert len(chunks) == 3, chunks
+    teacher_rows = {len(PackedPlan.of(b["loss_mask"], b["attention_mask"], STEPS).needed) for b in shapes}
+    assert len(teacher_rows) == 3, teacher_rows  # three sizes, one graph
     assert core.graphs == 1, "a new batch shape recompiled the unroll"
     # padded to buckets as for CUDA graphs (train.compile_cuda_graphs: filler rows, kept rows and pairs): the same
     # graph, the batch's own numbers

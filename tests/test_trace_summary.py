@@ -64,3 +64,17 @@ def test_gpu_work_is_read_within_the_steps_gpu_side_spans(tmp_path):
     path.write_text(json.dumps({"traceEvents": events}))
     module = _trace_summary()
     assert module.summarize(module.load(path), skip_last=1)["gpu_busy_ms_per_step"] == 0.1  # (100 + 100) us / 2
+
+
+def test_kernel_changes_match_a_fused_kernel_across_graphs_by_its_name_without_the_number():
+    before = {"top_kernels_ms_per_step": {"triton_red_fused_softmax_7": 8.0, "gemm": 1.0,
+                                          "triton_poi_fused_exp_2": 2.0}}
+    after = {"top_kernels_ms_per_step": {"triton_red_fused_softmax_3": 1.5, "gemm": 1.0,
+                                         "triton_poi_fused_exp_9": 1.0, "triton_poi_fused_exp_11": 3.0,
+                                         "triton_red_fused_lse_0": 0.5}}
+    changes = _trace_summary().kernel_changes(before, after, top=3)
+    assert [c["kernel"] for c in changes] == ["triton_red_fused_softmax", "triton_poi_fused_exp",
+                                               "triton_red_fused_lse"]
+    assert changes[0] == {"kernel": "triton_red_fused_softmax", "before_ms": 8.0, "after_ms": 1.5, "change_ms": -6.5}
+    assert changes[1]["after_ms"] == 4.0 and changes[1]["change_ms"] == 2.0  # two graphs' copies of one kernel
+    assert changes[2] == {"kernel": "triton_red_fused_lse", "before_ms": 0.0, "after_ms": 0.5, "change_ms": 0.5}
