@@ -23,6 +23,9 @@
 #   or, instead of start and watch, a shorter job run within the call (carry .gguf-b .whl-tf):
 #     SAMPLES=16000 EXTRA="train.max_steps=1500" BUDGET=450 bash /tmp/headline/main/bench/h200_headline.sh small
 #     (what it checks: the compile warm-up's two graphs, loaded by the train stage; $OUT/small.tgz)
+#   or that job once per seed (carry .gguf-b .whl-tf the first time): SEEDS="0 1" TAG=new bash ... seeds
+#     ($OUT/small_TAG_SEED.tgz; then `CODE_DIR=.ab/base COMMIT=... bash ... use_code` puts another code in
+#      /tmp/headline/main, and /tmp/headline/new/bench/h200_headline.sh seeds runs it: BENCHMARKS.md "Left to run")
 #   then (nothing carried):                 bash /tmp/headline/main/bench/h200_headline.sh reader
 #     (trainer_speed with one read-ahead worker, then two: data_wait_s and steps_per_s; about 6 minutes)
 #   or (nothing carried):                   bash /tmp/headline/main/bench/h200_headline.sh reader_cg
@@ -48,7 +51,7 @@
 #   or (carry .gguf-b .whl-tf):             bash /tmp/headline/main/bench/h200_headline.sh slots
 #     (the generator's slot count, data.batch_size: the compiled step in the bench at 512, 1,024, 2,048 slots, then
 #      the stage alone at 512 and 1,024; ~5 min)
-#   or (nothing carried):                   [CODE=DIR TAG=NAME] bash /tmp/headline/main/bench/h200_headline.sh train_profile
+#   or (nothing carried):        [CODE=DIR TAG=NAME] bash /tmp/headline/main/bench/h200_headline.sh train_profile
 #     (the trainer's compiled unroll under torch.profiler, with its Chrome trace: bench/trace_summary.py reads the
 #      GPU's busy share from it; ~3-4 min with a cold compile)
 #   or (nothing carried):                   [VARIANTS=...] bash /tmp/headline/main/bench/h200_headline.sh train_flags
@@ -62,7 +65,7 @@
 # What comes back: $OUT/headline.tgz (the job's results.json with every stage's seconds, and log-headline.txt). The end-to-end
 # time is the log's first to last timestamp; import the job with `python -m draftlab import-runs`.
 set -uo pipefail
-step=${1:?usage: h200_headline.sh install|wheels|start|watch|small|warm|reader|reader_cg|prefetch|trainer_ab|generate_vs_issue|extract_stage|extract_real|generate_probe|generate_ab|slots|train_profile|train_flags|bench_ab}
+step=${1:?usage: h200_headline.sh install|wheels|start|watch|small|seeds|use_code|warm|reader|reader_cg|prefetch|trainer_ab|generate_vs_issue|extract_stage|extract_real|generate_probe|generate_ab|slots|train_profile|train_flags|bench_ab}
 export PYTHONUNBUFFERED=1 SITE=/tmp/site
 . "$(dirname "$0")/gpu_machine.sh"  # install_wheels, keep_first_half, smollm2_gguf, start_detached, watch_jobs,
 # shm_has_room, trainer_speed, trainer_ab_run
@@ -150,6 +153,24 @@ small)
   timeout "$BUDGET" bash -c "$(run_cmd small ${EXTRA:-})" > $ROOT/log-small.txt 2>&1; echo "small rc=$?"
   grep -a "stage \|compiled\|warm-up\|s pass\|Error" $ROOT/log-small.txt | cut -c1-220 | tail -n 40
   pack small.tgz log-small.txt small/results.json small/.hydra ;;
+seeds)  # the `small` job once per seed in SEEDS (SAMPLES 16,384 and 1,500 steps unless set), each packed as
+  # $OUT/small_${TAG}_SEED.tgz; each run gets what is left of the call's LIMIT seconds (585 unless set), and a seed
+  # with less than 60 left is not started. Val/loss paired by seed between two codes (BENCHMARKS.md, "Left to run")
+  : "${TAG:?TAG names the code}"
+  for seed in ${SEEDS:?set SEEDS, e.g. 0 1}; do
+    left=$(( ${LIMIT:-585} - $(date +%s) + START ))
+    [ "$left" -lt 60 ] && { echo "seed $seed not started: ${left} s left"; break; }
+    SAMPLES=${SAMPLES:-16384} EXTRA="train.max_steps=${STEPS:-1500} train.seed=$seed ${EXTRA:-}" BUDGET=$left \
+      bash "$0" small
+    mv "$OUT"/small.tgz "$OUT/small_${TAG}_$seed.tgz"
+  done ;;
+use_code)  # the code in CODE_DIR (e.g. .ab/base, carried) becomes $H/main, with COMMIT as its commit; the code there
+  # before moves to $H/$MOVE_TO (new unless set), and its copy of this script runs later steps on $H/main's code
+  # (an older code's copy may lack them: e.g. `seeds`)
+  [ -d "${CODE_DIR:?}/src" ] || { echo "no $CODE_DIR/src: carry it"; exit 1; }
+  rm -rf "$H/${MOVE_TO:-new}" && mv $H/main "$H/${MOVE_TO:-new}" && cp -r "$CODE_DIR" $H/main \
+    && echo "${COMMIT:?}" > $H/COMMIT
+  echo "$H/main holds $CODE_DIR ($(cat $H/COMMIT)); the code before is in $H/${MOVE_TO:-new}" ;;
 warm)  # after the headline, same machine: the trainer twice on a 64-shard pool; the second compiles warm
   for run in 1 2; do trainer_speed trainer_warm --steps 300; done
   grep "compiled the unroll" "$OUT"/trainer_warm.err ;;

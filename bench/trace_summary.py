@@ -9,8 +9,8 @@ own tables add copies into their callers). `--skip-last` leaves out the last ste
 2026-12-03 the last one held an epoch's end: a checkpoint copied to the host, 438 ms). A host thread's time is the
 sum of its outermost ops; where the host threads' time fills the wall and the GPU's does not, launching is the bound,
 not the kernels. `--against` adds the kernels whose time per step changed most from the other trace's to this one's
-(two codes' profiles): a kernel is matched by its name without Inductor's trailing number, which a fused kernel
-changes from one graph to the next.
+(two codes' profiles): a kernel is matched by its whole name without Inductor's trailing number, which a fused
+kernel changes from one graph to the next, so a row can sum several kernels of one name.
 """
 
 from __future__ import annotations
@@ -62,16 +62,32 @@ def _steps(events: list[dict], category: str, skip_last: int) -> list[dict]:
     return steps[:len(steps) - skip_last] if skip_last else steps
 
 
-def summarize(events: list[dict], skip_last: int = 1, top: int = 12) -> dict:
+def _window(events: list[dict], skip_last: int) -> tuple[list[dict], list[dict]]:
+    """The kept steps' host spans, and the GPU's events of those steps."""
     steps = _steps(events, "user_annotation", skip_last)
     if not steps:
         raise SystemExit("no ProfilerStep annotations left in the trace")
-    lo, hi, n = steps[0]["ts"], steps[-1]["ts"] + steps[-1]["dur"], len(steps)
     # the GPU runs behind the host: its work of those steps lies within the steps' GPU-side spans where the trace
     # has them, else (an approximation) within the host's
     on_gpu = _steps(events, "gpu_user_annotation", skip_last)
-    gpu_lo, gpu_hi = (on_gpu[0]["ts"], on_gpu[-1]["ts"] + on_gpu[-1]["dur"]) if len(on_gpu) == n else (lo, hi)
-    gpu = [e for e in events if e.get("cat") in GPU_CATEGORIES and gpu_lo <= e["ts"] < gpu_hi]
+    spans = on_gpu if len(on_gpu) == len(steps) else steps
+    lo, hi = spans[0]["ts"], spans[-1]["ts"] + spans[-1]["dur"]
+    return steps, [e for e in events if e.get("cat") in GPU_CATEGORIES and lo <= e["ts"] < hi]
+
+
+def kernel_ms(events: list[dict], skip_last: int = 1) -> dict[str, float]:
+    """Each kernel's device ms per kept step, by its whole name."""
+    steps, gpu = _window(events, skip_last)
+    times = defaultdict(float)
+    for e in gpu:
+        if e["cat"] == "kernel":
+            times[e["name"]] += e["dur"] / len(steps) / 1e3
+    return dict(times)
+
+
+def summarize(events: list[dict], skip_last: int = 1, top: int = 12) -> dict:
+    steps, gpu = _window(events, skip_last)
+    lo, hi, n = steps[0]["ts"], steps[-1]["ts"] + steps[-1]["dur"], len(steps)
     by_category = defaultdict(float)
     kernels = defaultdict(lambda: [0, 0.0])
     for e in gpu:
@@ -101,16 +117,18 @@ def summarize(events: list[dict], skip_last: int = 1, top: int = 12) -> dict:
                                         sorted(kernels.items(), key=lambda x: -x[1][1])[:top]}}
 
 
-def kernel_changes(before: dict, after: dict, top: int = 12) -> list[dict]:
-    """The kernels whose ms per step changed most from `before` to `after` (summaries with every kernel listed)."""
-    def by_name(summary: dict) -> dict:
+def kernel_changes(before: dict[str, float], after: dict[str, float], top: int = 12) -> list[dict]:
+    """The kernels whose ms per step changed most from `before` to `after` (kernel_ms of two traces). A kernel is
+    matched by its whole name without Inductor's trailing number, so one row sums every kernel of that name (a
+    graph's copies of one fused kernel); names are cut to 100 characters only in the output."""
+    def by_name(times: dict[str, float]) -> dict[str, float]:
         merged = defaultdict(float)
-        for name, ms in summary["top_kernels_ms_per_step"].items():
+        for name, ms in times.items():
             merged[re.sub(r"_\d+$", "", name)] += ms
         return merged
     old, new = by_name(before), by_name(after)
-    names = sorted(old.keys() | new.keys(), key=lambda k: -abs(new.get(k, 0.0) - old.get(k, 0.0)))
-    return [{"kernel": k, "before_ms": round(old.get(k, 0.0), 3), "after_ms": round(new.get(k, 0.0), 3),
+    names = sorted(old.keys() | new.keys(), key=lambda k: (-abs(new.get(k, 0.0) - old.get(k, 0.0)), k))
+    return [{"kernel": k[:100], "before_ms": round(old.get(k, 0.0), 3), "after_ms": round(new.get(k, 0.0), 3),
              "change_ms": round(new.get(k, 0.0) - old.get(k, 0.0), 3)} for k in names[:top]]
 
 
@@ -124,11 +142,10 @@ def main() -> None:
     events = load(args.trace)
     summary = summarize(events, args.skip_last, args.top)
     if args.against:
-        every = 10 ** 9  # every kernel, so that a name below the top in one trace still finds its match
-        before = summarize(load(args.against), args.skip_last, every)
-        summary["kernel_changes_from_against"] = kernel_changes(
-            before, summarize(events, args.skip_last, every), args.top)
-        summary["against_gpu_ms_per_step"] = before["gpu_ms_per_step"]
+        other = load(args.against)
+        summary["kernel_changes_from_against"] = kernel_changes(kernel_ms(other, args.skip_last),
+                                                                kernel_ms(events, args.skip_last), args.top)
+        summary["against_gpu_ms_per_step"] = summarize(other, args.skip_last)["gpu_ms_per_step"]
     print(json.dumps(summary, indent=1))
 
 

@@ -67,14 +67,32 @@ def test_gpu_work_is_read_within_the_steps_gpu_side_spans(tmp_path):
 
 
 def test_kernel_changes_match_a_fused_kernel_across_graphs_by_its_name_without_the_number():
-    before = {"top_kernels_ms_per_step": {"triton_red_fused_softmax_7": 8.0, "gemm": 1.0,
-                                          "triton_poi_fused_exp_2": 2.0}}
-    after = {"top_kernels_ms_per_step": {"triton_red_fused_softmax_3": 1.5, "gemm": 1.0,
-                                         "triton_poi_fused_exp_9": 1.0, "triton_poi_fused_exp_11": 3.0,
-                                         "triton_red_fused_lse_0": 0.5}}
+    before = {"triton_red_fused_softmax_7": 8.0, "gemm": 1.0, "triton_poi_fused_exp_2": 2.0}
+    after = {"triton_red_fused_softmax_3": 1.5, "gemm": 1.0, "triton_poi_fused_exp_9": 1.0,
+             "triton_poi_fused_exp_11": 3.0, "triton_red_fused_lse_0": 0.5}
     changes = _trace_summary().kernel_changes(before, after, top=3)
     assert [c["kernel"] for c in changes] == ["triton_red_fused_softmax", "triton_poi_fused_exp",
                                                "triton_red_fused_lse"]
     assert changes[0] == {"kernel": "triton_red_fused_softmax", "before_ms": 8.0, "after_ms": 1.5, "change_ms": -6.5}
     assert changes[1]["after_ms"] == 4.0 and changes[1]["change_ms"] == 2.0  # two graphs' copies of one kernel
     assert changes[2] == {"kernel": "triton_red_fused_lse", "before_ms": 0.0, "after_ms": 0.5, "change_ms": 0.5}
+
+
+def test_against_compares_whole_names_and_orders_ties_by_name(tmp_path, monkeypatch, capsys):
+    """Two kernels whose names share their first 100 characters stay apart, and --against wires the two traces."""
+    stem = "triton_red_fused_" + "x" * 100
+
+    def trace(name: str, kernels: list[tuple[str, int]]):
+        events = [_event(f"ProfilerStep#{i}", "user_annotation", 100 * (i - 1), 100) for i in (1, 2)]
+        events += [_event(k, "kernel", 10 + 5 * i, dur) for i, (k, dur) in enumerate(kernels)]  # all in step 1
+        path = tmp_path / name
+        path.write_text(json.dumps({"traceEvents": events}))
+        return path
+    before = trace("before.json", [(stem + "_a_4", 30), (stem + "_b_1", 20), ("gemm", 10), ("zeta_0", 10)])
+    after = trace("after.json", [(stem + "_a_9", 10), (stem + "_b_3", 20), ("gemm", 10), ("alpha_2", 10)])
+    module = _trace_summary()
+    monkeypatch.setattr("sys.argv", ["trace_summary", str(after), "--against", str(before), "--top", "5"])
+    module.main()
+    changes = json.loads(capsys.readouterr().out)["kernel_changes_from_against"]
+    assert [(c["kernel"], c["change_ms"]) for c in changes] == [
+        (stem[:100], -0.02), ("alpha", 0.01), ("zeta", -0.01), ("gemm", 0.0), (stem[:100], 0.0)]  # step 2 left out

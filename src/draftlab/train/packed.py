@@ -128,7 +128,7 @@ class RowTargets:
     Why logits and not probabilities: in a bf16 run they are half the bytes, and the values are the same up to
     fp32 rounding (both are the fp32 softmax of the bf16 logits). On an H200 the whole trainer ran 1.085x faster
     this way than with fp32 probabilities gathered by every step. In a profiled step the loss's kernels took 3.2 ms
-    less: the forward's fused reductions 1.9 ms where, with the softmax in them, they took 7.9; the backward's
+    less: the forward's fused reductions 2.0 ms where, with the softmax in them, they took 8.0; the backward's
     pointwise kernel, which now forms the targets again, 4.7 ms where it took 1.9. The loss compiled alone ran
     slower (bench/loss_kernel.py), so that bench does not model the unroll's graph. BENCHMARKS.md, twenty-fourth
     and twenty-fifth sessions."""
