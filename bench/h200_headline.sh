@@ -120,6 +120,15 @@ pack() {  # pack NAME FILE...: FILEs under $ROOT (patterns quoted: expanded ther
     /dev/shm/draftlab/root-*/extract/*/manifest.json 2>/dev/null) 2>/dev/null)
 }
 
+small_job() {  # small_job NAME SECONDS [OVERRIDE...]: the headline's command as the job `small` within SECONDS
+  # ($H/COMMIT its commit), what it logged of its stages, and its results packed into $OUT/NAME
+  local name=$1 seconds=$2; shift 2
+  DRAFTLAB_GIT_COMMIT=$(cat $H/COMMIT) && export DRAFTLAB_GIT_COMMIT
+  timeout "$seconds" bash -c "$(run_cmd small "$@")" > $ROOT/log-small.txt 2>&1; echo "small rc=$?"
+  grep -a "stage \|compiled\|warm-up\|s pass\|Error" $ROOT/log-small.txt | cut -c1-220 | tail -n 40
+  pack "$name" log-small.txt small/results.json small/.hydra
+}
+
 gen() {  # gen ARG...: bench/generate_speed.py on the headline's first 8,192 prompts, twice each (the first captures),
   # in GEN_SLOTS slots (512 unless set)
   mkdir -p "$OUT/genprobe"
@@ -149,20 +158,17 @@ watch)
   watch ;;
 small)
   install_wheels .whl-tf && smollm2_gguf || exit 1
-  DRAFTLAB_GIT_COMMIT=$(cat $H/COMMIT) && export DRAFTLAB_GIT_COMMIT
-  timeout "$BUDGET" bash -c "$(run_cmd small ${EXTRA:-})" > $ROOT/log-small.txt 2>&1; echo "small rc=$?"
-  grep -a "stage \|compiled\|warm-up\|s pass\|Error" $ROOT/log-small.txt | cut -c1-220 | tail -n 40
-  pack small.tgz log-small.txt small/results.json small/.hydra ;;
+  small_job small.tgz "$BUDGET" ${EXTRA:-} ;;
 seeds)  # the `small` job once per seed in SEEDS (SAMPLES 16,384 and 1,500 steps unless set), each packed as
-  # $OUT/small_${TAG}_SEED.tgz; each run gets what is left of the call's LIMIT seconds (585 unless set), and a seed
-  # with less than 60 left is not started. Val/loss paired by seed between two codes (BENCHMARKS.md, "Left to run")
+  # $OUT/small_${TAG}_SEED.tgz; each run gets what is left of this step's BUDGET, and a seed with less than 60 s left
+  # is not started. Val/loss paired by seed between two codes (BENCHMARKS.md, "Left to run")
   : "${TAG:?TAG names the code}"
+  install_wheels .whl-tf && smollm2_gguf || exit 1
   for seed in ${SEEDS:?set SEEDS, e.g. 0 1}; do
-    left=$(( ${LIMIT:-585} - $(date +%s) + START ))
+    left=$(( BUDGET - $(date +%s) + START ))
     [ "$left" -lt 60 ] && { echo "seed $seed not started: ${left} s left"; break; }
-    SAMPLES=${SAMPLES:-16384} EXTRA="train.max_steps=${STEPS:-1500} train.seed=$seed ${EXTRA:-}" BUDGET=$left \
-      bash "$0" small
-    mv "$OUT"/small.tgz "$OUT/small_${TAG}_$seed.tgz"
+    SAMPLES=${SAMPLES:-16384} small_job "small_${TAG}_$seed.tgz" "$left" train.max_steps=${STEPS:-1500} \
+      train.seed=$seed ${EXTRA:-}
   done ;;
 use_code)  # the code in CODE_DIR (e.g. .ab/base, carried) becomes $H/main, with COMMIT as its commit; the code there
   # before moves to $H/$MOVE_TO (new unless set), and its copy of this script runs later steps on $H/main's code
