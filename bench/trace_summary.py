@@ -93,8 +93,8 @@ def summarize(events: list[dict], skip_last: int = 1, top: int = 12) -> dict:
     for e in gpu:
         by_category[e["cat"]] += e["dur"]
         if e["cat"] == "kernel":
-            kernels[e["name"][:100]][0] += 1
-            kernels[e["name"][:100]][1] += e["dur"]
+            kernels[e["name"]][0] += 1  # by whole name: Inductor's fused kernels can share 100 characters
+            kernels[e["name"]][1] += e["dur"]
     threads = defaultdict(list)
     for e in events:
         if e.get("cat") in HOST_CATEGORIES and lo <= e["ts"] < hi and not e["name"].startswith("ProfilerStep"):

@@ -66,6 +66,20 @@ def test_gpu_work_is_read_within_the_steps_gpu_side_spans(tmp_path):
     assert module.summarize(module.load(path), skip_last=1)["gpu_busy_ms_per_step"] == 0.1  # (100 + 100) us / 2
 
 
+def test_top_kernels_keep_two_names_that_share_their_first_100_characters_apart(tmp_path):
+    """Inductor's fused kernels are named by their ops: two of the loss's shared 100 characters (5.72 + 2.21 ms
+    were once listed as one kernel)."""
+    stem = "triton_red_fused_" + "x" * 100
+    events = [_event("ProfilerStep#1", "user_annotation", 0, 100),
+              _event("ProfilerStep#1", "gpu_user_annotation", 0, 100), _event(stem + "_exp_1", "kernel", 0, 30),
+              _event(stem + "_sum_2", "kernel", 30, 20)]
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    module = _trace_summary()
+    out = module.summarize(module.load(path), skip_last=0)
+    assert out["top_kernels_ms_per_step"] == {stem + "_exp_1": 0.03, stem + "_sum_2": 0.02}
+
+
 def test_kernel_changes_match_a_fused_kernel_across_graphs_by_its_name_without_the_number():
     before = {"triton_red_fused_softmax_7": 8.0, "gemm": 1.0, "triton_poi_fused_exp_2": 2.0}
     after = {"triton_red_fused_softmax_3": 1.5, "gemm": 1.0, "triton_poi_fused_exp_9": 1.0,

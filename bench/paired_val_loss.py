@@ -1,0 +1,194 @@
+"""Val/loss of two codes at equal tokens, paired by seed: is the second code's draft no worse than the first's?
+
+Issue 11 part 4 asks that a faster trainer train no worse at equal tokens. One run of each code cannot say so: the
+same code and seed ended 0.34% apart on two H200 machines (BENCHMARKS.md, twenty-fifth session). Here each code
+trains the same features once per seed with the same job, one cause varied: the code. A seed fixes the draft's
+initialisation and the batches' order, so a pair differs only by what the code computes differently, and the paired
+differences (second - first, in % of the first) are tested across seeds: their mean with a 95% t interval, the
+Wilcoxon signed-rank p, and how many seeds ended above. "No worse within MARGIN%" holds when the interval's upper
+end lies below the margin at the last validation pass.
+
+Each run is the code's own `src/run.py` (its `src` first on PYTHONPATH, DRAFTLAB_GIT_COMMIT from the folder's
+COMMIT file), as a subprocess with the overrides after `--`, `train.seed`, `paths.root` and its own Hydra run folder.
+Stages already cached under `paths.root` (generate, extract) are reused by both codes when their code is the same.
+The runs' results are appended to `OUT/runs.jsonl` (rewritten atomically); a run already there is not run again,
+so a stopped comparison resumes. The seeds alternate which code runs first.
+
+    python bench/paired_val_loss.py --code base=/tmp/ab/base --code new=/tmp/ab/new --seeds 0 1 2 3 \\
+        --root /tmp/ab/outputs --out bench/results/x -- 'stages=[train]' train.dtype=bfloat16 train.max_steps=120
+    python bench/paired_val_loss.py --out bench/results/x --summary-only
+    python bench/paired_val_loss.py --out X --add base 0 A/train/KEY/manifest.json --add new 0 B/... --summary-only
+
+`--add TAG SEED MANIFEST` records a run made elsewhere (e.g. the H200's `small` job) from its train stage's
+manifest.json.
+
+Prints a line per run, then a table per validation step and one JSON line, also written to OUT/summary.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from scipy import stats
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from draftlab import fsutil  # noqa: E402
+
+
+def run_order(tags: list[str], seeds: list[int]) -> list[tuple[str, int]]:
+    """(tag, seed) in the order to run: each seed's pair together, the first code first at even positions."""
+    pairs = []
+    for i, seed in enumerate(seeds):
+        pairs += [(tag, seed) for tag in (tags if i % 2 == 0 else tags[::-1])]
+    return pairs
+
+
+def read_history(run_dir: Path) -> tuple[list[dict], dict]:
+    """The train stage's validation passes [{step, val/...}] and the job's metrics, from the job's results.json
+    (its tag draft_dir names the train stage's folder, whose manifest.json holds the history)."""
+    results_file = run_dir / "results.json"
+    results = fsutil.read_json(results_file)
+    if results is None:
+        raise RuntimeError(f"{results_file}: missing; the job did not finish (its run.log says why)")
+    draft_dir = results.get("tags", {}).get("draft_dir")
+    if draft_dir is None:
+        raise RuntimeError(f"{results_file}: no draft_dir tag; did the job run the train stage?")
+    manifest = fsutil.read_json(Path(draft_dir).parent / "manifest.json", {})
+    return manifest.get("history", []), results.get("metrics", {})
+
+
+def run_one(code: Path, seed: int, overrides: list[str], root: Path, run_dir: Path) -> float:
+    """One job of `code` with this seed; its wall seconds. Fails naming the run's log when the job fails."""
+    env = dict(os.environ, PYTHONPATH=str(code / "src"))
+    if (code / "COMMIT").exists():
+        env["DRAFTLAB_GIT_COMMIT"] = (code / "COMMIT").read_text().strip()
+    cmd = [sys.executable, str(code / "src" / "run.py"), *overrides, f"train.seed={seed}",
+           f"paths.root={root}", f"hydra.run.dir={run_dir}"]
+    start = time.perf_counter()
+    with open(run_dir.with_suffix(".log"), "w") as log:
+        rc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+    if rc != 0:
+        raise RuntimeError(f"{code} seed {seed} exited {rc}; see {run_dir.with_suffix('.log')}")
+    return time.perf_counter() - start
+
+
+def paired(records: list[dict], first: str, second: str, key: str = "val/loss") -> list[dict]:
+    """Per validation step that every seed of both codes reached: the paired relative differences of `key`
+    (second - first, % of first) and their tests. The last row is the runs' last common pass."""
+    runs = {(r["tag"], r["seed"]): {int(e["step"]): e[key] for e in r["history"] if key in e} for r in records}
+    seeds = sorted({seed for tag, seed in runs if tag == first} & {seed for tag, seed in runs if tag == second})
+    if not seeds:
+        return []
+    steps = sorted(set.intersection(*(set(runs[(tag, s)]) for s in seeds for tag in (first, second))))
+    rows = []
+    for step in steps:
+        a = [runs[(first, s)][step] for s in seeds]
+        b = [runs[(second, s)][step] for s in seeds]
+        diffs = [100.0 * (y - x) / x for x, y in zip(a, b)]
+        row = {"step": step, "seeds": len(seeds), first: statistics.fmean(a), second: statistics.fmean(b),
+               "mean_diff_pct": statistics.fmean(diffs), "above": sum(d > 0 for d in diffs), "diffs_pct": diffs}
+        if len(diffs) >= 2:
+            sd = statistics.stdev(diffs)
+            half = stats.t.ppf(0.975, len(diffs) - 1) * sd / len(diffs) ** 0.5
+            row.update(ci95_pct=[row["mean_diff_pct"] - half, row["mean_diff_pct"] + half],
+                       wilcoxon_p=float(stats.wilcoxon(diffs).pvalue) if any(diffs) else 1.0)
+        rows.append(row)
+    return rows
+
+
+def verdict(rows: list[dict], margin_pct: float) -> str:
+    """The last common pass's reading against the margin."""
+    if not rows or "ci95_pct" not in rows[-1]:
+        return "too few paired seeds for an interval"
+    low, high = rows[-1]["ci95_pct"]
+    if high < margin_pct:
+        return f"no worse within {margin_pct}% (95% interval {low:+.3f}% to {high:+.3f}%)"
+    return f"not shown no worse within {margin_pct}% (95% interval {low:+.3f}% to {high:+.3f}%)"
+
+
+def table(rows: list[dict], first: str, second: str) -> str:
+    lines = [f"{'step':>6} {first:>9} {second:>9} {'diff %':>8} {'95% interval':>19} {'above':>6} {'wilcoxon':>8}"]
+    for r in rows:
+        ci = "{:+.3f} .. {:+.3f}".format(*r["ci95_pct"]) if "ci95_pct" in r else "-"
+        p = f"{r['wilcoxon_p']:.3f}" if "wilcoxon_p" in r else "-"
+        lines.append(f"{r['step']:>6} {r[first]:>9.4f} {r[second]:>9.4f} {r['mean_diff_pct']:>+8.3f} {ci:>19} "
+                     f"{r['above']:>3}/{r['seeds']:<2} {p:>8}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
+    overrides = argv[argv.index("--") + 1:] if "--" in argv else []
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--code", action="append", default=[], metavar="TAG=DIR",
+                   help="a code folder (src/, conf/, COMMIT), twice: the reference first")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--root", type=Path, help="paths.root shared by every run (its cached stages are reused)")
+    p.add_argument("--out", type=Path, required=True, help="the runs' folders, runs.jsonl and summary.json")
+    p.add_argument("--margin", type=float, default=0.25, help="the no-worse margin, in % of val/loss")
+    p.add_argument("--add", nargs=3, action="append", default=[], metavar=("TAG", "SEED", "MANIFEST"),
+                   help="record a run made elsewhere from its train stage's manifest.json")
+    p.add_argument("--summary-only", action="store_true", help="summarise OUT/runs.jsonl, run nothing")
+    args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    records_file = args.out / "runs.jsonl"
+    records = [json.loads(line) for line in records_file.read_text().splitlines()] if records_file.exists() else []
+    for tag, seed, manifest in args.add:
+        if not seed.isdigit():
+            p.error(f"--add {tag} {seed} {manifest}: SEED must be a whole number")
+        history = fsutil.read_json(Path(manifest), {}).get("history")
+        if not history:
+            p.error(f"--add {tag} {seed} {manifest}: no validation history there")
+        records = [r for r in records if (r["tag"], r["seed"]) != (tag, int(seed))]
+        records.append({"tag": tag, "seed": int(seed), "code": manifest, "history": history})
+    if args.add:
+        args.out.mkdir(parents=True, exist_ok=True)
+        fsutil.atomic_write_text(records_file, "".join(json.dumps(r) + "\n" for r in records))
+    codes = dict(spec.split("=", 1) for spec in args.code)
+    if not args.summary_only:
+        if len(codes) != 2 or args.root is None:
+            p.error("--code TAG=DIR twice (the reference first) and --root are needed to run")
+        for tag, folder in codes.items():
+            if not (Path(folder) / "src" / "run.py").exists():
+                p.error(f"--code {tag}={folder}: no src/run.py there")
+        other = [r for r in records if r.get("overrides", overrides) != overrides]
+        if other:  # a resumed comparison runs the job it began with
+            p.error(f"{records_file}: {other[0]['tag']} seed {other[0]['seed']} ran with {other[0]['overrides']}, "
+                    f"not {overrides}; use another --out")
+        done = {(r["tag"], r["seed"]) for r in records}
+        todo = [run for run in run_order(list(codes), args.seeds) if run not in done]
+        for tag, seed in (bar := tqdm(todo, desc="runs", unit="run")):
+            bar.set_postfix_str(f"{tag} seed {seed}")
+            run_dir = (args.out / "runs" / f"{tag}-seed{seed}").resolve()
+            run_dir.mkdir(parents=True, exist_ok=True)
+            seconds = run_one(Path(codes[tag]).resolve(), seed, overrides, args.root.resolve(), run_dir)
+            history, metrics = read_history(run_dir)
+            commit = Path(codes[tag], "COMMIT")
+            records.append({"tag": tag, "seed": seed, "code": codes[tag], "seconds": round(seconds, 1),
+                            "commit": commit.read_text().strip() if commit.exists() else None,
+                            "overrides": overrides, "history": history, "metrics": metrics})
+            fsutil.atomic_write_text(records_file, "".join(json.dumps(r) + "\n" for r in records))
+            last = history[-1] if history else {}
+            tqdm.write(f"{tag} seed {seed}: {seconds:.0f} s, val/loss {last.get('val/loss')} "
+                       f"at step {last.get('step')}")
+    tags = list(codes) or list(dict.fromkeys(r["tag"] for r in records))
+    if len(tags) != 2:
+        p.error(f"{records_file}: runs of {len(tags)} codes ({', '.join(tags)}); two are compared")
+    rows = paired(records, tags[0], tags[1])
+    summary = {"first": tags[0], "second": tags[1], "margin_pct": args.margin, "verdict": verdict(rows, args.margin),
+               "rows": rows}
+    print(table(rows, tags[0], tags[1]))
+    print(json.dumps({k: v for k, v in summary.items() if k != "rows"} | {"last": rows[-1] if rows else None}))
+    fsutil.atomic_write_json(args.out / "summary.json", summary)
+    return summary
+
+
+if __name__ == "__main__":
+    main()
