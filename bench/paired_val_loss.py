@@ -5,8 +5,9 @@ same code and seed ended 0.34% apart on two H200 machines (BENCHMARKS.md, twenty
 trains the same features once per seed with the same job, one cause varied: the code. A seed fixes the draft's
 initialisation and the batches' order, so a pair differs only by what the code computes differently, and the paired
 differences (second - first, in % of the first) are tested across seeds: their mean with a 95% t interval, the
-Wilcoxon signed-rank p, and how many seeds ended above. "No worse within MARGIN%" holds when the interval's upper
-end lies below the margin at the last validation pass.
+Wilcoxon signed-rank p (two-sided; with 5 pairs or fewer it cannot fall below 0.05), and how many seeds ended above.
+"No worse within MARGIN%" holds when the interval's upper end lies below the margin at the last validation pass
+that every run reached: a one-sided test at 97.5%.
 
 Each run is the code's own `src/run.py` (its `src` first on PYTHONPATH, DRAFTLAB_GIT_COMMIT from the folder's
 COMMIT file), as a subprocess with the overrides after `--`, `train.seed`, `paths.root` and its own Hydra run folder.
@@ -20,7 +21,8 @@ so a stopped comparison resumes. The seeds alternate which code runs first.
     python bench/paired_val_loss.py --out X --add base 0 A/train/KEY/manifest.json --add new 0 B/... --summary-only
 
 `--add TAG SEED MANIFEST` records a run made elsewhere (e.g. the H200's `small` job) from its train stage's
-manifest.json.
+manifest.json; a pair's two runs must come from one machine, but pairs may come from several. The reference is the
+first `--code`, else `--reference`, else the code first recorded.
 
 Prints a line per run, then a table per validation step and one JSON line, also written to OUT/summary.json.
 """
@@ -61,13 +63,26 @@ def read_history(run_dir: Path) -> tuple[list[dict], dict]:
     draft_dir = results.get("tags", {}).get("draft_dir")
     if draft_dir is None:
         raise RuntimeError(f"{results_file}: no draft_dir tag; did the job run the train stage?")
-    manifest = fsutil.read_json(Path(draft_dir).parent / "manifest.json", {})
-    return manifest.get("history", []), results.get("metrics", {})
+    return manifest_history(Path(draft_dir).parent / "manifest.json"), results.get("metrics", {})
+
+
+def manifest_history(manifest: Path) -> list[dict]:
+    """A train stage's validation passes, from its manifest.json; an error naming the file when it has none."""
+    history = fsutil.read_json(manifest, {}).get("history")
+    if not history:
+        raise RuntimeError(f"{manifest}: no validation history (missing, or the run validated nothing)")
+    return history
+
+
+def write_records(path: Path, records: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fsutil.atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in records))
 
 
 def run_one(code: Path, seed: int, overrides: list[str], root: Path, run_dir: Path) -> float:
     """One job of `code` with this seed; its wall seconds. Fails naming the run's log when the job fails."""
     env = dict(os.environ, PYTHONPATH=str(code / "src"))
+    env.pop("DRAFTLAB_GIT_COMMIT", None)  # not this shell's: the folder's, or the job's own git state
     if (code / "COMMIT").exists():
         env["DRAFTLAB_GIT_COMMIT"] = (code / "COMMIT").read_text().strip()
     cmd = [sys.executable, str(code / "src" / "run.py"), *overrides, f"train.seed={seed}",
@@ -108,10 +123,9 @@ def verdict(rows: list[dict], margin_pct: float) -> str:
     """The last common pass's reading against the margin."""
     if not rows or "ci95_pct" not in rows[-1]:
         return "too few paired seeds for an interval"
-    low, high = rows[-1]["ci95_pct"]
-    if high < margin_pct:
-        return f"no worse within {margin_pct}% (95% interval {low:+.3f}% to {high:+.3f}%)"
-    return f"not shown no worse within {margin_pct}% (95% interval {low:+.3f}% to {high:+.3f}%)"
+    (low, high), step = rows[-1]["ci95_pct"], rows[-1]["step"]
+    reading = f"at step {step} (95% interval {low:+.3f}% to {high:+.3f}%)"
+    return f"{'no worse' if high < margin_pct else 'not shown no worse'} within {margin_pct}% {reading}"
 
 
 def table(rows: list[dict], first: str, second: str) -> str:
@@ -134,6 +148,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--root", type=Path, help="paths.root shared by every run (its cached stages are reused)")
     p.add_argument("--out", type=Path, required=True, help="the runs' folders, runs.jsonl and summary.json")
     p.add_argument("--margin", type=float, default=0.25, help="the no-worse margin, in % of val/loss")
+    p.add_argument("--reference", help="the code the other is compared with (default: the first --code, else the first recorded)")
     p.add_argument("--add", nargs=3, action="append", default=[], metavar=("TAG", "SEED", "MANIFEST"),
                    help="record a run made elsewhere from its train stage's manifest.json")
     p.add_argument("--summary-only", action="store_true", help="summarise OUT/runs.jsonl, run nothing")
@@ -143,14 +158,19 @@ def main(argv: list[str] | None = None) -> dict:
     for tag, seed, manifest in args.add:
         if not seed.isdigit():
             p.error(f"--add {tag} {seed} {manifest}: SEED must be a whole number")
-        history = fsutil.read_json(Path(manifest), {}).get("history")
-        if not history:
-            p.error(f"--add {tag} {seed} {manifest}: no validation history there")
-        records = [r for r in records if (r["tag"], r["seed"]) != (tag, int(seed))]
-        records.append({"tag": tag, "seed": int(seed), "code": manifest, "history": history})
+        try:
+            record = {"tag": tag, "seed": int(seed), "code": manifest, "history": manifest_history(Path(manifest))}
+        except RuntimeError as err:
+            p.error(f"--add {tag} {seed} {manifest}: {err}")
+        same = [i for i, r in enumerate(records) if (r["tag"], r["seed"]) == (tag, int(seed))]
+        if same:  # replaced where it was: the order of first appearance names the reference
+            records[same[0]] = record
+        else:
+            records.append(record)
     if args.add:
-        args.out.mkdir(parents=True, exist_ok=True)
-        fsutil.atomic_write_text(records_file, "".join(json.dumps(r) + "\n" for r in records))
+        write_records(records_file, records)
+    if any("=" not in spec for spec in args.code):
+        p.error(f"--code {next(spec for spec in args.code if '=' not in spec)}: expected TAG=DIR")
     codes = dict(spec.split("=", 1) for spec in args.code)
     if not args.summary_only:
         if len(codes) != 2 or args.root is None:
@@ -162,6 +182,10 @@ def main(argv: list[str] | None = None) -> dict:
         if other:  # a resumed comparison runs the job it began with
             p.error(f"{records_file}: {other[0]['tag']} seed {other[0]['seed']} ran with {other[0]['overrides']}, "
                     f"not {overrides}; use another --out")
+        moved = [r for r in records if r["tag"] in codes and r.get("code") != codes[r["tag"]]]
+        if moved:  # ... and the code it began with
+            p.error(f"{records_file}: {moved[0]['tag']} seed {moved[0]['seed']} ran {moved[0].get('code')}, "
+                    f"not {codes[moved[0]['tag']]}; use another --out")
         done = {(r["tag"], r["seed"]) for r in records}
         todo = [run for run in run_order(list(codes), args.seeds) if run not in done]
         for tag, seed in (bar := tqdm(todo, desc="runs", unit="run")):
@@ -174,11 +198,15 @@ def main(argv: list[str] | None = None) -> dict:
             records.append({"tag": tag, "seed": seed, "code": codes[tag], "seconds": round(seconds, 1),
                             "commit": commit.read_text().strip() if commit.exists() else None,
                             "overrides": overrides, "history": history, "metrics": metrics})
-            fsutil.atomic_write_text(records_file, "".join(json.dumps(r) + "\n" for r in records))
+            write_records(records_file, records)
             last = history[-1] if history else {}
             tqdm.write(f"{tag} seed {seed}: {seconds:.0f} s, val/loss {last.get('val/loss')} "
                        f"at step {last.get('step')}")
     tags = list(codes) or list(dict.fromkeys(r["tag"] for r in records))
+    if args.reference is not None:
+        if args.reference not in tags:
+            p.error(f"--reference {args.reference}: {records_file} holds no runs of it (it has {', '.join(tags)})")
+        tags = [args.reference] + [tag for tag in tags if tag != args.reference]
     if len(tags) != 2:
         p.error(f"{records_file}: runs of {len(tags)} codes ({', '.join(tags)}); two are compared")
     rows = paired(records, tags[0], tags[1])

@@ -120,7 +120,8 @@ def summarize(events: list[dict], skip_last: int = 1, top: int = 12) -> dict:
 def kernel_changes(before: dict[str, float], after: dict[str, float], top: int = 12) -> list[dict]:
     """The kernels whose ms per step changed most from `before` to `after` (kernel_ms of two traces). A kernel is
     matched by its whole name without Inductor's trailing number, so one row sums every kernel of that name (a
-    graph's copies of one fused kernel); names are cut to 100 characters only in the output."""
+    graph's copies of one fused kernel); a name over 100 characters is shown by its head and tail, where fused
+    kernels that share a prefix differ."""
     def by_name(times: dict[str, float]) -> dict[str, float]:
         merged = defaultdict(float)
         for name, ms in times.items():
@@ -128,7 +129,8 @@ def kernel_changes(before: dict[str, float], after: dict[str, float], top: int =
         return merged
     old, new = by_name(before), by_name(after)
     names = sorted(old.keys() | new.keys(), key=lambda k: (-abs(new.get(k, 0.0) - old.get(k, 0.0)), k))
-    return [{"kernel": k[:100], "before_ms": round(old.get(k, 0.0), 3), "after_ms": round(new.get(k, 0.0), 3),
+    return [{"kernel": k if len(k) <= 100 else f"{k[:60]}...{k[-37:]}",
+             "before_ms": round(old.get(k, 0.0), 3), "after_ms": round(new.get(k, 0.0), 3),
              "change_ms": round(new.get(k, 0.0) - old.get(k, 0.0), 3)} for k in names[:top]]
 
 

@@ -49,8 +49,10 @@ def test_pairs_within_a_seed_at_the_passes_all_runs_reached():
 
 def test_verdict_reads_the_last_pass_interval_against_the_margin():
     pv = bench_script("paired_val_loss")
-    assert pv.verdict([{"ci95_pct": [-0.3, 0.2]}], 0.25).startswith("no worse within 0.25%")
-    assert pv.verdict([{"ci95_pct": [-0.3, 0.2]}, {"ci95_pct": [-0.1, 0.3]}], 0.25).startswith("not shown")
+    assert pv.verdict([{"step": 9, "ci95_pct": [-0.3, 0.2]}], 0.25) == (
+        "no worse within 0.25% at step 9 (95% interval -0.300% to +0.200%)")
+    rows = [{"step": 9, "ci95_pct": [-0.3, 0.2]}, {"step": 10, "ci95_pct": [-0.1, 0.3]}]
+    assert pv.verdict(rows, 0.25).startswith("not shown no worse within 0.25% at step 10")
     assert pv.verdict([{"step": 1}], 0.25) == "too few paired seeds for an interval"
 
 
@@ -76,13 +78,23 @@ def test_runs_each_code_per_seed_alternating_and_resumes(tmp_path, capsys):
     last = summary["rows"][-1]
     assert last["step"] == 20 and last["above"] == 3
     assert last["diffs_pct"] == pytest.approx([0.1] * 3) and last["new"] == pytest.approx(1.5 * 1.001)
-    assert summary["verdict"].startswith("no worse within 0.25%")
+    assert summary["verdict"].startswith("no worse within 0.25% at step 20")
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["verdict"] == summary["verdict"]
 
     pv.main(argv)  # resumed: every pair is recorded, nothing runs again
     assert len((codes["new"] / "calls.txt").read_text().splitlines()) == 3
     again = pv.main(["--out", str(tmp_path / "out"), "--summary-only"])
     assert again["rows"] == summary["rows"]
+
+
+def test_a_job_without_history_is_an_error_naming_its_manifest(tmp_path):
+    pv = bench_script("paired_val_loss")
+    train = tmp_path / "train" / "k"
+    (train / "draft").mkdir(parents=True)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "results.json").write_text(json.dumps({"tags": {"draft_dir": str(train / "draft")}}))
+    with pytest.raises(RuntimeError, match=r"k/manifest\.json: no validation history"):
+        pv.read_history(tmp_path / "run")
 
 
 def test_a_failed_job_names_its_log(tmp_path):
@@ -106,11 +118,13 @@ def test_runs_made_elsewhere_are_added_from_their_manifests(tmp_path, capsys):
         argv += ["--add", tag, str(seed), str(manifest)]
     summary = pv.main(argv)
     assert summary["first"] == "base" and summary["rows"][0]["diffs_pct"] == pytest.approx([0.5, -1.0])
+    assert pv.main(argv[:7])["first"] == "base"  # base 0 re-added, in place: still the reference
+    assert pv.main(["--out", str(tmp_path / "out"), "--reference", "new", "--summary-only"])["first"] == "new"
     empty = tmp_path / "empty.json"
     empty.write_text("{}")
     with pytest.raises(SystemExit):
         pv.main(["--out", str(tmp_path / "out"), "--add", "new", "2", str(empty), "--summary-only"])
-    assert f"--add new 2 {empty}: no validation history there" in capsys.readouterr().err
+    assert f"--add new 2 {empty}: {empty}: no validation history" in capsys.readouterr().err
 
 
 def test_a_resumed_comparison_refuses_other_overrides_before_running(tmp_path, capsys):
@@ -122,7 +136,11 @@ def test_a_resumed_comparison_refuses_other_overrides_before_running(tmp_path, c
     for tag in ("base", "new"):
         (tmp_path / tag / "src").mkdir(parents=True)
         (tmp_path / tag / "src" / "run.py").write_text("raise SystemExit('must not run')\n")
+    codes = ["--code", f"base={tmp_path / 'base'}", "--code", f"new={tmp_path / 'new'}", "--root", str(tmp_path),
+             "--out", str(out), "--"]
     with pytest.raises(SystemExit):
-        pv.main(["--code", f"base={tmp_path / 'base'}", "--code", f"new={tmp_path / 'new'}", "--root",
-                 str(tmp_path), "--out", str(out), "--", "train.max_steps=8"])
+        pv.main(codes + ["train.max_steps=8"])
     assert "base seed 0 ran with ['train.max_steps=7'], not ['train.max_steps=8']" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # the same job, another code folder
+        pv.main(codes + ["train.max_steps=7"])
+    assert f"base seed 0 ran None, not {tmp_path / 'base'}" in capsys.readouterr().err
