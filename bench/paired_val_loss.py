@@ -148,7 +148,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--root", type=Path, help="paths.root shared by every run (its cached stages are reused)")
     p.add_argument("--out", type=Path, required=True, help="the runs' folders, runs.jsonl and summary.json")
     p.add_argument("--margin", type=float, default=0.25, help="the no-worse margin, in % of val/loss")
-    p.add_argument("--reference", help="the code the other is compared with (default: the first --code, else the first recorded)")
+    p.add_argument("--reference",
+                   help="the code the other is compared with (default: the first --code, else the first recorded)")
     p.add_argument("--add", nargs=3, action="append", default=[], metavar=("TAG", "SEED", "MANIFEST"),
                    help="record a run made elsewhere from its train stage's manifest.json")
     p.add_argument("--summary-only", action="store_true", help="summarise OUT/runs.jsonl, run nothing")
