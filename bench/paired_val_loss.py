@@ -79,12 +79,17 @@ def write_records(path: Path, records: list[dict]) -> None:
     fsutil.atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in records))
 
 
+def commit_of(code: Path) -> str | None:
+    """The commit a code folder's COMMIT file names (None without one)."""
+    return (code / "COMMIT").read_text().strip() if (code / "COMMIT").exists() else None
+
+
 def run_one(code: Path, seed: int, overrides: list[str], root: Path, run_dir: Path) -> float:
     """One job of `code` with this seed; its wall seconds. Fails naming the run's log when the job fails."""
     env = dict(os.environ, PYTHONPATH=str(code / "src"))
     env.pop("DRAFTLAB_GIT_COMMIT", None)  # not this shell's: the folder's, or the job's own git state
-    if (code / "COMMIT").exists():
-        env["DRAFTLAB_GIT_COMMIT"] = (code / "COMMIT").read_text().strip()
+    if (commit := commit_of(code)) is not None:
+        env["DRAFTLAB_GIT_COMMIT"] = commit
     cmd = [sys.executable, str(code / "src" / "run.py"), *overrides, f"train.seed={seed}",
            f"paths.root={root}", f"hydra.run.dir={run_dir}"]
     start = time.perf_counter()
@@ -138,6 +143,53 @@ def table(rows: list[dict], first: str, second: str) -> str:
     return "\n".join(lines)
 
 
+def add_records(p: argparse.ArgumentParser, records: list[dict], adds: list[list[str]]) -> None:
+    """`--add TAG SEED MANIFEST`s into `records`; a run recorded before is replaced where it was, so that the order
+    of first appearance still names the reference."""
+    for tag, seed, manifest in adds:
+        if not seed.isdigit():
+            p.error(f"--add {tag} {seed} {manifest}: SEED must be a whole number")
+        try:
+            record = {"tag": tag, "seed": int(seed), "code": manifest, "history": manifest_history(Path(manifest))}
+        except RuntimeError as err:
+            p.error(f"--add {tag} {seed} {manifest}: {err}")
+        same = [i for i, r in enumerate(records) if (r["tag"], r["seed"]) == (tag, int(seed))]
+        if same:
+            records[same[0]] = record
+        else:
+            records.append(record)
+
+
+def check_resumable(p: argparse.ArgumentParser, records_file: Path, records: list[dict], codes: dict[str, str],
+                    overrides: list[str]) -> None:
+    """A resumed comparison runs the job and the code it began with."""
+    for r in records:
+        if r.get("overrides", overrides) != overrides:
+            p.error(f"{records_file}: {r['tag']} seed {r['seed']} ran with {r['overrides']}, not {overrides}; "
+                    "use another --out")
+        if r["tag"] in codes and r.get("code") != codes[r["tag"]]:
+            p.error(f"{records_file}: {r['tag']} seed {r['seed']} ran {r.get('code')}, not {codes[r['tag']]}; "
+                    "use another --out")
+
+
+def run_missing(records_file: Path, records: list[dict], codes: dict[str, str], seeds: list[int],
+                overrides: list[str], root: Path, out: Path) -> None:
+    """Each (code, seed) not yet in `records`, recorded as it ends."""
+    done = {(r["tag"], r["seed"]) for r in records}
+    todo = [run for run in run_order(list(codes), seeds) if run not in done]
+    for tag, seed in (bar := tqdm(todo, desc="runs", unit="run")):
+        bar.set_postfix_str(f"{tag} seed {seed}")
+        code, run_dir = Path(codes[tag]).resolve(), (out / "runs" / f"{tag}-seed{seed}").resolve()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        seconds = run_one(code, seed, overrides, root.resolve(), run_dir)
+        history, metrics = read_history(run_dir)
+        records.append({"tag": tag, "seed": seed, "code": codes[tag], "seconds": round(seconds, 1),
+                        "commit": commit_of(code), "overrides": overrides, "history": history, "metrics": metrics})
+        write_records(records_file, records)
+        tqdm.write(f"{tag} seed {seed}: {seconds:.0f} s, val/loss {history[-1].get('val/loss')} "
+                   f"at step {history[-1]['step']}")
+
+
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     overrides = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -156,19 +208,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     records_file = args.out / "runs.jsonl"
     records = [json.loads(line) for line in records_file.read_text().splitlines()] if records_file.exists() else []
-    for tag, seed, manifest in args.add:
-        if not seed.isdigit():
-            p.error(f"--add {tag} {seed} {manifest}: SEED must be a whole number")
-        try:
-            record = {"tag": tag, "seed": int(seed), "code": manifest, "history": manifest_history(Path(manifest))}
-        except RuntimeError as err:
-            p.error(f"--add {tag} {seed} {manifest}: {err}")
-        same = [i for i, r in enumerate(records) if (r["tag"], r["seed"]) == (tag, int(seed))]
-        if same:  # replaced where it was: the order of first appearance names the reference
-            records[same[0]] = record
-        else:
-            records.append(record)
     if args.add:
+        add_records(p, records, args.add)
         write_records(records_file, records)
     if any("=" not in spec for spec in args.code):
         p.error(f"--code {next(spec for spec in args.code if '=' not in spec)}: expected TAG=DIR")
@@ -179,30 +220,8 @@ def main(argv: list[str] | None = None) -> dict:
         for tag, folder in codes.items():
             if not (Path(folder) / "src" / "run.py").exists():
                 p.error(f"--code {tag}={folder}: no src/run.py there")
-        other = [r for r in records if r.get("overrides", overrides) != overrides]
-        if other:  # a resumed comparison runs the job it began with
-            p.error(f"{records_file}: {other[0]['tag']} seed {other[0]['seed']} ran with {other[0]['overrides']}, "
-                    f"not {overrides}; use another --out")
-        moved = [r for r in records if r["tag"] in codes and r.get("code") != codes[r["tag"]]]
-        if moved:  # ... and the code it began with
-            p.error(f"{records_file}: {moved[0]['tag']} seed {moved[0]['seed']} ran {moved[0].get('code')}, "
-                    f"not {codes[moved[0]['tag']]}; use another --out")
-        done = {(r["tag"], r["seed"]) for r in records}
-        todo = [run for run in run_order(list(codes), args.seeds) if run not in done]
-        for tag, seed in (bar := tqdm(todo, desc="runs", unit="run")):
-            bar.set_postfix_str(f"{tag} seed {seed}")
-            run_dir = (args.out / "runs" / f"{tag}-seed{seed}").resolve()
-            run_dir.mkdir(parents=True, exist_ok=True)
-            seconds = run_one(Path(codes[tag]).resolve(), seed, overrides, args.root.resolve(), run_dir)
-            history, metrics = read_history(run_dir)
-            commit = Path(codes[tag], "COMMIT")
-            records.append({"tag": tag, "seed": seed, "code": codes[tag], "seconds": round(seconds, 1),
-                            "commit": commit.read_text().strip() if commit.exists() else None,
-                            "overrides": overrides, "history": history, "metrics": metrics})
-            write_records(records_file, records)
-            last = history[-1] if history else {}
-            tqdm.write(f"{tag} seed {seed}: {seconds:.0f} s, val/loss {last.get('val/loss')} "
-                       f"at step {last.get('step')}")
+        check_resumable(p, records_file, records, codes, overrides)
+        run_missing(records_file, records, codes, args.seeds, overrides, args.root, args.out)
     tags = list(codes) or list(dict.fromkeys(r["tag"] for r in records))
     if args.reference is not None:
         if args.reference not in tags:
@@ -217,7 +236,6 @@ def main(argv: list[str] | None = None) -> dict:
     print(json.dumps({k: v for k, v in summary.items() if k != "rows"} | {"last": rows[-1] if rows else None}))
     fsutil.atomic_write_json(args.out / "summary.json", summary)
     return summary
-
 
 if __name__ == "__main__":
     main()

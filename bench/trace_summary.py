@@ -75,26 +75,29 @@ def _window(events: list[dict], skip_last: int) -> tuple[list[dict], list[dict]]
     return steps, [e for e in events if e.get("cat") in GPU_CATEGORIES and lo <= e["ts"] < hi]
 
 
+def _kernel_totals(gpu: list[dict]) -> dict[str, list]:
+    """Each kernel's [launches, device us], by whole name: Inductor's fused kernels can share 100 characters."""
+    totals = defaultdict(lambda: [0, 0.0])
+    for e in gpu:
+        if e["cat"] == "kernel":
+            totals[e["name"]][0] += 1
+            totals[e["name"]][1] += e["dur"]
+    return totals
+
+
 def kernel_ms(events: list[dict], skip_last: int = 1) -> dict[str, float]:
     """Each kernel's device ms per kept step, by its whole name."""
     steps, gpu = _window(events, skip_last)
-    times = defaultdict(float)
-    for e in gpu:
-        if e["cat"] == "kernel":
-            times[e["name"]] += e["dur"] / len(steps) / 1e3
-    return dict(times)
+    return {name: us / len(steps) / 1e3 for name, (_, us) in _kernel_totals(gpu).items()}
 
 
 def summarize(events: list[dict], skip_last: int = 1, top: int = 12) -> dict:
     steps, gpu = _window(events, skip_last)
     lo, hi, n = steps[0]["ts"], steps[-1]["ts"] + steps[-1]["dur"], len(steps)
     by_category = defaultdict(float)
-    kernels = defaultdict(lambda: [0, 0.0])
     for e in gpu:
         by_category[e["cat"]] += e["dur"]
-        if e["cat"] == "kernel":
-            kernels[e["name"]][0] += 1  # by whole name: Inductor's fused kernels can share 100 characters
-            kernels[e["name"]][1] += e["dur"]
+    kernels = _kernel_totals(gpu)
     threads = defaultdict(list)
     for e in events:
         if e.get("cat") in HOST_CATEGORIES and lo <= e["ts"] < hi and not e["name"].startswith("ProfilerStep"):
