@@ -1,14 +1,18 @@
 """The packed unroll's loss alone, compiled, forward and backward: its soft targets read as fp32 probabilities
 (the trainer before 2026-12-04) or formed in the loss from the teacher's bf16 logits and their logsumexp
-(`ttt.soft_targets`, the trainer's since). On the H200 the fused reduction over [pairs, draft vocabulary] was 28% of
-the GPU's training step (BENCHMARKS.md, sixteenth session); this times it on its own, at the preset's sizes.
+(`ttt.soft_targets`, the trainer's since), step by step or over every pair at once (`pairs`, the trainer's since
+2026-12-05). On the H200 the fused reduction over [pairs, draft vocabulary] was 28% of the GPU's training step
+(BENCHMARKS.md, sixteenth session); this times it on its own, at the preset's sizes.
 
 The shapes are the trainer's (train/packed.py `packed_core`): `--steps` TTT steps of `--capacity` pairs each, one
 soft cross-entropy (`ttt.step_loss`) and one argmax match per step, the teacher's rows gathered by index, the head's
 logits in bf16. The trainer compiles with dynamic shapes; this bench, by default, for these sizes alone
 (`--dynamic`: as the trainer), which is one way its result may differ from the trainer's. It does: on the H200 it
 timed the logits form 1.74x slower, while in the profiled trainer the same change cut the loss's kernels by 3.2 ms a
-step (BENCHMARKS.md, twenty-fifth session). Its numbers are the loss alone, not the trainer's.
+step (BENCHMARKS.md, twenty-fifth session). Its numbers are the loss alone, not the trainer's. Why the logits form
+timed slower here: the steps' slices of one logits tensor make its gradient a concatenation, and Inductor wrote it
+as one kernel in which every element computes every step's branch, two exps each with logits (one with
+probabilities). `pairs` is the trainer's form since (twenty-seventh session): one pass over every pair.
 
     python bench/loss_kernel.py --device cuda                  # the preset: 7 steps of 14,336 pairs, vocab 8,192
     python bench/loss_kernel.py --device cpu --capacity 256 --vocab 512 --repeats 3   # a smoke run
@@ -27,7 +31,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from draftlab.train.ttt import soft_targets, step_loss  # noqa: E402
+from draftlab.train.ttt import soft_ce_rows, soft_targets, step_loss  # noqa: E402
 
 
 def probs_targets(teacher: torch.Tensor):
@@ -42,18 +46,32 @@ def logits_targets(teacher: torch.Tensor):
     return lambda index: soft_targets(teacher.index_select(0, index), lse.index_select(0, index))
 
 
-VARIANTS = {"probs": probs_targets, "logits": logits_targets}
-
-
 def unroll_loss(targets, logits: torch.Tensor, teacher: torch.Tensor, index: torch.Tensor, weight: torch.Tensor,
                 top: torch.Tensor, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The loss and argmax matches over `steps` equal slices, as packed_core computes them step by step."""
+    """The loss and argmax matches over `steps` equal slices, as packed_core computed them step by step (until
+    2026-12-05)."""
     loss, hits, rows_of = logits.new_zeros((), dtype=torch.float32), 0, targets(teacher)
     for j, (lg, idx, w, tp) in enumerate(zip(logits.chunk(steps), index.chunk(steps), weight.chunk(steps),
                                              top.chunk(steps))):
         loss = loss + step_loss(lg, rows_of(idx), w, j, 0.8, None)[0]
         hits = hits + (lg.argmax(-1) == tp).sum()
     return loss, hits
+
+
+def pairs_loss(targets, logits: torch.Tensor, teacher: torch.Tensor, index: torch.Tensor, weight: torch.Tensor,
+               top: torch.Tensor, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same loss and matches with every step's pairs in one soft cross-entropy and one argmax, the steps' sums
+    taken from its rows: packed_core's since 2026-12-05, compiled (train/packed.py `_pair_ce`)."""
+    ce = torch.where(weight, soft_ce_rows(logits, targets(teacher)(index)), 0.0)
+    loss = logits.new_zeros((), dtype=torch.float32)
+    for j, (c, w) in enumerate(zip(ce.chunk(steps), weight.chunk(steps))):
+        loss = loss + 0.8**j * c.sum() / w.sum().clamp(min=1)
+    return loss, (logits.argmax(-1) == top).sum()
+
+
+# name: (the soft targets' form, the loss's form)
+VARIANTS = {"probs": (probs_targets, unroll_loss), "logits": (logits_targets, unroll_loss),
+            "pairs": (logits_targets, pairs_loss)}
 
 
 def timed(fn, logits: torch.Tensor, inputs: tuple, repeats: int, sync) -> tuple[float, torch.Tensor, torch.Tensor]:
@@ -74,7 +92,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=7)
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--repeats", type=int, default=20)
-    ap.add_argument("--variants", default="probs,logits")
+    ap.add_argument("--variants", default="probs,logits,pairs")
     ap.add_argument("--dynamic", action="store_true", help="compile with dynamic shapes, as the trainer does")
     args = ap.parse_args()
     dev = torch.device(args.device)
@@ -88,7 +106,8 @@ def main() -> None:
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     values = {}
     for name in args.variants.split(","):
-        fn = torch.compile(lambda *a, t=VARIANTS[name]: unroll_loss(t, *a, args.steps), dynamic=args.dynamic)
+        targets, loss_fn = VARIANTS[name]
+        fn = torch.compile(lambda *a, t=targets, f=loss_fn: f(t, *a, args.steps), dynamic=args.dynamic)
         compile_s, _, _ = timed(fn, logits, inputs, 3, sync)  # compile, then warm
         seconds, loss, hits = timed(fn, logits, inputs, args.repeats, sync)
         values[name] = float(loss)

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from draftlab.model.draft import DraftModelConfig, Eagle3Draft  # noqa: E402
 from draftlab.train.optim import build_optimizer  # noqa: E402
 from draftlab.train.packed import PackedPlan, packed_unroll  # noqa: E402
-from draftlab.train.ttt import compiled_soft_ce, soft_ce, target_distribution, ttt_unroll  # noqa: E402
+from draftlab.train.ttt import compiled_soft_ce_rows, soft_ce_rows, target_distribution, ttt_unroll  # noqa: E402
 
 PRESETS = {
     "smollm2": dict(hidden_size=576, intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3,
@@ -126,7 +126,7 @@ def bench(name: str, args) -> dict:
     # rows of lm_head only; full: today's full-vocabulary matmul per batch
     top = torch.randint(0, v, (B, args.seq), generator=g).to(device, torch.int32) if args.targets == "draft-rows" else None
 
-    ce = compiled_soft_ce() if args.compile_loss else soft_ce
+    ce = compiled_soft_ce_rows() if args.compile_loss else soft_ce_rows
     # --host-plan: the packed rows listed on the host each step and sent, as the trainer does (no host syncs);
     # without it the unroll lists them on the device
     host_masks = batch["loss_mask"].cpu(), batch["attention_mask"].cpu()

@@ -66,7 +66,7 @@ from torch.fx.experimental import _config as fx_config
 
 from draftlab.train.packed import packed_core
 from draftlab.train.compile_choice import compile_wanted
-from draftlab.train.ttt import soft_ce
+from draftlab.train.ttt import soft_ce_rows
 
 log = logging.getLogger("draftlab")
 
@@ -82,7 +82,7 @@ def _cache_hits() -> int:
 
 class CompiledUnroll:
     """`packed_core` under torch.compile (dynamic shapes); the eager core after a failure to build it. Callable as
-    `packed_unroll`'s `core`. The loss inside is the plain `soft_ce`, fused into the graph with the rest (the `ce`
+    `packed_unroll`'s `core`. The loss inside is the plain `soft_ce_rows`, fused into the graph with the rest (the `ce`
     argument, which may be the separately compiled loss, is not traced)."""
 
     MODES = ("training", "validation")  # grad mode decides: a guard of the graph
@@ -143,7 +143,7 @@ class CompiledUnroll:
                     settings.enter_context(torch.compiler.set_stance("eager_on_recompile"))
                 if self.cuda_graphs:  # the last step's outputs are dead: this replay may reuse their memory
                     torch.compiler.cudagraph_mark_step_begin()
-                out = self._compiled(*args, soft_ce)
+                out = self._compiled(*args, soft_ce_rows)
                 if self.cuda_graphs:  # the trainer keeps the stats past the next replay: copied out of the pool
                     out = tuple(x.clone() for x in out)
         except torch._dynamo.exc.TorchDynamoException as error:  # BackendCompilerFailed, Unsupported, ...

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from draftlab.attention import variable_shape_attention
 from draftlab.train.loop import Trainer
 from draftlab.train.optim import build_optimizer
-from draftlab.train.ttt import soft_ce, target_distribution, ttt_unroll
+from draftlab.train.ttt import soft_ce_rows, target_distribution, ttt_unroll
 
 log = logging.getLogger("draftlab")
 _CONTROL = None  # the gloo group that carries the JSON messages (NCCL needs CUDA tensors)
@@ -186,10 +186,10 @@ class DistributedTrainer(Trainer):
         self.rank, self.world, self.strategy = rank(), world_size(), strategy
         self.group = None
         # every rank must run the same loss (the compiled one, or the eager fallback after a failed compile)
-        compiled = torch.tensor([0.0 if self.ce is soft_ce else 1.0], device=self.device)
+        compiled = torch.tensor([0.0 if self.ce is soft_ce_rows else 1.0], device=self.device)
         dist.all_reduce(compiled, op=dist.ReduceOp.MIN)
         if float(compiled) == 0.0:
-            self.ce = soft_ce
+            self.ce = soft_ce_rows
         cuda = self.device.type == "cuda"
         self.packed = False  # the data-parallel step is the padded unroll (its loss positions are summed over ranks)
         if strategy == "fsdp":

@@ -25,8 +25,8 @@ import torch
 from torch import Tensor
 
 from draftlab.model.draft import Eagle3Draft, TTTCache, _rotate_half
-from draftlab.train.ttt import (STATS, record_step, soft_ce, soft_targets, step_loss, target_distribution,
-                                teacher_logits, ttt_unroll)
+from draftlab.train.ttt import (STATS, record_step, soft_ce_rows, soft_targets, target_distribution, teacher_logits,
+                                ttt_unroll)
 
 
 class Rows:
@@ -129,9 +129,9 @@ class RowTargets:
     fp32 rounding (both are the fp32 softmax of the bf16 logits). On an H200 the whole trainer ran 1.085x faster
     this way than with fp32 probabilities gathered by every step. In a profiled step the loss's kernels took 3.2 ms
     less: the forward's fused reductions 2.0 ms where, with the softmax in them, they took 8.0; the backward's
-    pointwise kernel, which now forms the targets again, 4.7 ms where it took 1.9. The loss compiled alone ran
-    slower (bench/loss_kernel.py), so that bench does not model the unroll's graph. BENCHMARKS.md, twenty-fourth
-    and twenty-fifth sessions."""
+    pointwise kernel, which forms the targets again, 4.7 ms where it took 1.9, since it computed every step's
+    branch per element (`_pair_ce` says why, and how the loss is now formed). BENCHMARKS.md, twenty-fourth,
+    twenty-fifth and twenty-seventh sessions."""
 
     def __init__(self, last_hidden: Tensor, lm_head: Tensor, d2t: Tensor, t2d: Tensor, rows: Rows,
                  top: Tensor | None = None) -> None:
@@ -208,8 +208,21 @@ def _step(model: Eagle3Draft, ids: Tensor, hidden: Tensor, cos: Tensor, sin: Ten
     return x + residual
 
 
+def _pair_ce(ce, logits: Tensor, targets: RowTargets, teacher: Tensor, sizes: list[int]) -> Tensor:
+    """The soft cross-entropy of every pair [M] (`ce`, row-wise) against its teacher row.
+
+    Compiled, in one pass over [pairs, draft vocab]. Taken step by step, the gradient of the head's logits was one
+    pointwise kernel over their concatenation in which every element computed every step's branch (Inductor fuses a
+    `cat` of computed inputs that way): on the H200 that kernel took 4.7 ms of a 20.9 ms step (BENCHMARKS.md,
+    twenty-seventh session). Eager, step by step: each step's temporaries are a seventh of the size, and on two CPU
+    cores the whole unroll ran 1.7x slower with them at once, its elementwise passes no longer in the caches."""
+    if torch.compiler.is_compiling():
+        return ce(logits, targets.probs_at(teacher))
+    return torch.cat([ce(lg, targets.probs_at(t)) for lg, t in zip(logits.split(sizes), teacher.split(sizes))])
+
+
 def packed_unroll(model: Eagle3Draft, batch: dict[str, Tensor], lm_head: Tensor, steps: int, decay: float,
-                  loss_norm: Tensor | None = None, ce=soft_ce, max_kept: float = 1.0,
+                  loss_norm: Tensor | None = None, ce=soft_ce_rows, max_kept: float = 1.0,
                   plan: PackedPlan | None = None, core=None) -> tuple[Tensor, Tensor]:
     """`ttt_unroll(model, batch, target_distribution(...), steps, decay)` at the positions that count;
     returns (loss, stats [len(STATS), steps] float64). `lm_head` is the target head (the teacher), `ce` the soft
@@ -250,7 +263,6 @@ def packed_core(model: Eagle3Draft, batch: dict[str, Tensor], lm_head: Tensor, p
     cos_all, sin_all = model.rope(torch.arange(T + steps, device=dev)[None], torch.float32)
     cache = TTTCache(len(model.layers))
     stats = torch.zeros(len(STATS), steps, dtype=torch.float64, device=dev)
-    loss = torch.zeros((), device=dev)
     valid = torch.ones(len(rows), dtype=torch.bool, device=dev)
     chain = torch.ones(len(rows), dtype=torch.bool, device=dev)
     # [steps, N]: step j's prediction at each kept row counts; `sels` lists those rows per step
@@ -266,23 +278,30 @@ def packed_core(model: Eagle3Draft, batch: dict[str, Tensor], lm_head: Tensor, p
             hidden = _step(model, ids_ext[rows.b, rows.t + 1 + j], hidden, cos_all[:, :, j : j + T],
                            sin_all[:, :, j : j + T], rows, cache)
         picked.append(hidden.index_select(0, sel))
-    # the next step never reads a step's logits: one head matmul (and one in backward) for all steps
-    logits = model.lm_head(model.norm(torch.cat(picked))).split(sizes)
-    for j, (m, sel, real, lg) in enumerate(zip(masks, sels, reals, logits)):
-        # the position whose target distribution it is trained against; a filler pair's may lie past the end, or
-        # have no teacher row: clamped, and kept out of every sum by `real`
-        s = (rows.t[sel] + 1 + j).clamp(max=T - 1)
-        b = rows.b[sel]
-        p = targets.probs_at(targets.row[b, s].clamp(min=0))
-        in_vocab = targets.in_vocab[b, s]
-        term, ce_sum, n_loss = step_loss(lg, p, in_vocab & real, j, decay, loss_norm, ce)
-        loss = loss + term
-        with torch.no_grad():
-            hit = (model.draft_to_target(lg.argmax(-1)) == targets.top[b, s]) & real
+    # The next step never reads a step's logits: one head matmul (and one in backward) for every step's pairs, which
+    # are listed by step (a step's are a slice of `sizes` rows)
+    logits = model.lm_head(model.norm(torch.cat(picked)))
+    b = rows.b[plan.row_of]
+    # the position whose target distribution each pair is trained against; a filler pair's may lie past the end,
+    # or have no teacher row: clamped, and kept out of every sum by `real`
+    s = (rows.t[plan.row_of] + 1 + plan.step_of).clamp(max=T - 1)
+    in_vocab = targets.in_vocab[b, s]
+    trains = in_vocab & plan.real
+    ce_rows = torch.where(trains, _pair_ce(ce, logits, targets, targets.row[b, s].clamp(min=0), sizes), 0.0)
+    ce_sums = torch.stack([x.sum() for x in ce_rows.split(sizes)])
+    n_losses = torch.stack([x.sum() for x in trains.split(sizes)])
+    denominators = (n_losses if loss_norm is None else loss_norm).clamp(min=1)
+    loss = torch.zeros((), device=dev)
+    for j in range(steps):  # step j weighs decay**j
+        loss = loss + decay**j * ce_sums[j] / denominators[j]
+    with torch.no_grad():
+        hits = (model.draft_to_target(logits.argmax(-1)) == targets.top[b, s]) & plan.real
+        steps_in_vocab = in_vocab.split(sizes)
+        for j, (m, sel, real, hit) in enumerate(zip(masks, sels, reals, hits.split(sizes))):
             correct = torch.zeros_like(m).index_copy(0, sel, hit)  # sel's rows are distinct
             valid = valid & m
             prev = chain & valid
             chain = prev & correct
-            record_step(stats[:, j], ce_sum, n_loss, hit.sum(), real.sum(), chain, valid, prev,
-                        (real & ~in_vocab).sum())
+            record_step(stats[:, j], ce_sums[j], n_losses[j], hit.sum(), real.sum(), chain, valid, prev,
+                        (real & ~steps_in_vocab[j]).sum())
     return loss, stats

@@ -85,56 +85,60 @@ def teacher_logits(last_hidden: Tensor, lm_head: Tensor, d2t: Tensor, chunk: int
     return logits.view(*lead, -1), top.view(lead)
 
 
-def soft_ce(lg: Tensor, p: Tensor, w: Tensor) -> Tensor:
-    """The soft cross-entropy -sum_v p log softmax(lg), summed over the positions `w`, in fp32 whatever lg's
-    dtype. Written as logsumexp(lg) - sum p*lg (p sums to 1): no log_softmax copy."""
+def soft_ce_rows(lg: Tensor, p: Tensor) -> Tensor:
+    """The soft cross-entropy -sum_v p log softmax(lg) at each position [...], in fp32 whatever lg's dtype. Written
+    as logsumexp(lg) - sum p*lg (p sums to 1): no log_softmax copy."""
     lg = lg.float()
-    ce = torch.logsumexp(lg, -1) - (p * lg).sum(-1)
-    return torch.where(w, ce, 0.0).sum()  # where, not multiply: a NaN on a padded row stays out
+    return torch.logsumexp(lg, -1) - (p * lg).sum(-1)
+
+
+def soft_ce(lg: Tensor, p: Tensor, w: Tensor, ce=soft_ce_rows) -> Tensor:
+    """The soft cross-entropy summed over the positions `w`; `ce` is `soft_ce_rows` or its compiled form."""
+    return torch.where(w, ce(lg, p), 0.0).sum()  # where, not multiply: a NaN on a padded row stays out
 
 
 @functools.cache
-def compiled_soft_ce():
-    """`soft_ce` under torch.compile (one per process, shapes dynamic). On a GPU the loss over [positions, draft
+def compiled_soft_ce_rows():
+    """`soft_ce_rows` under torch.compile (one per process, shapes dynamic). On a GPU the loss over [positions, draft
     vocab] is a chain of memory-bound passes in eager mode (upcast, max, exp, sum, product, and as many in
     backward): fused, it reads the logits and soft targets about once each way (BENCHMARKS.md, issue 11)."""
-    return torch.compile(soft_ce, dynamic=True)
+    return torch.compile(soft_ce_rows, dynamic=True)
 
 
 def soft_ce_for(compile_loss: str, device: torch.device, dtype: torch.dtype):
     """train.compile_loss: auto = the compiled soft cross-entropy on CUDA (1.27x a SmolLM2-shaped step on an H200,
-    BENCHMARKS.md), the eager one elsewhere (a CPU step is matmul-bound, and compiling costs seconds).
+    BENCHMARKS.md), the eager one elsewhere (a CPU step is matmul-bound, and compiling costs seconds). Either is a
+    row-wise `ce(lg, p)` (`soft_ce_rows`), what the unrolls' `ce` argument takes.
 
     The compiled loss is built here, on tiny logits of the training dtype, forward and backward, with and without
     grad (the evaluation pass): a machine where torch.compile cannot build it (no Triton, no C++ compiler) trains
     with the eager loss and says so, before the first batch rather than in the middle of a step."""
     if not compile_wanted("train.compile_loss", compile_loss, device):
-        return soft_ce
-    fused = compiled_soft_ce()
+        return soft_ce_rows
+    fused = compiled_soft_ce_rows()
     try:
         # [rows, vocab] as the packed unroll (the trainer's path) passes them, so the graphs built here are the
         # ones training replays; two sizes: the dynamic-shape graph, not one specialised to the first
         for rows in (3, 5):
             lg = torch.randn(rows, 16, device=device).to(dtype).requires_grad_(True)
             p = torch.rand(rows, 16, device=device).softmax(-1)
-            w = torch.ones(rows, dtype=torch.bool, device=device)
-            fused(lg, p, w).backward()
+            fused(lg, p).sum().backward()
             with torch.no_grad():
-                fused(lg, p, w)
+                fused(lg, p)
     except Exception as error:  # any failure to build or run it: the eager loss gives the same values
         log.warning("train: torch.compile of the loss failed (%s: %s); training with the eager loss "
                     "(train.compile_loss=false skips the attempt)", type(error).__name__, str(error)[:300])
-        return soft_ce
+        return soft_ce_rows
     return fused
 
 
 def step_loss(lg: Tensor, p: Tensor, w: Tensor, j: int, decay: float, loss_norm: Tensor | None,
-              ce=soft_ce) -> tuple[Tensor, Tensor, Tensor]:
+              ce=soft_ce_rows) -> tuple[Tensor, Tensor, Tensor]:
     """Step j's share of the loss over logits `lg` [..., Vd] against soft targets `p` at the positions `w`;
     returns (decay**j * ce_sum / positions, ce_sum, n_loss). `loss_norm[j]`, when given, is the denominator;
-    `ce` is `soft_ce` or its compiled form."""
+    `ce` is `soft_ce_rows` or its compiled form."""
     n_loss = w.sum()
-    ce_sum = ce(lg, p, w)
+    ce_sum = soft_ce(lg, p, w, ce)
     denominator = n_loss if loss_norm is None else loss_norm[j]
     return decay**j * ce_sum / denominator.clamp(min=1), ce_sum, n_loss
 
@@ -153,11 +157,11 @@ def record_step(row: Tensor, ce_sum: Tensor, n_loss: Tensor, correct, n, chain: 
 
 
 def ttt_unroll(model: Eagle3Draft, batch: dict[str, Tensor], targets: Targets, steps: int, decay: float,
-               return_logits: bool = False, loss_norm: Tensor | None = None, ce=soft_ce):
+               return_logits: bool = False, loss_norm: Tensor | None = None, ce=soft_ce_rows):
     """Runs `steps` draft steps; returns (loss, stats [len(STATS), steps] float64[, per-step logits]).
     `loss_norm` [steps]: the loss positions per step to divide by (default: this batch's own); data-parallel
     training passes the count over all ranks' shares, so that the ranks' losses add up to the whole batch's.
-    `ce`: the soft cross-entropy (`soft_ce` or `compiled_soft_ce()`)."""
+    `ce`: the row-wise soft cross-entropy (`soft_ce_rows` or `compiled_soft_ce_rows()`)."""
     ids, feats = batch["input_ids"], batch["features"]
     B, T = ids.shape
     dev = ids.device
