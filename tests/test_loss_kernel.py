@@ -1,6 +1,6 @@
 """bench/loss_kernel.py times the packed unroll's loss with its soft targets as fp32 probabilities and as bf16
-logits: both variants compute one loss and one gradient (the bench checks the loss) with the trainer's own
-functions."""
+logits, step by step, and over every pair at once (`pairs`): all variants compute one loss and one gradient (the
+bench checks the loss) with the trainer's own functions."""
 
 from __future__ import annotations
 
@@ -24,18 +24,21 @@ def _inputs(pairs=24, vocab=16, capacity=8):
     return logits, teacher, index, weight, top
 
 
-def test_both_soft_target_forms_give_one_loss_and_one_gradient():
+def test_every_variant_gives_one_loss_one_gradient_and_the_same_hits():
     bench = bench_script("loss_kernel")
     logits, *rest = _inputs()
     results = []
-    for targets in (bench.probs_targets, bench.logits_targets):
+    for targets, loss_fn in bench.VARIANTS.values():
         logits.grad = None
-        loss, hits = bench.unroll_loss(targets, logits, *rest, steps=3)
+        loss, hits = loss_fn(targets, logits, *rest, steps=3)
         loss.backward()
-        results.append((float(loss.detach()), logits.grad.clone()))
-    (loss_a, grad_a), (loss_b, grad_b) = results
-    assert loss_a == pytest.approx(loss_b, rel=1e-5)
-    assert torch.allclose(grad_a.float(), grad_b.float(), atol=1e-3) and grad_a.abs().sum() > 0
+        results.append((float(loss.detach()), logits.grad.clone(), int(hits)))
+    assert len(results) == 3
+    loss_a, grad_a, hits_a = results[0]
+    assert grad_a.abs().sum() > 0
+    for loss_b, grad_b, hits_b in results[1:]:
+        assert loss_a == pytest.approx(loss_b, rel=1e-5) and hits_a == hits_b
+        assert torch.allclose(grad_a.float(), grad_b.float(), atol=1e-3)
 
 
 def test_the_bf16_form_gives_the_teachers_softmax_at_the_gathered_rows():
@@ -45,11 +48,12 @@ def test_the_bf16_form_gives_the_teachers_softmax_at_the_gathered_rows():
     assert torch.allclose(bench.logits_targets(teacher)(index), want, rtol=1e-5, atol=1e-7)
 
 
-def test_the_bench_runs_both_variants_and_checks_they_agree():
+def test_the_bench_runs_every_variant_and_checks_they_agree():
     """The CLI on the CPU, tiny: one JSON line per variant, the same loss in both (else it raises)."""
     command = [sys.executable, str(BENCH / "loss_kernel.py"), "--device", "cpu", "--capacity", "16", "--vocab", "32",
                "--steps", "3", "--repeats", "1"]
     out = subprocess.run(command, capture_output=True, text=True, check=True)
     lines = [json.loads(line) for line in out.stdout.splitlines()]
-    assert [line["variant"] for line in lines] == ["probs", "logits"] and lines[0]["pairs"] == 48
-    assert lines[0]["loss"] == pytest.approx(lines[1]["loss"], rel=1e-4) and lines[0]["ms_forward_backward"] > 0
+    assert [line["variant"] for line in lines] == ["probs", "logits", "pairs"] and lines[0]["pairs"] == 48
+    assert all(line["loss"] == pytest.approx(lines[0]["loss"], rel=1e-4) for line in lines[1:])
+    assert all(line["ms_forward_backward"] > 0 for line in lines)
