@@ -12,7 +12,7 @@ version's; the project's own environment has a CPU build. Checked against a prof
 the twenty-fifth session, the backward's loss kernel written here has the name of the one the H200 ran, the step's
 largest (BENCHMARKS.md, twenty-seventh session).
 
-    python -m venv /tmp/t211 && /tmp/t211/bin/pip install torch==2.11.0 numpy
+    python -m venv /tmp/t211 && /tmp/t211/bin/pip install torch==2.11.0 numpy safetensors omegaconf
     /tmp/t211/bin/python bench/inductor_h200_code.py --out /tmp/h200_code       # about 3 minutes on 2 cores
 
 Writes forward.py and backward.py (Inductor's output code for each graph) and kernels.json (per kernel: its kind,
@@ -32,13 +32,13 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train_data_path import H, V, VD, smollm2_draft  # noqa: E402  (bench/: puts src/ on the path)
 
-VOCAB = 8192  # SmolLM2's draft vocabulary (conf/draft/eagle3.yaml): what marks the loss's kernels
 _KERNEL = re.compile(r"(\w+) = async_compile\.triton\('\w+', '''(.*?)'''", re.DOTALL)
 
 
-def kernels(source: str, vocab: int = VOCAB) -> list[dict]:
+def kernels(source: str, vocab: int = VD) -> list[dict]:
     """Inductor's Triton kernels in an output-code `source`: name, kind (poi = pointwise, red/per = reduction),
     exps per element, loads, and whether a store's index has the draft vocabulary's stride."""
     found = []
@@ -112,51 +112,41 @@ def on_cuda(gm: torch.fx.GraphModule, example_inputs, **kwargs) -> str:
 
 
 def trace(args) -> dict[str, str]:
-    """packed_core on a SmolLM2-shaped draft and a batch of the given sizes, traced as the trainer compiles it
-    (train/compiled_unroll.py's settings); returns each graph's output code for the H200."""
+    """packed_core on bench/'s SmolLM2-shaped draft and a batch of the given sizes, compiled by the trainer's own
+    `CompiledUnroll` (its settings); returns each graph's output code for the H200."""
     from functorch.compile import make_boxed_func
-    from torch._dynamo import config as dynamo_config
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx
-    from torch.fx.experimental import _config as fx_config
 
-    from draftlab.model.draft import DraftModelConfig, Eagle3Draft
-    from draftlab.train.packed import PackedPlan, packed_core, packed_unroll
+    from draftlab.train.compiled_unroll import CompiledUnroll
+    from draftlab.train.packed import PackedPlan, packed_unroll
 
     code = {}
-    ce = inspect.signature(packed_unroll).parameters["ce"].default  # the code's own loss: an older tree's too
 
     def inner(gm, example_inputs, **kwargs):
         code["backward" if kwargs.get("is_backward") else "forward"] = on_cuda(gm, example_inputs, **kwargs)
         return make_boxed_func(gm.forward)  # the CPU runs the graph as traced
 
-    B, T, vocab, hidden = args.batch, args.seq, 49152, 576
+    B, T = args.batch, args.seq
     g = torch.Generator().manual_seed(0)
     lengths = torch.randint(T // 3, T + 1, (B,), generator=g)
     attention = torch.arange(T)[None] < lengths[:, None]
     answer = attention & (torch.arange(T)[None] >= (lengths * args.prompt_frac).long()[:, None])
     plan = PackedPlan.of(answer, attention, args.ttt_steps)
-    cfg = DraftModelConfig(hidden_size=hidden, intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3,
-                           head_dim=64, target_hidden_size=hidden, aux_layer_ids=[1, 14, 26], vocab_size=vocab,
-                           draft_vocab_size=VOCAB, num_hidden_layers=1)
-    torch.manual_seed(0)
-    model = Eagle3Draft(cfg)
-    used = torch.randperm(vocab, generator=g)[:VOCAB].sort().values
-    t2d = torch.zeros(vocab, dtype=torch.bool)
-    t2d[used] = True
-    model.init_from_target(torch.randn(vocab, hidden) * 0.02, None, used - torch.arange(VOCAB), t2d)
-    batch = {"input_ids": torch.randint(0, vocab, (B, T), generator=g),
-             "features": torch.randn(B, T, 3 * hidden).bfloat16(), "last_hidden": torch.randn(B, T, hidden).bfloat16(),
+    model = smollm2_draft()
+    batch = {"input_ids": torch.randint(0, V, (B, T), generator=g),
+             "features": torch.randn(B, T, 3 * H).bfloat16(), "last_hidden": torch.randn(B, T, H).bfloat16(),
              "loss_mask": answer, "attention_mask": attention,
-             "target_top": torch.randint(0, vocab, (B, T), generator=g, dtype=torch.int32)}
-    lm_head = (torch.randn(vocab, hidden) * 0.05).bfloat16()
+             "target_top": torch.randint(0, V, (B, T), generator=g, dtype=torch.int32)}
+    lm_head = (torch.randn(V, H) * 0.05).bfloat16()
     print(f"kept rows {len(plan.kept)}, teacher rows {len(plan.needed)}, pairs {sum(plan.sizes)}", flush=True)
-    core = torch.compile(packed_core, dynamic=True, backend=lambda gm, inputs: compile_fx(gm, inputs,
-                                                                                          inner_compile=inner))
-    with (fx_config.patch(use_duck_shape=False), dynamo_config.patch(specialize_float=True),
-          inductor_config.patch({"triton.mix_order_reduction": False}),
-          torch.autocast("cpu", dtype=torch.bfloat16)):  # the trainer's autocast, on the device traced on
-        loss, _ = core(model, batch, lm_head, plan, args.ttt_steps, 0.8, None, ce)
+    # a callable backend gets no Inductor options from CompiledUnroll: its one option, set here
+    unroll = CompiledUnroll(backend=lambda gm, inputs: compile_fx(gm, inputs, inner_compile=inner))
+    ce = inspect.signature(packed_unroll).parameters["ce"].default  # the eager fallback's loss, an older tree's too
+    with inductor_config.patch({"triton.mix_order_reduction": False}), torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, _ = unroll(model, batch, lm_head, plan, args.ttt_steps, 0.8, None, ce)  # the trainer's autocast
+    if unroll.failed is not None:
+        raise unroll.failed
     loss.backward()
     return code
 

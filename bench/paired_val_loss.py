@@ -237,5 +237,6 @@ def main(argv: list[str] | None = None) -> dict:
     fsutil.atomic_write_json(args.out / "summary.json", summary)
     return summary
 
+
 if __name__ == "__main__":
     main()
