@@ -20,9 +20,13 @@ so a stopped comparison resumes. The seeds alternate which code runs first.
     python bench/paired_val_loss.py --out bench/results/x --summary-only
     python bench/paired_val_loss.py --out X --add base 0 A/train/KEY/manifest.json --add new 0 B/... --summary-only
 
-`--add TAG SEED MANIFEST` records a run made elsewhere (e.g. the H200's `small` job) from its train stage's
-manifest.json; a pair's two runs must come from one machine, but pairs may come from several. The reference is the
-first `--code`, else `--reference`, else the code first recorded.
+`--add TAG SEED MANIFEST [RESULTS]` records a run made elsewhere (e.g. the H200's `small` job) from its train
+stage's manifest.json; a pair's two runs must come from one machine, but pairs may come from several. The reference
+is the first `--code`, else `--reference`, else the code first recorded.
+
+One cause varied is checked where a run's job results.json is known (the tool's own runs; RESULTS for an added one):
+a pair whose runs trained on different features (the tags' fingerprint.extract) is an error, and every other param in
+which a pair's runs differ, beyond the seed, is printed and kept in the summary (`controls`), for the reader to judge.
 
 Prints a line per run, then a table per validation step and one JSON line, also written to OUT/summary.json.
 """
@@ -53,9 +57,9 @@ def run_order(tags: list[str], seeds: list[int]) -> list[tuple[str, int]]:
     return pairs
 
 
-def read_history(run_dir: Path) -> tuple[list[dict], dict]:
-    """The train stage's validation passes [{step, val/...}] and the job's metrics, from the job's results.json
-    (its tag draft_dir names the train stage's folder, whose manifest.json holds the history)."""
+def read_history(run_dir: Path) -> tuple[list[dict], dict, dict]:
+    """The train stage's validation passes [{step, val/...}], the job's metrics and its `job_facts`, from the job's
+    results.json (its tag draft_dir names the train stage's folder, whose manifest.json holds the history)."""
     results_file = run_dir / "results.json"
     results = fsutil.read_json(results_file)
     if results is None:
@@ -63,7 +67,38 @@ def read_history(run_dir: Path) -> tuple[list[dict], dict]:
     draft_dir = results.get("tags", {}).get("draft_dir")
     if draft_dir is None:
         raise RuntimeError(f"{results_file}: no draft_dir tag; did the job run the train stage?")
-    return manifest_history(Path(draft_dir).parent / "manifest.json"), results.get("metrics", {})
+    return (manifest_history(Path(draft_dir).parent / "manifest.json"), results.get("metrics", {}),
+            job_facts(results))
+
+
+# params in which a pair's two runs differ by design: the seed, and the run's name, which names it
+PAIR_PARAMS = ("train.seed", "tracking.run_name")
+
+
+def job_facts(results: dict) -> dict:
+    """What a job's results.json says of the run's conditions: its params, the features it trained on (the extract
+    stage's fingerprint) and its commit; {} for a job that records no params."""
+    if "params" not in results:
+        return {}
+    tags = results.get("tags", {})
+    return {"params": results["params"], "features": tags.get("fingerprint.extract"), "commit": tags.get("git.commit")}
+
+
+def pair_controls(records: list[dict], first: str, second: str) -> dict:
+    """For each seed that both codes ran and whose two runs' conditions are known: whether they trained on the same
+    features, and the params (beyond PAIR_PARAMS) in which they differ."""
+    facts = {(r["tag"], r["seed"]): r.get("facts") or {} for r in records}
+    seeds = sorted(s for tag, s in facts if tag == first and facts[(first, s)] and facts.get((second, s)))
+    controls = {"pairs_checked": len(seeds), "features_differ": {}, "params_differ": {}}
+    for seed in seeds:
+        a, b = facts[(first, seed)], facts[(second, seed)]
+        if a["features"] != b["features"]:
+            controls["features_differ"][seed] = [a["features"], b["features"]]
+        for key in sorted(set(a["params"]) | set(b["params"])):
+            pair = [a["params"].get(key), b["params"].get(key)]
+            if key not in PAIR_PARAMS and pair[0] != pair[1]:
+                controls["params_differ"].setdefault(key, {})[seed] = pair
+    return controls
 
 
 def manifest_history(manifest: Path) -> list[dict]:
@@ -133,6 +168,16 @@ def verdict(rows: list[dict], margin_pct: float) -> str:
     return f"{'no worse' if high < margin_pct else 'not shown no worse'} within {margin_pct}% {reading}"
 
 
+def control_line(controls: dict) -> str:
+    """What `pair_controls` found, in a line."""
+    if not controls["pairs_checked"]:
+        return "pairs' conditions: not known (no job results.json recorded)"
+    differ = "; ".join(f"{key} ({', '.join(f'seed {s}: {a} against {b}' for s, (a, b) in list(seeds.items())[:2])}"
+                       f"{', ...' if len(seeds) > 2 else ''})" for key, seeds in controls["params_differ"].items())
+    return (f"pairs' conditions, {controls['pairs_checked']} checked: the same features; params differ beyond the "
+            f"seed in {differ or 'nothing'}")
+
+
 def table(rows: list[dict], first: str, second: str) -> str:
     lines = [f"{'step':>6} {first:>9} {second:>9} {'diff %':>8} {'95% interval':>19} {'above':>6} {'wilcoxon':>8}"]
     for r in rows:
@@ -144,15 +189,24 @@ def table(rows: list[dict], first: str, second: str) -> str:
 
 
 def add_records(p: argparse.ArgumentParser, records: list[dict], adds: list[list[str]]) -> None:
-    """`--add TAG SEED MANIFEST`s into `records`; a run recorded before is replaced where it was, so that the order
-    of first appearance still names the reference."""
-    for tag, seed, manifest in adds:
+    """`--add TAG SEED MANIFEST [RESULTS]`s into `records`; a run recorded before is replaced where it was, so that
+    the order of first appearance still names the reference."""
+    for add in adds:
+        given = " ".join(add)
+        if len(add) not in (3, 4):
+            p.error(f"--add {given}: expected TAG SEED MANIFEST [RESULTS]")
+        tag, seed, manifest = add[:3]
         if not seed.isdigit():
-            p.error(f"--add {tag} {seed} {manifest}: SEED must be a whole number")
+            p.error(f"--add {given}: SEED must be a whole number")
         try:
             record = {"tag": tag, "seed": int(seed), "code": manifest, "history": manifest_history(Path(manifest))}
+            if len(add) == 4:
+                results = fsutil.read_json(Path(add[3]))
+                if results is None or "params" not in results:
+                    raise RuntimeError(f"{add[3]}: not a job's results.json (missing, or no params)")
+                record["facts"] = job_facts(results)
         except RuntimeError as err:
-            p.error(f"--add {tag} {seed} {manifest}: {err}")
+            p.error(f"--add {given}: {err}")
         same = [i for i, r in enumerate(records) if (r["tag"], r["seed"]) == (tag, int(seed))]
         if same:
             records[same[0]] = record
@@ -182,9 +236,10 @@ def run_missing(records_file: Path, records: list[dict], codes: dict[str, str], 
         code, run_dir = Path(codes[tag]).resolve(), (out / "runs" / f"{tag}-seed{seed}").resolve()
         run_dir.mkdir(parents=True, exist_ok=True)
         seconds = run_one(code, seed, overrides, root.resolve(), run_dir)
-        history, metrics = read_history(run_dir)
+        history, metrics, facts = read_history(run_dir)
         records.append({"tag": tag, "seed": seed, "code": codes[tag], "seconds": round(seconds, 1),
-                        "commit": commit_of(code), "overrides": overrides, "history": history, "metrics": metrics})
+                        "commit": commit_of(code), "overrides": overrides, "history": history, "metrics": metrics,
+                        "facts": facts})
         write_records(records_file, records)
         tqdm.write(f"{tag} seed {seed}: {seconds:.0f} s, val/loss {history[-1].get('val/loss')} "
                    f"at step {history[-1]['step']}")
@@ -202,8 +257,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--margin", type=float, default=0.25, help="the no-worse margin, in % of val/loss")
     p.add_argument("--reference",
                    help="the code the other is compared with (default: the first --code, else the first recorded)")
-    p.add_argument("--add", nargs=3, action="append", default=[], metavar=("TAG", "SEED", "MANIFEST"),
-                   help="record a run made elsewhere from its train stage's manifest.json")
+    p.add_argument("--add", nargs="+", action="append", default=[], metavar="TAG SEED MANIFEST [RESULTS]",
+                   help="record a run made elsewhere from its train stage's manifest.json (and its job's results.json,"
+                        " to check what else the pair's runs differ in)")
     p.add_argument("--summary-only", action="store_true", help="summarise OUT/runs.jsonl, run nothing")
     args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     records_file = args.out / "runs.jsonl"
@@ -229,9 +285,15 @@ def main(argv: list[str] | None = None) -> dict:
         tags = [args.reference] + [tag for tag in tags if tag != args.reference]
     if len(tags) != 2:
         p.error(f"{records_file}: runs of {len(tags)} codes ({', '.join(tags)}); two are compared")
+    controls = pair_controls(records, tags[0], tags[1])
+    if controls["features_differ"]:
+        p.error("not one cause varied: the pairs of seeds "
+                + ", ".join(f"{s} ({a} against {b})" for s, (a, b) in controls["features_differ"].items())
+                + " trained on different features (fingerprint.extract)")
     rows = paired(records, tags[0], tags[1])
     summary = {"first": tags[0], "second": tags[1], "margin_pct": args.margin, "verdict": verdict(rows, args.margin),
-               "rows": rows}
+               "controls": controls, "rows": rows}
+    print(control_line(controls))
     print(table(rows, tags[0], tags[1]))
     print(json.dumps({k: v for k, v in summary.items() if k != "rows"} | {"last": rows[-1] if rows else None}))
     fsutil.atomic_write_json(args.out / "summary.json", summary)

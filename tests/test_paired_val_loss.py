@@ -1,6 +1,7 @@
 """bench/paired_val_loss.py pairs two codes' runs by seed: the differences are taken within a seed, only at the
-passes every run reached, the verdict reads the interval against the margin, and a stopped comparison resumes
-without running a finished pair again. The jobs here are stub `run.py`s that write what the real job writes."""
+passes every run reached, the verdict reads the interval against the margin, a stopped comparison resumes
+without running a finished pair again, and a pair trained on different features is refused while its other
+differing params are shown. The jobs here are stub `run.py`s that write what the real job writes."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ STUB = textwrap.dedent("""
     history = [{"step": s, "val/loss": (10.0 / s + seed) * (1 + shift)} for s in (10, 20)]
     (train / "manifest.json").write_text(json.dumps({"history": history}))
     (Path(args["hydra.run.dir"]) / "results.json").write_text(
-        json.dumps({"metrics": {"val/loss": history[-1]["val/loss"]}, "tags": {"draft_dir": str(train / "draft")}}))
+        json.dumps({"metrics": {"val/loss": history[-1]["val/loss"]}, "params": {"train.seed": str(seed)},
+                    "tags": {"draft_dir": str(train / "draft"), "fingerprint.extract": "f"}}))
 """)
 
 
@@ -79,6 +81,7 @@ def test_runs_each_code_per_seed_alternating_and_resumes(tmp_path, capsys):
     assert last["step"] == 20 and last["above"] == 3
     assert last["diffs_pct"] == pytest.approx([0.1] * 3) and last["new"] == pytest.approx(1.5 * 1.001)
     assert summary["verdict"].startswith("no worse within 0.25% at step 20")
+    assert summary["controls"] == {"pairs_checked": 3, "features_differ": {}, "params_differ": {}}
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["verdict"] == summary["verdict"]
 
     pv.main(argv)  # resumed: every pair is recorded, nothing runs again
@@ -144,3 +147,54 @@ def test_a_resumed_comparison_refuses_other_overrides_before_running(tmp_path, c
     with pytest.raises(SystemExit):  # the same job, another code folder
         pv.main(codes + ["train.max_steps=7"])
     assert f"base seed 0 ran None, not {tmp_path / 'base'}" in capsys.readouterr().err
+
+
+def _job_files(folder, loss, features, **params):
+    """A train manifest and a job's results.json, as the `small` job leaves them, for `--add`."""
+    folder.mkdir()
+    (folder / "manifest.json").write_text(json.dumps({"history": [{"step": 100, "val/loss": loss}]}))
+    (folder / "results.json").write_text(json.dumps({
+        "params": {"train.lr": "0.001", "tracking.run_name": f"seed={params.get('train.seed')}", **params},
+        "tags": {"fingerprint.extract": features, "git.commit": "c"}}))
+    return [str(folder / "manifest.json"), str(folder / "results.json")]
+
+
+def test_added_runs_with_their_jobs_show_what_else_a_pair_differs_in(tmp_path, capsys):
+    pv = bench_script("paired_val_loss")
+    argv = ["--out", str(tmp_path / "out"), "--summary-only"]
+    for tag, seed, loss, warmup in (("base", 0, 2.0, "True"), ("new", 0, 2.01, "auto"),
+                                    ("base", 1, 3.0, "True"), ("new", 1, 2.97, "auto")):
+        argv += ["--add", tag, str(seed), *_job_files(tmp_path / f"{tag}{seed}", loss, "feat",
+                                                      **{"train.seed": str(seed), "train.compile_warmup": warmup})]
+    summary = pv.main(argv)
+    assert summary["controls"] == {"pairs_checked": 2, "features_differ": {},
+                                   "params_differ": {"train.compile_warmup": {0: ["True", "auto"],
+                                                                              1: ["True", "auto"]}}}
+    assert ("pairs' conditions, 2 checked: the same features; params differ beyond the seed in train.compile_warmup "
+            "(seed 0: True against auto, seed 1: True against auto)") in capsys.readouterr().out
+    assert summary["rows"][0]["diffs_pct"] == pytest.approx([0.5, -1.0])
+
+
+def test_a_pair_on_different_features_is_refused(tmp_path, capsys):
+    pv = bench_script("paired_val_loss")
+    argv = ["--out", str(tmp_path / "out"), "--summary-only"]
+    for tag, seed, features in (("base", 0, "aaa"), ("new", 0, "aaa"), ("base", 1, "aaa"), ("new", 1, "bbb")):
+        argv += ["--add", tag, str(seed), *_job_files(tmp_path / f"{tag}{seed}", 2.0, features,
+                                                      **{"train.seed": str(seed)})]
+    with pytest.raises(SystemExit):
+        pv.main(argv)
+    assert "not one cause varied: the pairs of seeds 1 (aaa against bbb) trained on different features" in (
+        capsys.readouterr().err)
+
+
+def test_an_add_names_its_bad_arguments(tmp_path, capsys):
+    pv = bench_script("paired_val_loss")
+    manifest, _ = _job_files(tmp_path / "run", 2.0, "feat")
+    not_a_job = tmp_path / "other.json"
+    not_a_job.write_text("{}")
+    for add, message in ((["base", "0"], "--add base 0: expected TAG SEED MANIFEST [RESULTS]"),
+                         (["base", "0", manifest, str(not_a_job)],
+                          f"{not_a_job}: not a job's results.json (missing, or no params)")):
+        with pytest.raises(SystemExit):
+            pv.main(["--out", str(tmp_path / "out"), "--summary-only", "--add", *add])
+        assert message in capsys.readouterr().err
