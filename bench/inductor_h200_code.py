@@ -10,7 +10,9 @@ computes.
 It needs the torch that the H200 machines run (2.11.0, a CUDA build), since the partition and the fusions are that
 version's; the project's own environment has a CPU build. Checked against a profile once: for the code profiled in
 the twenty-fifth session, the backward's loss kernel written here has the name of the one the H200 ran, the step's
-largest (BENCHMARKS.md, twenty-seventh session).
+largest (BENCHMARKS.md, twenty-seventh session). The trace runs under the CPU's bf16 autocast, whose lists of ops
+cast down or kept in fp32 are not CUDA's: a kernel's dtypes here can differ from the H200's where an op is in one
+list and not the other (the loss itself upcasts explicitly, the same on both).
 
     python -m venv /tmp/t211 && /tmp/t211/bin/pip install torch==2.11.0 numpy safetensors omegaconf
     /tmp/t211/bin/python bench/inductor_h200_code.py --out /tmp/h200_code       # about 3 minutes on 2 cores
@@ -144,7 +146,7 @@ def trace(args) -> dict[str, str]:
     unroll = CompiledUnroll(backend=lambda gm, inputs: compile_fx(gm, inputs, inner_compile=inner))
     ce = inspect.signature(packed_unroll).parameters["ce"].default  # the eager fallback's loss, an older tree's too
     with inductor_config.patch({"triton.mix_order_reduction": False}), torch.autocast("cpu", dtype=torch.bfloat16):
-        loss, _ = unroll(model, batch, lm_head, plan, args.ttt_steps, 0.8, None, ce)  # the trainer's autocast
+        loss, _ = unroll(model, batch, lm_head, plan, args.ttt_steps, 0.8, None, ce)  # bf16 as the trainer, on CPU
     if unroll.failed is not None:
         raise unroll.failed
     loss.backward()

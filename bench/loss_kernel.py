@@ -54,7 +54,7 @@ def unroll_loss(targets, logits: torch.Tensor, teacher: torch.Tensor, index: tor
     for j, (lg, idx, w, tp) in enumerate(zip(logits.chunk(steps), index.chunk(steps), weight.chunk(steps),
                                              top.chunk(steps))):
         loss = loss + step_loss(lg, rows_of(idx), w, j, 0.8, None)[0]
-        hits = hits + (lg.argmax(-1) == tp).sum()
+        hits = hits + ((lg.argmax(-1) == tp) & w).sum()  # the trainer counts the pairs that train
     return loss, hits
 
 
@@ -66,7 +66,7 @@ def pairs_loss(targets, logits: torch.Tensor, teacher: torch.Tensor, index: torc
     loss = logits.new_zeros((), dtype=torch.float32)
     for j, (c, w) in enumerate(zip(ce.chunk(steps), weight.chunk(steps))):
         loss = loss + 0.8**j * c.sum() / w.sum().clamp(min=1)
-    return loss, (logits.argmax(-1) == top).sum()
+    return loss, ((logits.argmax(-1) == top) & weight).sum()
 
 
 # name: (the soft targets' form, the loss's form)

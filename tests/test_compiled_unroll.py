@@ -91,6 +91,33 @@ def test_compiled_unroll_equals_eager_and_keeps_one_graph_across_shapes(caplog, 
     assert "recompile" not in caplog.text
 
 
+@pytest.mark.parametrize("amp", [False, True])
+def test_the_one_pass_loss_equals_the_eager_step_by_step_one(amp):
+    # compiled, the loss runs once over every step's pairs (packed._pair_ce); eager, step by step. With filler pairs
+    # (a batch padded to buckets), the data-parallel denominators and the trainer's bf16 autocast: the same loss
+    # and stats, gradients to bf16's rounding of another summation order. aot_eager: the traced graph, no codegen
+    model = _model()
+    batch, lm_head = _batch()
+    on_device, plan = to_device(attach_plan(batch, STEPS, multiple=8, rows=8, counts=20), torch.device("cpu"), STEPS)
+    assert not plan.real.all()  # filler pairs, which count for nothing
+
+    def unroll(core):
+        def run():
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+                return packed_unroll(model, on_device, lm_head, STEPS, 0.8, loss_norm=torch.tensor([50.0, 40.0]),
+                                     plan=plan, core=core)
+        return run
+
+    core = CompiledUnroll(backend="aot_eager")
+    (loss_c, stats_c, grads_c), (loss_e, stats_e, grads_e) = _run(unroll(core), model), _run(unroll(None), model)
+    assert core.failed is None and core.graphs == 1
+    assert float(loss_c) == pytest.approx(float(loss_e), rel=1e-5) and torch.allclose(stats_c, stats_e, atol=1e-6)
+    assert grads_c.keys() == grads_e.keys()
+    for name in grads_e:
+        tol = {"rtol": 2e-2, "atol": 1e-3} if amp else {"rtol": 1e-4, "atol": 1e-6}
+        assert torch.allclose(grads_c[name], grads_e[name], **tol), name
+
+
 def test_the_cpp_wrapper_launches_the_same_graph_from_cpp():
     # train.compile_cpp_wrapper: Inductor's wrapper in C++ (less host time a launch on the GPU), the same results
     model = _model()

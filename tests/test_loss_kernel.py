@@ -20,7 +20,9 @@ def _inputs(pairs=24, vocab=16, capacity=8):
     teacher = (3 * torch.randn(capacity, vocab, generator=g)).to(torch.bfloat16)
     index = torch.randint(0, capacity, (pairs,), generator=g)
     weight = torch.rand(pairs, generator=g) < 0.8
-    top = torch.randint(0, vocab, (pairs,), generator=g)
+    # the draft's own argmax at about half the pairs: enough hits that one counted outside `weight` shows
+    other = torch.randint(0, vocab, (pairs,), generator=g)
+    top = torch.where(torch.rand(pairs, generator=g) < 0.5, logits.argmax(-1), other)
     return logits, teacher, index, weight, top
 
 
@@ -35,6 +37,7 @@ def test_every_variant_gives_one_loss_one_gradient_and_the_same_hits():
         results.append((float(loss.detach()), logits.grad.clone(), int(hits)))
     assert len(results) == 3
     loss_a, grad_a, hits_a = results[0]
+    assert hits_a == int(((logits.argmax(-1) == rest[3]) & rest[2]).sum()) > 0  # the pairs that train
     assert grad_a.abs().sum() > 0
     for loss_b, grad_b, hits_b in results[1:]:
         assert loss_a == pytest.approx(loss_b, rel=1e-5) and hits_a == hits_b

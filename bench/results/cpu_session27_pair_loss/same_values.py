@@ -27,15 +27,18 @@ for name, root in (("old", "/tmp/oldsrc/src"), ("new", "/work/main/src")):
     model = dr.Eagle3Draft(cfg)
     used = torch.randperm(V, generator=torch.Generator().manual_seed(5))[:VD].sort().values
     t2d = torch.zeros(V, dtype=torch.bool); t2d[used] = True
-    model.init_from_target(torch.randn(V, 64, generator=torch.Generator().manual_seed(6)), None, used - torch.arange(VD), t2d)
+    model.init_from_target(torch.randn(V, 64, generator=torch.Generator().manual_seed(6)), None,
+                           used - torch.arange(VD), t2d)
     for amp in (False, True):
         model.zero_grad(set_to_none=True)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
             loss, stats = pk.packed_unroll(model, batch, lm_head, steps, 0.8)
         loss.backward()
-        out[name, amp] = (loss.detach(), stats, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+        out[name, amp] = (loss.detach(), stats,
+                          {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
 for amp in (False, True):
     (la, sa, ga), (lb, sb, gb) = out["old", amp], out["new", amp]
     diff = max(float((ga[k] - gb[k]).abs().max()) for k in ga)
-    print("bf16" if amp else "fp32", "loss", float(la), float(lb), "equal", torch.equal(la, lb), "stats equal", torch.equal(sa, sb),
-          "grads equal", all(torch.equal(ga[k], gb[k]) for k in ga), "max grad diff", diff)
+    print("bf16" if amp else "fp32", "loss", float(la), float(lb), "equal", torch.equal(la, lb),
+          "stats equal", torch.equal(sa, sb), "grads equal", all(torch.equal(ga[k], gb[k]) for k in ga),
+          "max grad diff", diff)

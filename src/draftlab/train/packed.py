@@ -215,7 +215,9 @@ def _pair_ce(ce, logits: Tensor, targets: RowTargets, teacher: Tensor, sizes: li
     pointwise kernel over their concatenation in which every element computed every step's branch (Inductor fuses a
     `cat` of computed inputs that way): on the H200 that kernel took 4.7 ms of a 20.9 ms step (BENCHMARKS.md,
     twenty-seventh session). Eager, step by step: each step's temporaries are a seventh of the size, and on two CPU
-    cores the whole unroll ran 1.7x slower with them at once, its elementwise passes no longer in the caches."""
+    cores the whole unroll ran 1.7x slower with them at once, its elementwise passes no longer in the caches. An
+    eager unroll on a GPU (eager validation, a one-row batch, train.compile_unroll=false) also goes step by step:
+    the same values; its speed there not measured."""
     if torch.compiler.is_compiling():
         return ce(logits, targets.probs_at(teacher))
     return torch.cat([ce(lg, targets.probs_at(t)) for lg, t in zip(logits.split(sizes), teacher.split(sizes))])
@@ -224,13 +226,14 @@ def _pair_ce(ce, logits: Tensor, targets: RowTargets, teacher: Tensor, sizes: li
 def packed_unroll(model: Eagle3Draft, batch: dict[str, Tensor], lm_head: Tensor, steps: int, decay: float,
                   loss_norm: Tensor | None = None, ce=soft_ce_rows, max_kept: float = 1.0,
                   plan: PackedPlan | None = None, core=None) -> tuple[Tensor, Tensor]:
-    """`ttt_unroll(model, batch, target_distribution(...), steps, decay)` at the positions that count;
-    returns (loss, stats [len(STATS), steps] float64). `lm_head` is the target head (the teacher), `ce` the soft
-    cross-entropy. When more than `max_kept` of the batch's positions count, the padded unroll runs instead: the
-    gathers and scatters then cost more than the positions they save (on a GPU; BENCHMARKS.md). `plan`: the
-    batch's `PackedPlan`, built from its host copy (else here, from its masks, with host syncs on a GPU); with it,
-    the unroll has no data-dependent size to read back (tests/test_packed_unroll.py runs it on the meta device).
-    `core`: what computes the packed unroll once the plan is on the device (`packed_core`, or its compiled form:
+    """`ttt_unroll(model, batch, target_distribution(...), steps, decay)` at the positions that count; returns
+    (loss, stats [len(STATS), steps] float64). `lm_head` is the target head (the teacher), `ce` the row-wise soft
+    cross-entropy (`soft_ce_rows`, or its compiled form for an eager unroll: a compiled one traces it into its
+    graph). When more than `max_kept` of the batch's positions count, the padded unroll runs instead: the gathers
+    and scatters then cost more than the positions they save (on a GPU; BENCHMARKS.md). `plan`: the batch's
+    `PackedPlan`, built from its host copy (else here, from its masks, with host syncs on a GPU); with it, the
+    unroll has no data-dependent size to read back (tests/test_packed_unroll.py runs it on the meta device). `core`:
+    what computes the packed unroll once the plan is on the device (`packed_core`, or its compiled form:
     train/compiled_unroll.py)."""
     ids = batch["input_ids"]
     B, T = ids.shape

@@ -117,8 +117,9 @@ def soft_ce_for(compile_loss: str, device: torch.device, dtype: torch.dtype):
         return soft_ce_rows
     fused = compiled_soft_ce_rows()
     try:
-        # [rows, vocab] as the packed unroll (the trainer's path) passes them, so the graphs built here are the
-        # ones training replays; two sizes: the dynamic-shape graph, not one specialised to the first
+        # [rows, vocab] as the eager packed unroll passes them, so the graphs built here are the ones it replays (a
+        # compiled unroll traces soft_ce_rows into its own graph); two sizes: the dynamic-shape graph, not one
+        # specialised to the first
         for rows in (3, 5):
             lg = torch.randn(rows, 16, device=device).to(dtype).requires_grad_(True)
             p = torch.rand(rows, 16, device=device).softmax(-1)
