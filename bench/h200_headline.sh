@@ -35,6 +35,8 @@
 #     (the trainer with CUDA graphs, its reader 8 batches ahead against 2; about 8 minutes)
 #   or (nothing carried):                   RUNS=... bash /tmp/headline/main/bench/h200_headline.sh trainer_ab
 #     (the compiled unroll against it with CUDA graphs, warm, alternated; cold runs first: see the step)
+#   or (nothing carried):                   [RUNS=...] bash /tmp/headline/main/bench/h200_headline.sh buckets
+#     (train.graph_count_bucket 2,048 against 1,024 and 512 with CUDA graphs, alternated; two calls of ~400 s)
 #   or (carry .gguf-b, after install and wheels): bash /tmp/headline/main/bench/h200_headline.sh generate_vs_issue
 #     (the issue's generate stage, 5c67ce0 copied to /tmp/oldgen, against today's on the same prompts; ~4 minutes)
 #   or, after a headline (nothing carried): bash /tmp/headline/main/bench/h200_headline.sh extract_stage
@@ -65,7 +67,7 @@
 # What comes back: $OUT/headline.tgz (the job's results.json with every stage's seconds, and log-headline.txt). The end-to-end
 # time is the log's first to last timestamp; import the job with `python -m draftlab import-runs`.
 set -uo pipefail
-step=${1:?usage: h200_headline.sh install|wheels|start|watch|small|seeds|use_code|warm|reader|reader_cg|prefetch|trainer_ab|generate_vs_issue|extract_stage|extract_real|generate_probe|generate_ab|slots|train_profile|train_flags|bench_ab}
+step=${1:?usage: h200_headline.sh install|wheels|start|watch|small|seeds|use_code|warm|reader|reader_cg|prefetch|trainer_ab|buckets|generate_vs_issue|extract_stage|extract_real|generate_probe|generate_ab|slots|train_profile|train_flags|bench_ab}
 export PYTHONUNBUFFERED=1 SITE=/tmp/site
 . "$(dirname "$0")/gpu_machine.sh"  # install_wheels, keep_first_half, smollm2_gguf, start_detached, watch_jobs,
 # shm_has_room, trainer_speed, trainer_ab_run
@@ -210,6 +212,16 @@ trainer_ab)  # the plain compiled unroll against train.compile_cuda_graphs (the 
   for run in ${RUNS:-cold_plain cold_cg plain cg plain cg}; do
     case $run in *plain) graphs=() ;; *cg) graphs=(--cuda-graphs) ;; esac
     trainer_ab_run trainer_ab "${graphs[@]}"
+  done ;;
+buckets)  # train.graph_count_bucket under CUDA graphs (the preset's: batch tokens / 8 = 2,048): the trainer_ab runs
+  # with the plan's counts padded to 2,048, 1,024 and 512, alternated on one pool; RUNS lists the buckets in order.
+  # The first run on a machine compiles cold (about 230 s; its rate not a warm one; the bucket changes no compiled
+  # code, only the sizes recorded), a warm one takes about 70 s: the default (cold, then one round) in one call, then
+  # RUNS="2048 1024 512 2048 1024 512" in the next. On this pool bench/unroll_sizes.py --synthetic 340 counts 9, 11
+  # and 14 sets of sizes and 1.147x, 1.115x and 1.067x the pairs computed. JSON lines in $OUT/buckets.jsonl
+  # (count_bucket tells them apart)
+  for bucket in ${RUNS:-2048 2048 1024 512}; do
+    trainer_ab_run buckets --cuda-graphs --count-bucket "$bucket"
   done ;;
 generate_vs_issue)  # part 2's same-run ratio (carry .gguf-b; after install, with /tmp/oldgen holding 5c67ce0's src and
   # conf, and wheels): the issue's generate stage with its GPU overrides (its bench/h200_session.sh), then today's

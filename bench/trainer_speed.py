@@ -130,6 +130,8 @@ def main() -> None:
     ap.add_argument("--compile-unroll", default="auto", help="train.compile_unroll: auto (= on CUDA) | true | false")
     ap.add_argument("--cpp-wrapper", action="store_true", help="train.compile_cpp_wrapper=true")
     ap.add_argument("--cuda-graphs", action="store_true", help="train.compile_cuda_graphs=true")
+    ap.add_argument("--count-bucket", type=int, default=None,
+                    help="train.graph_count_bucket (under --cuda-graphs; default: batch tokens / 8)")
     ap.add_argument("--compile-validation", action="store_true",
                     help="compile validation's graph even when training's compiled cold (the headline's warm-up "
                          "builds both): later runs then load both from the cache")
@@ -164,7 +166,7 @@ def main() -> None:
                             batch_tokens=args.batch_tokens, log_every=args.log_every,
                             checkpoint_every=args.checkpoint_every, device=args.device, compile_loss=args.compile_loss,
                             compile_unroll=args.compile_unroll, compile_cpp_wrapper=args.cpp_wrapper,
-                            compile_cuda_graphs=args.cuda_graphs)
+                            compile_cuda_graphs=args.cuda_graphs, graph_count_bucket=args.count_bucket)
     totals = {"data_wait_s": 0.0, "validation_s": 0.0, "checkpoint_s": 0.0}
     with tempfile.TemporaryDirectory(prefix="trainer-speed-") as tmp:
         pool = args.pool or Path(tmp)
@@ -226,6 +228,7 @@ def main() -> None:
         "cpp_wrapper": args.cpp_wrapper or bool(inductor_config.cpp_wrapper),
         # train.compile_cuda_graphs: graphs Inductor declined to record (its warning in the log says why)
         "cuda_graphs": args.cuda_graphs, "cudagraph_skips": counters["inductor"]["cudagraph_skips"],
+        "count_bucket": trainer.padding.get("counts"),  # the plan's counts padded to a multiple of it (or none)
         "eval_every": args.eval_every, "checkpoint_every": args.checkpoint_every, "steps": result.steps,
         "read_only_s_per_batch": round(read_s, 4), "wall_s": round(wall, 2),
         "steps_per_s": round(result.steps / wall, 2), "tokens_per_s": round(tokens / wall, 1),

@@ -4,8 +4,12 @@ trainer's own code; BENCHMARKS.md, sixteenth session: 727 sets raw, 34 padded, f
 
 Lengths are drawn like the headline's ShareGPT samples (`train_data_path.headline_lengths`); the
 batches are the trainer's (`plan_batches` at the GPU preset's 16,384 tokens), the sizes those of `PackedPlan`.
+What the padding costs is counted three ways, each against the compiled unroll's own padding (the length to 8):
+the pairs (the head and the loss over the draft vocabulary), the kept rows (each step's layer) and the batch's
+positions (step 0's embedding, fc, keys and values, and attention's rows).
 
     python bench/unroll_sizes.py --samples 48000
+    python bench/unroll_sizes.py --samples 7168 --synthetic 340   # trainer_ab's pool: 8,192, 7,168 in training
 Prints one JSON line.
 """
 
@@ -29,10 +33,18 @@ def main() -> None:
     ap.add_argument("--length-bucket", type=int, default=64, help="T padded to a multiple of this")
     ap.add_argument("--row-bucket", type=int, default=8, help="B padded to a multiple of this")
     ap.add_argument("--count-bucket", type=int, default=2048, help="every count padded to one multiple of this")
+    ap.add_argument("--synthetic", type=int, default=0, metavar="SEQ",
+                    help="lengths as bench/trainer_speed.py's pool draws them (uniform in [SEQ/2, SEQ], the first 40%% "
+                         "prompt) instead of the headline's")
     args = ap.parse_args()
     n = args.samples
-    lengths, prompt = headline_lengths(n)
-    raw, bucketed, pairs, padded_pairs = set(), set(), 0, 0
+    if args.synthetic:
+        g = torch.Generator().manual_seed(0)
+        lengths = torch.randint(args.synthetic // 2, args.synthetic + 1, (n,), generator=g).tolist()
+        prompt = [int(0.4 * length) for length in lengths]
+    else:
+        lengths, prompt = headline_lengths(n)
+    raw, bucketed, pairs, padded_pairs, positions, padded_positions, kept, padded_kept = set(), set(), 0, 0, 0, 0, 0, 0
     padding = {"multiple": args.length_bucket, "rows": args.row_bucket, "counts": args.count_bucket}
     batches = plan_batches(lengths, args.batch_tokens, 0, 0, True)
     for batch in batches:
@@ -49,12 +61,19 @@ def main() -> None:
         bucketed.add((*padded.shape, len(padded.kept), len(padded.needed), *padded.sizes))
         pairs += len(plan.step_of)
         padded_pairs += len(padded.step_of)
-    print(json.dumps({"samples": n, "mean_prompt": round(sum(prompt) / n, 1),
+        positions += plan.shape[0] * plan.shape[1]  # step 0 runs its first layers, keys and values at all of them
+        padded_positions += padded.shape[0] * padded.shape[1]
+        kept += len(plan.kept)  # the rows every step computes its last layer at
+        padded_kept += len(padded.kept)
+    print(json.dumps({"samples": n, "lengths": f"synthetic {args.synthetic}" if args.synthetic else "headline",
+                      "mean_prompt": round(sum(prompt) / n, 1),
                       "mean_answer": round((sum(lengths) - sum(prompt)) / n, 1), "batches": len(batches),
                       "distinct_raw": len(raw), "distinct_bucketed": len(bucketed),
                       "length_bucket": args.length_bucket, "row_bucket": args.row_bucket,
                       "count_bucket": args.count_bucket,
-                      "pairs_padded_x": round(padded_pairs / pairs, 3)}))
+                      "pairs_padded_x": round(padded_pairs / pairs, 3),
+                      "kept_padded_x": round(padded_kept / kept, 3),
+                      "positions_padded_x": round(padded_positions / positions, 3)}))
 
 
 if __name__ == "__main__":

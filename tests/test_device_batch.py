@@ -91,6 +91,9 @@ def test_cuda_graphs_pad_batches_to_buckets_and_only_on_cuda(caplog):
     assert padding_for(CompiledUnroll(backend="aot_eager"), 16384) == {"multiple": 8}
     assert padding_for(CompiledUnroll(cuda_graphs=True), 16384) == {"multiple": 64, "rows": 8, "counts": 2048}
     assert padding_for(CompiledUnroll(cuda_graphs=True), 256) == {"multiple": 64, "rows": 8, "counts": 64}
+    # train.graph_count_bucket: the counts' multiple set, and only where graphs are recorded
+    assert padding_for(CompiledUnroll(cuda_graphs=True), 16384, 512) == {"multiple": 64, "rows": 8, "counts": 512}
+    assert padding_for(CompiledUnroll(backend="aot_eager"), 16384, 512) == {"multiple": 8}
     assert CompiledUnroll(backend="aot_eager", cuda_graphs=True).cuda_graphs is False  # an inductor option
     with caplog.at_level(logging.WARNING, logger="draftlab"):
         assert unroll_core_for("true", torch.device("cpu"), cuda_graphs=True).cuda_graphs is False  # nothing to record

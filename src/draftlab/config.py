@@ -133,6 +133,8 @@ class TrainConfig:
     compile_unroll: str = "auto"  # auto (= on CUDA) | true | false: the packed unroll (forward + loss) compiled
     compile_cpp_wrapper: bool = False  # the compiled unroll launches its kernels from C++ (Inductor's cpp_wrapper)
     compile_cuda_graphs: bool = False  # the compiled unroll replayed as CUDA graphs, batches padded to few sizes
+    # under compile_cuda_graphs: the plan's counts padded to a multiple of this; None = batch_tokens / 8
+    graph_count_bucket: Optional[int] = None
     # auto (= when the unroll is compiled and generate or extract run first) | true | false: build its graphs in
     # background processes while they run (draftlab/warmup.py)
     compile_warmup: str = "auto"
@@ -294,7 +296,8 @@ def _check_values(c: DictConfig) -> None:
     _choice("train.schedule", c.train.schedule, SCHEDULES)
     if not 0.0 <= c.train.warmup_ratio < 1.0:
         raise ConfigError(f"train.warmup_ratio: must be in [0, 1), got {c.train.warmup_ratio}")
-    for key in ("ttt_steps", "batch_tokens", "plan_window", "max_seq_len", "log_every", "checkpoint_every"):
+    for key in ("ttt_steps", "batch_tokens", "plan_window", "max_seq_len", "log_every", "checkpoint_every",
+                "graph_count_bucket"):
         _positive(f"train.{key}", c.train[key])
     if not 0.0 < c.train.loss_decay <= 1.0:
         raise ConfigError(f"train.loss_decay: must be in (0, 1], got {c.train.loss_decay}")

@@ -53,7 +53,7 @@ NOT_FINGERPRINTED = {"train.log_every", "train.device", "train.strategy", "serve
                      # the same loss and gradients, compiled or not (tests/test_compiled_loss.py,
                      # tests/test_compiled_unroll.py): speed settings
                      "train.compile_loss", "train.compile_unroll", "train.compile_cpp_wrapper",
-                     "train.compile_cuda_graphs", "train.compile_warmup",
+                     "train.compile_cuda_graphs", "train.graph_count_bucket", "train.compile_warmup",
                      "target.device", "target.device_map",
                      "data.shard_size", "extract.batch_size", "extract.shard_size", "extract.writers",
                      # where the pool lives (memory or disk), not what it holds

@@ -54,17 +54,17 @@ def to_device(batch: dict, device: torch.device, plan_steps: int | None, multipl
     return out, plan
 
 
-def padding_for(core, batch_tokens: int) -> dict[str, int]:
+def padding_for(core, batch_tokens: int, count_bucket: int | None = None) -> dict[str, int]:
     """`attach_plan`'s padding for a trainer's unroll core: none for the eager one; the length to a multiple of 8
     for the compiled one (module docstring); with CUDA graphs (train.compile_cuda_graphs) every size to a few
     buckets, since a graph is recorded for each distinct set of sizes: the length to 64, the rows to 8, the
-    plan's counts to one capacity, a multiple of an eighth of the token budget (`bench/unroll_sizes.py` counts
-    the sets an epoch has)."""
+    plan's counts to one capacity, a multiple of `count_bucket` (train.graph_count_bucket), else of an eighth of
+    the token budget (`bench/unroll_sizes.py` counts the sets an epoch has and the filler each costs)."""
     if core is None:
         return {"multiple": 1}
     if not core.cuda_graphs:
         return {"multiple": 8}
-    return {"multiple": 64, "rows": 8, "counts": max(64, batch_tokens // 8)}
+    return {"multiple": 64, "rows": 8, "counts": count_bucket or max(64, batch_tokens // 8)}
 
 
 def widen(batch: dict) -> dict:
