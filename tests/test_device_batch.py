@@ -99,3 +99,20 @@ def test_cuda_graphs_pad_batches_to_buckets_and_only_on_cuda(caplog):
         assert unroll_core_for("true", torch.device("cpu"), cuda_graphs=True).cuda_graphs is False  # nothing to record
         assert unroll_core_for("false", torch.device("cpu"), cuda_graphs=True) is None
     assert caplog.text.count("train.compile_cuda_graphs needs the compiled unroll on CUDA") == 2, caplog.text
+
+
+def test_the_trainer_pads_to_its_graph_count_bucket(tmp_path, monkeypatch):
+    """train.graph_count_bucket reaches the trainer's padding (a core that records CUDA graphs, stood in on the CPU);
+    unset, the counts' multiple is an eighth of the token budget."""
+    from draftlab.reporting import RecordingReporter
+    from draftlab.train import loop
+    from draftlab.train.compiled_unroll import CompiledUnroll
+    from test_train_loop import FakeSource, _model, _settings
+
+    monkeypatch.setattr(loop, "unroll_core_for", lambda *args: CompiledUnroll(cuda_graphs=True))
+    source = FakeSource()
+    for bucket, counts in ((None, 64), (96, 96)):  # batch_tokens 200: an eighth is 25, raised to 64
+        settings = _settings(compile_cuda_graphs=True, graph_count_bucket=bucket)
+        trainer = loop.Trainer(_model(source), source, source.lm_head, settings, tmp_path / str(bucket),
+                               RecordingReporter())
+        assert trainer.padding == {"multiple": 64, "rows": 8, "counts": counts}
