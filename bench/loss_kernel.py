@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from draftlab.train.ttt import soft_ce_rows, soft_targets, step_loss  # noqa: E402
+from draftlab.train.ttt import soft_ce_rows, soft_targets, step_loss, step_term  # noqa: E402
 
 
 def probs_targets(teacher: torch.Tensor):
@@ -65,7 +65,7 @@ def pairs_loss(targets, logits: torch.Tensor, teacher: torch.Tensor, index: torc
     ce = torch.where(weight, soft_ce_rows(logits, targets(teacher)(index)), 0.0)
     loss = logits.new_zeros((), dtype=torch.float32)
     for j, (c, w) in enumerate(zip(ce.chunk(steps), weight.chunk(steps))):
-        loss = loss + 0.8**j * c.sum() / w.sum().clamp(min=1)
+        loss = loss + step_term(c.sum(), w.sum(), j, 0.8, None)
     return loss, ((logits.argmax(-1) == top) & weight).sum()
 
 

@@ -76,12 +76,11 @@ PAIR_PARAMS = ("train.seed", "tracking.run_name")
 
 
 def job_facts(results: dict) -> dict:
-    """What a job's results.json says of the run's conditions: its params, the features it trained on (the extract
-    stage's fingerprint) and its commit; {} for a job that records no params."""
+    """What a job's results.json says of the run's conditions: its params and the features it trained on (the
+    extract stage's fingerprint); {} for a job that records no params."""
     if "params" not in results:
         return {}
-    tags = results.get("tags", {})
-    return {"params": results["params"], "features": tags.get("fingerprint.extract"), "commit": tags.get("git.commit")}
+    return {"params": results["params"], "features": results.get("tags", {}).get("fingerprint.extract")}
 
 
 def pair_controls(records: list[dict], first: str, second: str) -> dict:

@@ -17,12 +17,19 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
 
 import torch
 from train_data_path import headline_lengths  # bench/: puts src/ on the path
 
 from draftlab.data.reader import plan_batches
 from draftlab.train.device_batch import attach_plan
+
+
+def work(plan) -> dict[str, int]:
+    """What a plan's sizes make the unroll compute: pairs (the head and the loss), kept rows (each step's last
+    layer), positions (step 0's first layers, keys and values run at all of them)."""
+    return {"pairs": len(plan.step_of), "kept": len(plan.kept), "positions": plan.shape[0] * plan.shape[1]}
 
 
 def main() -> None:
@@ -34,8 +41,8 @@ def main() -> None:
     ap.add_argument("--row-bucket", type=int, default=8, help="B padded to a multiple of this")
     ap.add_argument("--count-bucket", type=int, default=2048, help="every count padded to one multiple of this")
     ap.add_argument("--synthetic", type=int, default=0, metavar="SEQ",
-                    help="lengths as bench/trainer_speed.py's pool draws them (uniform in [SEQ/2, SEQ], the first 40%% "
-                         "prompt) instead of the headline's")
+                    help="lengths from the distribution bench/trainer_speed.py's pool draws from (uniform in [SEQ/2, "
+                         "SEQ], the first 40%% prompt; not its very samples) instead of the headline's")
     args = ap.parse_args()
     n = args.samples
     if args.synthetic:
@@ -44,7 +51,8 @@ def main() -> None:
         prompt = [int(0.4 * length) for length in lengths]
     else:
         lengths, prompt = headline_lengths(n)
-    raw, bucketed, pairs, padded_pairs, positions, padded_positions, kept, padded_kept = set(), set(), 0, 0, 0, 0, 0, 0
+    raw, bucketed = set(), set()
+    computed = {"raw": Counter(), "padded": Counter()}
     padding = {"multiple": args.length_bucket, "rows": args.row_bucket, "counts": args.count_bucket}
     batches = plan_batches(lengths, args.batch_tokens, 0, 0, True)
     for batch in batches:
@@ -59,21 +67,15 @@ def main() -> None:
         raw.add((*plan.shape, len(plan.kept), len(plan.needed), len(plan.step_of), *plan.sizes))
         padded = attach_plan(masks, args.ttt_steps, **padding)["packed_plan"]  # train.compile_cuda_graphs'
         bucketed.add((*padded.shape, len(padded.kept), len(padded.needed), *padded.sizes))
-        pairs += len(plan.step_of)
-        padded_pairs += len(padded.step_of)
-        positions += plan.shape[0] * plan.shape[1]  # step 0 runs its first layers, keys and values at all of them
-        padded_positions += padded.shape[0] * padded.shape[1]
-        kept += len(plan.kept)  # the rows every step computes its last layer at
-        padded_kept += len(padded.kept)
+        computed["raw"].update(work(plan))
+        computed["padded"].update(work(padded))
     print(json.dumps({"samples": n, "lengths": f"synthetic {args.synthetic}" if args.synthetic else "headline",
                       "mean_prompt": round(sum(prompt) / n, 1),
                       "mean_answer": round((sum(lengths) - sum(prompt)) / n, 1), "batches": len(batches),
                       "distinct_raw": len(raw), "distinct_bucketed": len(bucketed),
                       "length_bucket": args.length_bucket, "row_bucket": args.row_bucket,
                       "count_bucket": args.count_bucket,
-                      "pairs_padded_x": round(padded_pairs / pairs, 3),
-                      "kept_padded_x": round(padded_kept / kept, 3),
-                      "positions_padded_x": round(padded_positions / positions, 3)}))
+                      **{f"{k}_padded_x": round(n / computed["raw"][k], 3) for k, n in computed["padded"].items()}}))
 
 
 if __name__ == "__main__":

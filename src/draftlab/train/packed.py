@@ -25,8 +25,8 @@ import torch
 from torch import Tensor
 
 from draftlab.model.draft import Eagle3Draft, TTTCache, _rotate_half
-from draftlab.train.ttt import (STATS, record_step, soft_ce_rows, soft_targets, target_distribution, teacher_logits,
-                                ttt_unroll)
+from draftlab.train.ttt import (STATS, record_step, soft_ce_rows, soft_targets, step_term, target_distribution,
+                                teacher_logits, ttt_unroll)
 
 
 class Rows:
@@ -293,18 +293,17 @@ def packed_core(model: Eagle3Draft, batch: dict[str, Tensor], lm_head: Tensor, p
     ce_rows = torch.where(trains, _pair_ce(ce, logits, targets, targets.row[b, s].clamp(min=0), sizes), 0.0)
     ce_sums = torch.stack([x.sum() for x in ce_rows.split(sizes)])
     n_losses = torch.stack([x.sum() for x in trains.split(sizes)])
-    denominators = (n_losses if loss_norm is None else loss_norm).clamp(min=1)
     loss = torch.zeros((), device=dev)
-    for j in range(steps):  # step j weighs decay**j
-        loss = loss + decay**j * ce_sums[j] / denominators[j]
+    for j in range(steps):
+        loss = loss + step_term(ce_sums[j], n_losses[j], j, decay, loss_norm)
     with torch.no_grad():
         hits = (model.draft_to_target(logits.argmax(-1)) == targets.top[b, s]) & plan.real
-        steps_in_vocab = in_vocab.split(sizes)
-        for j, (m, sel, real, hit) in enumerate(zip(masks, sels, reals, hits.split(sizes))):
+        per_step = zip(masks, sels, reals, hits.split(sizes), in_vocab.split(sizes))
+        for j, (m, sel, real, hit, step_in_vocab) in enumerate(per_step):
             correct = torch.zeros_like(m).index_copy(0, sel, hit)  # sel's rows are distinct
             valid = valid & m
             prev = chain & valid
             chain = prev & correct
             record_step(stats[:, j], ce_sums[j], n_losses[j], hit.sum(), real.sum(), chain, valid, prev,
-                        (real & ~steps_in_vocab[j]).sum())
+                        (real & ~step_in_vocab).sum())
     return loss, stats

@@ -140,8 +140,14 @@ def step_loss(lg: Tensor, p: Tensor, w: Tensor, j: int, decay: float, loss_norm:
     `ce` is `soft_ce_rows` or its compiled form."""
     n_loss = w.sum()
     ce_sum = soft_ce(lg, p, w, ce)
+    return step_term(ce_sum, n_loss, j, decay, loss_norm), ce_sum, n_loss
+
+
+def step_term(ce_sum: Tensor, n_loss: Tensor, j: int, decay: float, loss_norm: Tensor | None) -> Tensor:
+    """Step j's share of the loss from its sums: decay**j * ce_sum over its positions (`loss_norm[j]` when given),
+    at least one."""
     denominator = n_loss if loss_norm is None else loss_norm[j]
-    return decay**j * ce_sum / denominator.clamp(min=1), ce_sum, n_loss
+    return decay**j * ce_sum / denominator.clamp(min=1)
 
 
 def record_step(row: Tensor, ce_sum: Tensor, n_loss: Tensor, correct, n, chain: Tensor, valid: Tensor,
