@@ -6,8 +6,10 @@ the compiler's caches. Each run is one process: the first call's forward and bac
     python bench/compile_time.py --code /tmp/old ...              # another checkout (git worktree add /tmp/old REV)
 
 `--small` is a draft of hidden 64 (one layer) (inductor's CPU build of the SmolLM2 shape takes minutes on two
-cores). Prints one JSON line: the seconds, the graphs built, and AOTAutograd's and Inductor's cache counters (a
-"total" of 2 for one graph means dynamo traced it twice; "autograd_cache_bypass" means it could not be stored)."""
+cores). Prints one JSON line: the seconds, the graphs built, AOTAutograd's and Inductor's cache counters (a
+"total" of 2 for one graph means dynamo traced it twice; "autograd_cache_bypass" means it could not be stored), and
+the build's seconds by phase (`phases`: Dynamo's trace, the backend, its modules' import, the guards), where the
+checkout's CompiledUnroll reports them."""
 
 from __future__ import annotations
 
@@ -57,4 +59,6 @@ seconds = time.perf_counter() - start
 print(json.dumps({"code": str(args.code), "backend": args.backend, "small": args.small, "steps": args.steps,
                   "first_call_s": round(seconds, 1), "graphs": core.graphs, "failed": repr(core.failed),
                   "aot_autograd": dict(counters["aot_autograd"]),
-                  "fxgraph_cache": {k: v for k, v in counters["inductor"].items() if k.startswith("fxgraph_cache")}}))
+                  "fxgraph_cache": {k: v for k, v in counters["inductor"].items() if k.startswith("fxgraph_cache")},
+                  "phases": {k.split("/")[1]: v for k, v in core.metrics().items() if k.endswith("_s")},
+                  "torch": torch.__version__}))

@@ -235,6 +235,8 @@ def main() -> None:
         # compiling happens once a run: the rate without it is what a long run converges to
         "compile_s": round(compile_s, 1), "steps_per_s_without_compile": round(result.steps / (wall - compile_s), 2),
         "tokens_per_s_without_compile": round(tokens / (wall - compile_s), 1),
+        # compile_s by phase: Dynamo's trace, the backend (a compile or a cache load), its modules' import, guards
+        "compile_phases": {k: round(v, 2) for k, v in trainer.core.phase_seconds.items()} if trainer.core else {},
         # the steps alone (the wall less waiting for batches, validation, checkpoints and training's compile): the
         # rate to set beside a step timed alone (bench/train_throughput.py); the whole trainer's is
         # tokens_per_s_without_compile

@@ -176,3 +176,6 @@ def test_the_train_stage_loads_the_graph_the_warm_up_built(tmp_path):
     # the warm-up compiled into an empty cache; both of the train stage's graphs (training, validation) came from it
     assert metrics["train/compile_warmup_ok"] == 1.0 and metrics["train/compile_warmup_s"] > 0
     assert metrics["train/compile_graphs"] == 2.0 and metrics["train/compile_cache_hits"] == 2.0
+    # what the two loads spent, by phase (train/compiled_unroll.PHASES): Dynamo traced, the backend loaded modules
+    assert metrics["train/compile_trace_s"] > 0 and 0 < metrics["train/compile_modules_s"]
+    assert metrics["train/compile_modules_s"] <= metrics["train/compile_backend_s"] <= metrics["train/compile_s"]

@@ -63,6 +63,13 @@ def test_compiled_unroll_equals_eager_and_keeps_one_graph_across_shapes(caplog, 
     if core.failed is not None:  # no C++ compiler on this machine: it trained eagerly and said so
         pytest.skip(f"inductor cannot build here: {core.failed}")
     assert core.graphs == 1 and "compiled the unroll for training in" in caplog.text and "(graph 1" in caplog.text
+    # the build's seconds by phase, from torch.compile's own timers (a compile or a cache hit, whichever this machine's
+    # cache gives): each phase measured, modules a part of the backend, and together never more than the call took
+    phases = {key: value for key, value in core.metrics().items() if key.startswith("train/compile_")}
+    trace, backend = phases["train/compile_trace_s"], phases["train/compile_backend_s"]
+    assert trace > 0 and backend > 0 and 0 < phases["train/compile_modules_s"] <= backend
+    assert trace + backend + phases["train/compile_guards_s"] <= phases["train/compile_s"] + 0.05, phases
+    assert "Dynamo's trace" in caplog.text
     # traced once (a float traced as a symbol made dynamo start over) and storable in AOTAutograd's cache (an
     # inference_mode switch in the graph was not): what a second process finds warm (BENCHMARKS.md)
     assert aot["total"] - before["total"] == 1 and aot["autograd_cache_bypass"] == before["autograd_cache_bypass"]

@@ -80,6 +80,20 @@ def _cache_hits() -> int:
     return torch._dynamo.utils.counters["aot_autograd"]["autograd_cache_hit"]
 
 
+# Where a build's seconds go, by torch.compile's own timers (torch._dynamo.utils.compilation_time_metrics, the same
+# names in torch 2.11 and 2.13): Dynamo tracing the Python, the backend (AOTAutograd and Inductor: a compile, or a
+# load from the cache), and within the backend the generated modules' import (on a cache hit nearly all of it). A
+# cache hit in the headline still took 11-19 s a graph on the H200 (BENCHMARKS.md, "Left to run" item 6): these say
+# which part to shorten.
+PHASES = {"trace": "bytecode_tracing", "backend": "OutputGraph.call_user_compiler",
+          "modules": "PyCodeCache.load_by_key_path", "guards": "build_guards"}
+
+
+def _phase_seconds() -> dict[str, float]:
+    timers = getattr(torch._dynamo.utils, "compilation_time_metrics", {})  # private: absent means zeros, not a failure
+    return {phase: sum(timers.get(name, ())) for phase, name in PHASES.items()}
+
+
 class CompiledUnroll:
     """`packed_core` under torch.compile (dynamic shapes); the eager core after a failure to build it. Callable as
     `packed_unroll`'s `core`. The loss inside is the plain `soft_ce_rows`, fused into the graph with the rest (the `ce`
@@ -108,15 +122,18 @@ class CompiledUnroll:
         self.graphs = 0  # graphs built for the unroll: one for training, one for validation, more are recompiles
         self.built = dict.fromkeys(self.MODES, 0)
         self.hits = dict.fromkeys(self.MODES, 0)  # of those, loaded from the compile cache (train/compile_warmup.py)
+        self.phase_seconds = dict.fromkeys(PHASES, 0.0)  # the builds' seconds by phase (PHASES)
 
     @property
     def compile_seconds(self) -> float:
         return sum(self.mode_seconds.values())
 
     def metrics(self) -> dict[str, float]:
-        """train/compile_s (seconds in calls that built a graph), train/compile_graphs, train/compile_cache_hits."""
+        """train/compile_s (seconds in calls that built a graph), train/compile_graphs, train/compile_cache_hits, and
+        train/compile_{trace,backend,modules,guards}_s: those seconds by phase (PHASES)."""
+        phases = {f"train/compile_{phase}_s": round(seconds, 2) for phase, seconds in self.phase_seconds.items()}
         return {"train/compile_s": round(self.compile_seconds, 2), "train/compile_graphs": float(self.graphs),
-                "train/compile_cache_hits": float(sum(self.hits.values()))}
+                "train/compile_cache_hits": float(sum(self.hits.values())), **phases}
 
     def _eager(self, mode: str, batch: dict) -> bool:
         """Pools without target_top, one-row batches and what could not be built run eager (module docstring)."""
@@ -132,7 +149,7 @@ class CompiledUnroll:
         mode = self.MODES[0] if torch.is_grad_enabled() else self.MODES[1]
         if self._eager(mode, batch):
             return packed_core(*args, ce)
-        graphs, hits, started = _graphs(), _cache_hits(), time.perf_counter()
+        graphs, hits, phases, started = _graphs(), _cache_hits(), _phase_seconds(), time.perf_counter()
         try:
             with contextlib.ExitStack() as settings:
                 settings.enter_context(fx_config.patch(use_duck_shape=False))
@@ -162,9 +179,14 @@ class CompiledUnroll:
             self.built[mode] += 1
             cached = _cache_hits() > hits
             self.hits[mode] += cached
-            log.info("train: compiled the unroll for %s in %.1f s (graph %d%s%s)", mode, seconds, self.graphs,
+            spent = {phase: after - phases[phase] for phase, after in _phase_seconds().items()}
+            for phase, phase_seconds in spent.items():
+                self.phase_seconds[phase] += phase_seconds
+            log.info("train: compiled the unroll for %s in %.1f s (graph %d%s%s; Dynamo's trace %.1f s, the backend "
+                     "%.1f s of which importing its modules %.1f s, guards %.1f s)", mode, seconds, self.graphs,
                      ", from the compile cache" if cached else "",
-                     "" if self.built[mode] == 1 else ": a recompile, TORCH_LOGS=recompiles says why")
+                     "" if self.built[mode] == 1 else ": a recompile, TORCH_LOGS=recompiles says why",
+                     spent["trace"], spent["backend"], spent["modules"], spent["guards"])
         return out
 
 
