@@ -128,6 +128,8 @@ small_job() {  # small_job NAME SECONDS [OVERRIDE...]: the headline's command as
   DRAFTLAB_GIT_COMMIT=$(cat $H/COMMIT) && export DRAFTLAB_GIT_COMMIT
   timeout "$seconds" bash -c "$(run_cmd small "$@")" > $ROOT/log-small.txt 2>&1; echo "small rc=$?"
   grep -a "stage \|compiled\|warm-up\|s pass\|Error" $ROOT/log-small.txt | cut -c1-220 | tail -n 40
+  # the train stage's steady rate between its validation passes (issue 11 part 4's kind of rate; this script's copy)
+  python3 "$(dirname "$0")/stage_rate.py" $ROOT 2>&1 | tail -n 2
   pack "$name" log-small.txt small/results.json small/.hydra
 }
 
