@@ -9,7 +9,8 @@ the compiler's caches. Each run is one process: the first call's forward and bac
 cores). Prints one JSON line: the seconds, the graphs built, AOTAutograd's and Inductor's cache counters (a
 "total" of 2 for one graph means dynamo traced it twice; "autograd_cache_bypass" means it could not be stored), and
 the build's seconds by phase (`phases`: Dynamo's trace, the backend, its modules' import, the guards), where the
-checkout's CompiledUnroll reports them."""
+checkout's CompiledUnroll reports them; with `--backend eager`, the traced graph's node count (`fx_nodes`). Where a
+trace spends: `python -m cProfile -o /tmp/trace.prof bench/compile_time.py --backend eager`."""
 
 from __future__ import annotations
 
@@ -51,7 +52,17 @@ with tempfile.TemporaryDirectory(prefix="compile-time-") as tmp:
     source = synthetic_source(Path(tmp), 64, 120, prompt_frac=0.4)
     batch = source._offline_batch(source._plan("train", 0, 2048, 2048, 0, True)[0], 2048)
 on_device, plan = to_device(attach_plan(batch, args.steps, 8), torch.device("cpu"), args.steps)
-core = CompiledUnroll(backend=args.backend)
+nodes = []
+
+
+def eager_counting(gm, example_inputs):
+    """The `eager` backend (Dynamo's graph run as it is), counting the graph's nodes: a cache hit's trace grows with
+    them (BENCHMARKS.md, twenty-ninth session)."""
+    nodes.append(len(gm.graph.nodes))
+    return gm.forward
+
+
+core = CompiledUnroll(backend=eager_counting if args.backend == "eager" else args.backend)
 start = time.perf_counter()
 loss, _ = packed_unroll(model, on_device, lm_head, args.steps, 0.8, plan=plan, core=core)
 loss.backward()
@@ -61,4 +72,4 @@ print(json.dumps({"code": str(args.code), "backend": args.backend, "small": args
                   "aot_autograd": dict(counters["aot_autograd"]),
                   "fxgraph_cache": {k: v for k, v in counters["inductor"].items() if k.startswith("fxgraph_cache")},
                   "phases": {k.split("/")[1]: v for k, v in core.metrics().items() if k.endswith("_s")},
-                  "torch": torch.__version__}))
+                  "fx_nodes": nodes or None, "torch": torch.__version__}))
