@@ -37,6 +37,10 @@
 #     (the compiled unroll against it with CUDA graphs, warm, alternated; cold runs first: see the step)
 #   or (nothing carried):                   [RUNS=...] bash /tmp/headline/main/bench/h200_headline.sh buckets
 #     (train.graph_count_bucket 2,048 against 1,024 and 512 with CUDA graphs, alternated; two calls of ~400 s)
+#   or (carry .oldcode, 5c67ce0 with conf, once; after the GGUF is whole): [SEEDS=...] bash ... issue_stage
+#     (part 4 against the issue's own train stage: its 6,400-sample job, window by window, bench/issue_stage.py)
+#   or (after the GGUF is whole):                  [SEEDS=...] bash ... issue_data
+#     (today's preset on the issue's data settings: 6,400 samples, 64 new tokens, prompts within 256; `small` jobs)
 #   or (carry .gguf-b, after install and wheels): bash /tmp/headline/main/bench/h200_headline.sh generate_vs_issue
 #     (the issue's generate stage, 5c67ce0 copied to /tmp/oldgen, against today's on the same prompts; ~4 minutes)
 #   or, after a headline (nothing carried): bash /tmp/headline/main/bench/h200_headline.sh extract_stage
@@ -67,7 +71,7 @@
 # What comes back: $OUT/headline.tgz (the job's results.json with every stage's seconds, and log-headline.txt). The end-to-end
 # time is the log's first to last timestamp; import the job with `python -m draftlab import-runs`.
 set -uo pipefail
-step=${1:?usage: h200_headline.sh install|wheels|start|watch|small|seeds|use_code|warm|reader|reader_cg|prefetch|trainer_ab|buckets|generate_vs_issue|extract_stage|extract_real|generate_probe|generate_ab|slots|train_profile|train_flags|bench_ab}
+step=${1:?usage: h200_headline.sh install|wheels|start|watch|small|seeds|issue_stage|issue_data|use_code|warm|reader|reader_cg|prefetch|trainer_ab|buckets|generate_vs_issue|extract_stage|extract_real|generate_probe|generate_ab|slots|train_profile|train_flags|bench_ab}
 export PYTHONUNBUFFERED=1 SITE=/tmp/site
 . "$(dirname "$0")/gpu_machine.sh"  # install_wheels, keep_first_half, smollm2_gguf, start_detached, watch_jobs,
 # shm_has_room, trainer_speed, trainer_ab_run
@@ -173,6 +177,31 @@ seeds)  # the `small` job once per seed in SEEDS (SAMPLES 16,384 and 1,500 steps
     [ "$left" -lt 60 ] && { echo "seed $seed not started: ${left} s left"; break; }
     SAMPLES=${SAMPLES:-16384} small_job "small_${TAG}_$seed.tgz" "$left" train.max_steps=${STEPS:-1500} \
       train.seed=$seed ${EXTRA:-}
+  done ;;
+issue_stage)  # issue 11 part 4 against the issue's own stage: 5c67ce0 (carried as .oldcode once, kept in
+  # /tmp/oldstage) runs its 6,400-sample job as its bench/h200_session.sh ran it (its data defaults: 64 new tokens,
+  # prompts within 256), each log window recorded by bench/issue_stage.py, in its own paths.root; once per seed in
+  # SEEDS (0 unless set; its generate and extract cached after the first). $OUT/issue_SEED.tgz
+  install_wheels .whl-tf && smollm2_gguf || exit 1
+  [ -d .oldcode/conf ] && { rm -rf /tmp/oldstage; cp -r .oldcode /tmp/oldstage; }
+  [ -d /tmp/oldstage/conf ] || { echo "no 5c67ce0 with conf in /tmp/oldstage: carry .oldcode"; exit 1; }
+  for seed in ${SEEDS:-0}; do
+    (cd /tmp/oldstage && DRAFTLAB_GIT_COMMIT=5c67ce0 PYTHONPATH=$SITE timeout ${LIMIT:-420} python3 \
+      $H/main/bench/issue_stage.py run --code . --log $ROOT/issue_$seed.jsonl -- paths.root=$ROOT/issue \
+      data.source=jsonl data.path=$ROOT/headline_prompts.jsonl data.samples=6400 data.batch_size=512 \
+      data.shard_size=1024 extract.batch_size=64 extract.shard_size=512 train.batch_tokens=16384 \
+      'stages=[generate,extract,train]' train.seed=$seed hydra.run.dir=$ROOT/issue_run_$seed) \
+      > $ROOT/log-issue_$seed.txt 2>&1; echo "the issue's job, seed $seed: rc=$?"
+    grep -a "stage \|Error" $ROOT/log-issue_$seed.txt | cut -c1-200 | tail -n 8
+    python3 "$(dirname "$0")/issue_stage.py" read $ROOT/issue_$seed.jsonl --results $ROOT/issue_run_$seed/results.json
+    (cd $ROOT && tar czf "$OUT/issue_$seed.tgz" issue_$seed.jsonl log-issue_$seed.txt issue_run_$seed 2>/dev/null)
+  done ;;
+issue_data)  # today's preset on the issue's data settings (issue_stage's), a `small` job of 1,500 steps per seed in
+  # SEEDS (0 unless set), each packed as $OUT/issuedata_SEED.tgz: the code varied alone against issue_stage
+  install_wheels .whl-tf && smollm2_gguf || exit 1
+  for seed in ${SEEDS:-0}; do
+    SAMPLES=6400 small_job "issuedata_$seed.tgz" ${LIMIT:-300} train.max_steps=1500 train.seed=$seed \
+      data.max_new_tokens=64 data.max_prompt_tokens=256
   done ;;
 use_code)  # the code in CODE_DIR (e.g. .ab/base, carried) becomes $H/main, with COMMIT as its commit; the code there
   # before moves to $H/$MOVE_TO (new unless set), and its copy of this script runs later steps on $H/main's code

@@ -1,0 +1,103 @@
+"""The issue's own train stage, window by window: issue 11's 80k tok/s is one 10-step log window of 5c67ce0's train
+stage on 6,400 real samples (BENCHMARKS.md), so part 4 is settled by running that stage again on the machine that
+runs today's, and reading both the same ways.
+
+    python bench/issue_stage.py run --code .oldcode --log windows.jsonl -- OVERRIDE...   # the old code's src/run.py
+    python bench/issue_stage.py read windows.jsonl [--results results.json] [--stated 80000]
+
+`run` runs CODE's `src/run.py` in this process with tracking off and its RecordingReporter also appending every
+metrics call to LOG as a JSON line (`t`: the wall clock when it was reported, `step`, the values), so each log window
+keeps its rate and time; the code itself is not changed. `read` prints the stage's rates from such a file:
+- last_window: the last full log window's rate, the kind of number the 80k is;
+- median_window: the median window's rate;
+- steady: the windows' tokens over their seconds, leaving out the first window of each epoch (it holds the start,
+  or the validation pass and the checkpoint at the epoch's end before it); the checkpoints every
+  `train.checkpoint_every` steps stay in, as they do in any stage of that code;
+- stage_mean (with --results): the stage's train tokens over its seconds, loading and passes included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import runpy
+import statistics
+import sys
+import time
+from pathlib import Path
+
+
+def run(code: Path, log: Path, overrides: list[str]) -> None:
+    """Run CODE's src/run.py with OVERRIDES, every reported metrics dict appended to LOG."""
+    sys.path.insert(0, str(code / "src"))
+    from draftlab import reporting  # the older code's, from the path just put first
+
+    original = reporting.RecordingReporter.metrics
+
+    def metrics(self, values, step=None):
+        numbers = {k: float(v) for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        with log.open("a") as out:
+            out.write(json.dumps({"t": time.time(), "step": step, **numbers}) + "\n")
+        return original(self, values, step)
+
+    reporting.RecordingReporter.metrics = metrics
+    script = code / "src" / "run.py"
+    sys.argv = [str(script), "tracking.enabled=false", *overrides]
+    runpy.run_path(str(script), run_name="__main__")
+
+
+def windows(records: list[dict]) -> list[dict]:
+    """The train log windows, in order, each marked `after_gap` when it is the run's first or follows a validation
+    pass (its seconds then hold the start or the epoch's end)."""
+    found, gap = [], True
+    for record in records:
+        if "val/loss" in record and "train/tokens_per_s" not in record:
+            gap = True
+        elif "train/tokens_per_s" in record and "train/seconds" not in record:  # not the stage's closing metrics
+            found.append({"step": record["step"], "tokens": record["train/tokens"],
+                          "seconds": record["train/tokens"] / record["train/tokens_per_s"],
+                          "tokens_per_s": record["train/tokens_per_s"], "after_gap": gap})
+            gap = False
+    return found
+
+
+def readings(records: list[dict], results: dict | None = None) -> dict:
+    """The stage's rates (module docstring) from the records `run` wrote, and from its results.json's metrics."""
+    found = windows(records)
+    if not found:
+        raise ValueError("no train log windows in the records")
+    full = [w for w in found if w["tokens"] > 0.5 * statistics.median(x["tokens"] for x in found)]
+    steady = [w for w in found if not w["after_gap"]]
+    out = {"windows": len(found), "last_window": full[-1]["tokens_per_s"],
+           "median_window": statistics.median(w["tokens_per_s"] for w in found),
+           "steady": sum(w["tokens"] for w in steady) / sum(w["seconds"] for w in steady) if steady else None}
+    if results:
+        epochs = max(w.get("epoch", 0.0) for w in records) + 1
+        out["stage_mean"] = results["train/train_tokens"] * epochs / results["train/seconds"]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    go = sub.add_parser("run")
+    go.add_argument("--code", type=Path, required=True, help="an older checkout holding src/run.py and conf/")
+    go.add_argument("--log", type=Path, required=True)
+    go.add_argument("overrides", nargs="*")
+    read = sub.add_parser("read")
+    read.add_argument("log", type=Path)
+    read.add_argument("--results", type=Path, help="the job's results.json, for the stage's mean")
+    read.add_argument("--stated", type=float, default=80_000)
+    args = ap.parse_args()
+    if args.command == "run":
+        run(args.code.resolve(), args.log.resolve(), args.overrides)
+        return
+    records = [json.loads(line) for line in args.log.read_text().splitlines() if line.strip()]
+    results = json.loads(args.results.read_text())["metrics"] if args.results else None
+    found = readings(records, results)
+    print(json.dumps({k: round(v, 1) if isinstance(v, float) else v for k, v in found.items()}))
+    print(" ".join(f"{k} {v / args.stated:.2f}x" for k, v in found.items() if k != "windows" and v))
+
+
+if __name__ == "__main__":
+    main()
