@@ -4,6 +4,7 @@ runs today's, and reading both the same ways.
 
     python bench/issue_stage.py run --code .oldcode --log windows.jsonl -- OVERRIDE...   # the old code's src/run.py
     python bench/issue_stage.py read windows.jsonl [--results results.json] [--stated 80000]
+    python bench/issue_stage.py pair ISSUE_RUN TODAY_RUN [ISSUE_RUN TODAY_RUN ...]
 
 `run` runs CODE's `src/run.py` in this process with tracking off and its RecordingReporter also appending every
 metrics call to LOG as a JSON line (`t`: the wall clock when it was reported, `step`, the values), so each log window
@@ -14,6 +15,10 @@ keeps its rate and time; the code itself is not changed. `read` prints the stage
   or the validation pass and the checkpoint at the epoch's end before it); the checkpoints every
   `train.checkpoint_every` steps stay in, as they do in any stage of that code;
 - stage_mean (with --results): the stage's train tokens over its seconds, loading and passes included.
+`pair` reads each ISSUE_RUN (a folder holding one `issue_S.jsonl` and `issue_run_S/results.json`, as
+h200_headline.sh's issue_stage packs them) beside a TODAY_RUN (a `small` job's folder) read the same three ways
+(steady: bench/stage_rate.py's rate between validation passes; stage_mean: train tokens over the stage's seconds;
+last_window: its results' train/tokens_per_s), and prints today's rate over the issue's, pair by pair.
 """
 
 from __future__ import annotations
@@ -77,6 +82,42 @@ def readings(records: list[dict], results: dict | None = None) -> dict:
     return out
 
 
+def today_readings(folder: Path) -> dict:
+    """A `small` job's train stage read as `readings` reads the issue's (the module docstring, `pair`)."""
+    import stage_rate  # bench/stage_rate.py, beside this script
+
+    log, metrics = stage_rate.read_run(folder)
+    return {"steady": stage_rate.steady_rate(log, metrics)["tokens_per_s"],
+            "stage_mean": metrics["train/train_tokens"] * metrics["train/epochs_seen"] / metrics["train/seconds"],
+            "last_window": metrics["train/tokens_per_s"]}
+
+
+def issue_readings(folder: Path) -> dict:
+    """An issue_stage folder's readings: its one issue_S.jsonl and issue_run_S/results.json."""
+    logs = sorted(folder.glob("issue_*.jsonl"))
+    if len(logs) != 1:
+        raise SystemExit(f"{folder}: needs one issue_*.jsonl, found {[p.name for p in logs]}")
+    records = [json.loads(line) for line in logs[0].read_text().splitlines() if line.strip()]
+    results = folder / logs[0].name.replace("issue_", "issue_run_").replace(".jsonl", "") / "results.json"
+    return readings(records, json.loads(results.read_text())["metrics"])
+
+
+def pair(folders: list[Path]) -> None:
+    if len(folders) % 2:
+        raise SystemExit("pair takes ISSUE_RUN TODAY_RUN pairs: an even number of folders")
+    keys, ratios = ("steady", "stage_mean", "last_window"), []
+    print("issue_run  today_run  " + "  ".join(f"{k}: issue today ratio" for k in keys))
+    for old_dir, new_dir in zip(folders[::2], folders[1::2]):
+        old, new = issue_readings(old_dir), today_readings(new_dir)
+        ratios.append({k: new[k] / old[k] for k in keys})
+        print(old_dir.name, new_dir.name, "  ".join(f"{k}: {old[k]:.0f} {new[k]:.0f} {new[k] / old[k]:.2f}x"
+                                                    for k in keys))
+    for k in keys:
+        values = [r[k] for r in ratios]
+        print(f"{k}: median {statistics.median(values):.2f}x, range {min(values):.2f}-{max(values):.2f}x "
+              f"over {len(values)} pair(s)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
@@ -88,7 +129,12 @@ def main() -> None:
     read.add_argument("log", type=Path)
     read.add_argument("--results", type=Path, help="the job's results.json, for the stage's mean")
     read.add_argument("--stated", type=float, default=80_000)
+    pairs = sub.add_parser("pair")
+    pairs.add_argument("folders", nargs="+", type=Path)
     args = ap.parse_args()
+    if args.command == "pair":
+        pair(args.folders)
+        return
     if args.command == "run":
         run(args.code.resolve(), args.log.resolve(), args.overrides)
         return

@@ -4,6 +4,8 @@ the last full window's rate, and a steady rate that leaves out each window holdi
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from conftest import bench_script
@@ -50,3 +52,15 @@ def test_a_slow_window_inside_an_epoch_stays_in_the_steady_rate():
 def test_records_without_windows_are_refused():
     with pytest.raises(ValueError, match="no train log windows"):
         issue_stage.readings([{"t": 0.0, "step": 5, "val/loss": 9.0}])
+
+
+def test_an_issue_stage_folder_is_read_from_its_windows_and_results(tmp_path):
+    (tmp_path / "issue_3.jsonl").write_text("\n".join(json.dumps(r) for r in _records()) + "\n")
+    (tmp_path / "issue_run_3").mkdir()
+    (tmp_path / "issue_run_3" / "results.json").write_text(
+        json.dumps({"metrics": {"train/train_tokens": 27_200.0, "train/seconds": 25.0}}))
+    assert issue_stage.issue_readings(tmp_path) == issue_stage.readings(
+        _records(), {"train/train_tokens": 27_200.0, "train/seconds": 25.0})
+    (tmp_path / "issue_4.jsonl").write_text("")
+    with pytest.raises(SystemExit, match="needs one issue_"):
+        issue_stage.issue_readings(tmp_path)
