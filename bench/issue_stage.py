@@ -9,22 +9,28 @@ runs today's, and reading both the same ways.
 `run` runs CODE's `src/run.py` in this process with tracking off and its RecordingReporter also appending every
 metrics call to LOG as a JSON line (`t`: the wall clock when it was reported, `step`, the values), so each log window
 keeps its rate and time; the code itself is not changed. `read` prints the stage's rates from such a file:
-- last_window: the last full log window's rate, the kind of number the 80k is;
+- last_window: the last log window's rate (the issue's 80k is one such; the last window may be short);
 - median_window: the median window's rate;
 - steady: the windows' tokens over their seconds, leaving out the first window of each epoch (it holds the start,
   or the validation pass and the checkpoint at the epoch's end before it); the checkpoints every
   `train.checkpoint_every` steps stay in, as they do in any stage of that code;
-- stage_mean (with --results): the stage's train tokens over its seconds, loading and passes included.
+- late: the same over the last epoch only. The issue's code speeds up through a run (each new batch shape costs it
+  once), so its late rate is the nearest to where a long run of it settles;
+- stage_mean (with --results): the stage's train tokens over its seconds, loading and passes included. It depends
+  on the job's length (a fixed cost spread over its steps): compare it only between jobs of equal work.
 `pair` reads each ISSUE_RUN (a folder holding one `issue_S.jsonl` and `issue_run_S/results.json`, as
-h200_headline.sh's issue_stage packs them) beside a TODAY_RUN (a `small` job's folder) read the same three ways
-(steady: bench/stage_rate.py's rate between validation passes; stage_mean: train tokens over the stage's seconds;
-last_window: its results' train/tokens_per_s), and prints today's rate over the issue's, pair by pair.
+h200_headline.sh's issue_stage packs them) beside a TODAY_RUN (a `small` job's folder) read the same ways: steady
+and late by bench/stage_rate.py (between the second validation pass and the last, and over the last third of the
+steps; the passes left out), stage_mean over the seconds from the stage's "running" log line to the next stage's,
+last_window from its results' train/tokens_per_s; and prints today's rate over the issue's, pair by pair.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import re
 import runpy
 import statistics
 import sys
@@ -52,18 +58,27 @@ def run(code: Path, log: Path, overrides: list[str]) -> None:
 
 
 def windows(records: list[dict]) -> list[dict]:
-    """The train log windows, in order, each marked `after_gap` when it is the run's first or follows a validation
-    pass (its seconds then hold the start or the epoch's end)."""
-    found, gap = [], True
+    """The train log windows, in order. A window's seconds run from the report before it to its own (the trainer
+    restarts its window clock right after each report), and its tokens are its rate times them: the record's
+    `train/tokens` counts loss positions, not the attention mask's tokens that the rate is made of. `after_gap` marks
+    the run's first window and each one after a validation pass (its seconds then hold the start, or the epoch's
+    end: the pass and its checkpoint)."""
+    found, gap, before = [], True, None
     for record in records:
         if "val/loss" in record and "train/tokens_per_s" not in record:
             gap = True
         elif "train/tokens_per_s" in record and "train/seconds" not in record:  # not the stage's closing metrics
-            found.append({"step": record["step"], "tokens": record["train/tokens"],
-                          "seconds": record["train/tokens"] / record["train/tokens_per_s"],
+            seconds = record["t"] - before if before is not None else float("nan")
+            found.append({"step": record["step"], "epoch": record.get("epoch", 0.0), "seconds": seconds,
+                          "tokens": record["train/tokens_per_s"] * seconds,
                           "tokens_per_s": record["train/tokens_per_s"], "after_gap": gap})
             gap = False
+        before = record["t"]
     return found
+
+
+def _rate(found: list[dict]) -> float | None:
+    return sum(w["tokens"] for w in found) / sum(w["seconds"] for w in found) if found else None
 
 
 def readings(records: list[dict], results: dict | None = None) -> dict:
@@ -71,15 +86,29 @@ def readings(records: list[dict], results: dict | None = None) -> dict:
     found = windows(records)
     if not found:
         raise ValueError("no train log windows in the records")
-    full = [w for w in found if w["tokens"] > 0.5 * statistics.median(x["tokens"] for x in found)]
     steady = [w for w in found if not w["after_gap"]]
-    out = {"windows": len(found), "last_window": full[-1]["tokens_per_s"],
-           "median_window": statistics.median(w["tokens_per_s"] for w in found),
-           "steady": sum(w["tokens"] for w in steady) / sum(w["seconds"] for w in steady) if steady else None}
+    last_epoch = max(w["epoch"] for w in found)
+    out = {"windows": len(found), "last_window": found[-1]["tokens_per_s"],
+           "median_window": statistics.median(w["tokens_per_s"] for w in found), "steady": _rate(steady),
+           "late": _rate([w for w in steady if w["epoch"] == last_epoch])}
     if results:
-        epochs = max(w.get("epoch", 0.0) for w in records) + 1
-        out["stage_mean"] = results["train/train_tokens"] * epochs / results["train/seconds"]
+        out["stage_mean"] = results["train/train_tokens"] * (last_epoch + 1) / results["train/seconds"]
     return out
+
+
+STAGE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+)\]\[draftlab\.pipeline\]\[INFO\] - stage (\w+): running",
+                   re.MULTILINE)
+
+
+def stage_seconds(log_text: str) -> float | None:
+    """The train stage's seconds by the log, from its "running" line to the next stage's: today's train/seconds
+    starts after the stage's module is imported (about 3.7 s on the H100), the issue's code's before it."""
+    lines = [(name, datetime.datetime.strptime(when, "%Y-%m-%d %H:%M:%S,%f")) for when, name in STAGE.findall(log_text)]
+    names = [name for name, _ in lines]
+    if "train" not in names or names.index("train") + 1 >= len(names):
+        return None
+    at = names.index("train")
+    return (lines[at + 1][1] - lines[at][1]).total_seconds()
 
 
 def today_readings(folder: Path) -> dict:
@@ -87,8 +116,12 @@ def today_readings(folder: Path) -> dict:
     import stage_rate  # bench/stage_rate.py, beside this script
 
     log, metrics = stage_rate.read_run(folder)
+    passes = sorted(stage_rate.passes(log))
+    late_first = min(step for step in passes if step >= passes[-1] * 2 / 3)  # the last third of the steps
+    seconds = stage_seconds(log) or metrics["train/seconds"]
     return {"steady": stage_rate.steady_rate(log, metrics)["tokens_per_s"],
-            "stage_mean": metrics["train/train_tokens"] * metrics["train/epochs_seen"] / metrics["train/seconds"],
+            "late": stage_rate.steady_rate(log, metrics, first=late_first)["tokens_per_s"],
+            "stage_mean": metrics["train/train_tokens"] * metrics["train/epochs_seen"] / seconds,
             "last_window": metrics["train/tokens_per_s"]}
 
 
@@ -105,7 +138,7 @@ def issue_readings(folder: Path) -> dict:
 def pair(folders: list[Path]) -> None:
     if len(folders) % 2:
         raise SystemExit("pair takes ISSUE_RUN TODAY_RUN pairs: an even number of folders")
-    keys, ratios = ("steady", "stage_mean", "last_window"), []
+    keys, ratios = ("steady", "late", "stage_mean", "last_window"), []
     print("issue_run  today_run  " + "  ".join(f"{k}: issue today ratio" for k in keys))
     for old_dir, new_dir in zip(folders[::2], folders[1::2]):
         old, new = issue_readings(old_dir), today_readings(new_dir)
