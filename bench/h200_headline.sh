@@ -197,7 +197,7 @@ issue_stage)  # issue 11 part 4 against the issue's own stage: 5c67ce0 (carried 
     (cd $ROOT && tar czf "$OUT/issue_$seed.tgz" issue_$seed.jsonl log-issue_$seed.txt issue_run_$seed 2>/dev/null)
   done ;;
 issue_data)  # today's preset on the issue's data settings (issue_stage's), a `small` job of 1,500 steps per seed in
-  # SEEDS (0 unless set), each packed as $OUT/issuedata_SEED.tgz: the code varied alone against issue_stage
+  # SEEDS (0 unless set), each packed as $OUT/issuedata_SEED.tgz: the same data as issue_stage, each code its recipe
   install_wheels .whl-tf && smollm2_gguf || exit 1
   for seed in ${SEEDS:-0}; do
     SAMPLES=6400 small_job "issuedata_$seed.tgz" ${LIMIT:-300} train.max_steps=1500 train.seed=$seed \
