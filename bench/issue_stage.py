@@ -28,14 +28,21 @@ last_window from its results' train/tokens_per_s; and prints today's rate over t
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import re
 import runpy
 import statistics
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import stage_rate  # noqa: E402  (bench/stage_rate.py: today's stage read from its log)
+from stage_rate import stage_seconds  # noqa: E402  (today's stage timed by its log lines)
+
+
+def read_records(path: Path) -> list[dict]:
+    """The JSON lines `run` wrote."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def run(code: Path, log: Path, overrides: list[str]) -> None:
@@ -96,25 +103,8 @@ def readings(records: list[dict], results: dict | None = None) -> dict:
     return out
 
 
-STAGE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+)\]\[draftlab\.pipeline\]\[INFO\] - stage (\w+): running",
-                   re.MULTILINE)
-
-
-def stage_seconds(log_text: str) -> float | None:
-    """The train stage's seconds by the log, from its "running" line to the next stage's: today's train/seconds
-    starts after the stage's module is imported (about 3.7 s on the H100), the issue's code's before it."""
-    lines = [(name, datetime.datetime.strptime(when, "%Y-%m-%d %H:%M:%S,%f")) for when, name in STAGE.findall(log_text)]
-    names = [name for name, _ in lines]
-    if "train" not in names or names.index("train") + 1 >= len(names):
-        return None
-    at = names.index("train")
-    return (lines[at + 1][1] - lines[at][1]).total_seconds()
-
-
 def today_readings(folder: Path) -> dict:
     """A `small` job's train stage read as `readings` reads the issue's (the module docstring, `pair`)."""
-    import stage_rate  # bench/stage_rate.py, beside this script
-
     log, metrics = stage_rate.read_run(folder)
     passes = sorted(stage_rate.passes(log))
     late_first = min(step for step in passes if step >= passes[-1] * 2 / 3)  # the last third of the steps
@@ -130,7 +120,7 @@ def issue_readings(folder: Path) -> dict:
     logs = sorted(folder.glob("issue_*.jsonl"))
     if len(logs) != 1:
         raise SystemExit(f"{folder}: needs one issue_*.jsonl, found {[p.name for p in logs]}")
-    records = [json.loads(line) for line in logs[0].read_text().splitlines() if line.strip()]
+    records = read_records(logs[0])
     results = folder / logs[0].name.replace("issue_", "issue_run_").replace(".jsonl", "") / "results.json"
     return readings(records, json.loads(results.read_text())["metrics"])
 
@@ -171,7 +161,7 @@ def main() -> None:
     if args.command == "run":
         run(args.code.resolve(), args.log.resolve(), args.overrides)
         return
-    records = [json.loads(line) for line in args.log.read_text().splitlines() if line.strip()]
+    records = read_records(args.log)
     results = json.loads(args.results.read_text())["metrics"] if args.results else None
     found = readings(records, results)
     print(json.dumps({k: round(v, 1) if isinstance(v, float) else v for k, v in found.items()}))

@@ -23,17 +23,31 @@ import re
 import statistics
 from pathlib import Path
 
-PASS = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+)\]\[draftlab\]\[INFO\] - train: step (\d+) val/loss .*, "
-                  r"a ([\d.]+) s pass")
+TIME = r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+)\]"  # the stamp that starts each line of Hydra's job log
+PASS = re.compile(TIME + r"\[draftlab\]\[INFO\] - train: step (\d+) val/loss .*, a ([\d.]+) s pass")
+STAGE = re.compile("^" + TIME + r"\[draftlab\.pipeline\]\[INFO\] - stage (\w+): running", re.MULTILINE)
+
+
+def log_time(stamp: str) -> float:
+    """A log line's time (TIME's group) in seconds."""
+    return datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
 def passes(log_text: str) -> dict[int, tuple[float, float]]:
     """{step: (the pass's log time in seconds, the pass's own seconds)} for each validation pass the log holds."""
-    found = {}
-    for match in PASS.finditer(log_text):
-        when = datetime.datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
-        found[int(match.group(2))] = (when, float(match.group(3)))
-    return found
+    return {int(step): (log_time(when), float(seconds)) for when, step, seconds in PASS.findall(log_text)}
+
+
+def stage_seconds(log_text: str) -> float | None:
+    """The train stage's seconds by the log, from its "running" line to the next stage's (None when no stage
+    follows it): its train/seconds starts after the stage's module is imported (about 3.7 s on an H100), where
+    5c67ce0's started before (bench/issue_stage.py compares the two)."""
+    lines = STAGE.findall(log_text)
+    names = [name for _, name in lines]
+    if "train" not in names or names.index("train") + 1 >= len(names):
+        return None
+    at = names.index("train")
+    return log_time(lines[at + 1][0]) - log_time(lines[at][0])
 
 
 def steady_rate(log_text: str, metrics: dict, first: int | None = None, last: int | None = None) -> dict:

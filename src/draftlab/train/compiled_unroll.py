@@ -180,8 +180,8 @@ class CompiledUnroll:
             cached = _cache_hits() > hits
             self.hits[mode] += cached
             spent = {phase: after - phases[phase] for phase, after in _phase_seconds().items()}
-            for phase, phase_seconds in spent.items():
-                self.phase_seconds[phase] += phase_seconds
+            for phase, seconds_in_phase in spent.items():
+                self.phase_seconds[phase] += seconds_in_phase
             log.info("train: compiled the unroll for %s in %.1f s (graph %d%s%s; Dynamo's trace %.1f s, the backend "
                      "%.1f s of which importing its modules %.1f s, guards %.1f s)", mode, seconds, self.graphs,
                      ", from the compile cache" if cached else "",
