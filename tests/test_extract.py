@@ -111,7 +111,8 @@ def test_head_vocab_manifest_and_metrics(pool):
     manifest = read_manifest(folder)
     target = draftlab.target.tiny_target()
     assert manifest["layer_ids"] == [1, 3, 4] and manifest["sglang_servable"]
-    assert manifest["convention"].startswith("sglang-llama")
+    assert manifest["convention"].startswith("sglang: capture point c") and manifest["capture_points"] == [2, 4, 5]
+    assert manifest["capture"].startswith("LlamaForCausalLM, SGLang ")
     assert manifest["target"]["fingerprint"] == target.fingerprint
     assert manifest["target"]["config"]["num_hidden_layers"] == 8
     assert manifest["shapes"] == {"features": [-1, 192], "last_hidden": [-1, 64]}

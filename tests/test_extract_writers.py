@@ -77,7 +77,7 @@ def test_the_estimate_covers_what_the_shards_take(pool, monkeypatch):
     estimates = []
     original = extract._check_room
     monkeypatch.setattr(extract, "_check_room", lambda cfg, out, manifest, tokens, samples: estimates.append(
-        (tokens, extract.estimated_bytes_per_token(manifest))) or original(cfg, out, manifest, tokens, samples))
+        (tokens, room.estimated_bytes_per_token(manifest))) or original(cfg, out, manifest, tokens, samples))
     run(pool, config(pool, samples=16))
     manifest = read_manifest(pool / "extract")
     tokens, per_token = estimates[0]
@@ -118,7 +118,7 @@ def test_a_pool_in_memory_also_counts_the_pinned_staging_buffers(pool, monkeypat
     cfg = config(pool, samples=1000, shard_size=64, writers=4)
     manifest = {"bytes_per_token": 1000.0}
     tokens, samples = 1_000_000, 1000  # 1 GB of shards; each shard of 64 samples 64 MB, 5 in flight at most
-    base = tokens * 1000 + extract.ROOM_MARGIN
+    base = tokens * 1000 + room.ROOM_MARGIN
     staging = 2 * 5 * 64 * 1000 * 1000
     for in_memory, free, fits in [(False, base + 100, True), (True, base + 100, False),
                                   (True, base + staging + 100, True)]:

@@ -1,4 +1,5 @@
-"""python -m draftlab {stage, check-draft, convert, import-runs, warm-compile, warm-decode} ..."""
+"""python -m draftlab {stage, check-draft, convert, capture-contract, plan, import-runs, warm-compile,
+warm-decode} ..."""
 
 import logging
 import sys
@@ -9,6 +10,8 @@ COMMANDS = {
     "stage": ("draftlab.dvc_stage", "run one pipeline stage on params.yaml (what dvc.yaml calls)"),
     "check-draft": ("draftlab.sglang.cli", "check a draft folder against what SGLang loads"),
     "convert": ("draftlab.sglang.cli", "convert a draft folder between SGLang and speculators formats"),
+    "capture-contract": ("draftlab.sglang.capture_reader", "regenerate SGLang's EAGLE-3 capture contract"),
+    "plan": ("draftlab.plan", "what a run takes (storage, memory, SGLang flags), from config.json alone"),
     "import-runs": ("draftlab.import_runs", "log jobs run without a tracking store (results.json) into MLflow"),
     "warm-compile": ("draftlab.train.compile_warmup", "build the train stage's compiled graphs ahead"),
     "warm-decode": ("draftlab.decode_warmup", "build the generate stage's compiled decode step ahead"),
@@ -25,7 +28,7 @@ def main(argv: list[str]) -> int:
 
     module = importlib.import_module(COMMANDS[argv[0]][0])
     try:
-        if argv[0] in ("stage", "import-runs", "warm-compile", "warm-decode"):
+        if argv[0] in ("stage", "import-runs", "warm-compile", "warm-decode", "capture-contract", "plan"):
             return module.main(argv[1:])
         return module.main(argv)
     except ConfigError as err:

@@ -2,7 +2,8 @@
 
 A stage's code is its module under `draftlab/stages/` plus every draftlab module it imports, directly or
 through other draftlab modules, at module level or inside a function (found by reading the sources with `ast`,
-so nothing is imported and torch is never loaded just to make a key). The hash covers those files' bytes.
+so nothing is imported and torch is never loaded just to make a key), and the data files named after those
+modules (`<module>_*.json`). The hash covers those files' bytes.
 
 Why a hash rather than a hand-bumped VERSION: a forgotten bump silently reuses stale outputs, which is the
 failure this exists to stop, and a test can only say "bump it", not do it. A hash costs a rerun after an edit
@@ -64,6 +65,8 @@ def _closure(start: str, root: Path) -> dict[str, Path]:
         if file is None:  # a function or class imported from a module, not a module
             continue
         files[module] = file
+        # data a module reads is named after it (sglang/capture.py reads capture_contract.json): its code too
+        files.update({f"{module}:{data.name}": data for data in sorted(file.parent.glob(f"{file.stem}_*.json"))})
         todo.extend(_imported_modules(file, module))
     return files
 
@@ -104,7 +107,7 @@ def cached_code_version(name: str, cache_dir: Path, root: Path | None = None) ->
     size, mtime): stat-ing the tree takes a millisecond, parsing and hashing it a few hundred, which an
     all-cached rerun should not pay. Any edit, added or removed file changes the stamp."""
     root = Path(root or PACKAGE_ROOT)
-    files = sorted(root.rglob("*.py"))
+    files = sorted([*root.rglob("*.py"), *root.rglob("*.json")])
     stamp = hashlib.sha256("\n".join(f"{f}|{f.stat().st_size}|{f.stat().st_mtime_ns}" for f in files).encode())
     from draftlab.fsutil import remembered
 

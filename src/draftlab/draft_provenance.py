@@ -36,10 +36,11 @@ def from_extract_manifest(manifest: dict) -> dict:
         "extract_fingerprint": extract_fingerprint(manifest),
         "layer_ids": layer_ids,
         "feature_width": len(layer_ids) * hidden,
+        "capture_points": manifest.get("capture_points"),
         "target": {"name": target.get("name"), "fingerprint": target.get("fingerprint"), "hidden_size": hidden,
                    "num_hidden_layers": target.get("num_layers") or tc.get("num_hidden_layers"),
                    "vocab_size": target.get("vocab_size") or tc.get("vocab_size"),
-                   "model_type": tc.get("model_type"),
+                   "model_type": tc.get("model_type"), "architectures": tc.get("architectures"),
                    "max_position_embeddings": tc.get("max_position_embeddings")},
     }
 

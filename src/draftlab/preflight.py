@@ -53,7 +53,7 @@ def check_target_path(target) -> None:
 
 def check_target_shape(cfg) -> None:
     """Layer ids and the draft vocabulary against the target's shape, read from its config alone."""
-    from draftlab.data.layers import resolve_layers
+    from draftlab.data.layers import resolve_layers, target_capture
     from draftlab.target_shape import target_shape
 
     try:
@@ -61,7 +61,8 @@ def check_target_shape(cfg) -> None:
     except (OSError, ValueError) as err:  # transformers: hub name not found, unreadable config, ...
         raise ConfigError(f"target.path: cannot read the config of {cfg.target.path}: "
                           f"{str(err).strip().splitlines()[0]}") from err
-    resolve_layers(cfg.extract.layers, shape["num_hidden_layers"])  # raises ConfigError naming extract.layers
+    # raises ConfigError naming extract.layers, or the target's class when SGLang cannot feed it a draft
+    resolve_layers(cfg.extract.layers, shape["num_hidden_layers"], target_capture(cfg.target))
     if cfg.draft.vocab_size > shape["vocab_size"]:
         raise ConfigError(f"draft.vocab_size: {cfg.draft.vocab_size} is larger than the target vocabulary "
                           f"({shape['vocab_size']})")

@@ -174,13 +174,51 @@ def _load_hf(path: str, gguf_file: str | None, name: str, device, dtype, device_
 
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
-    if device_map:  # accelerate places the layers; inputs go where the embedding lives
+    wrapper = None if gguf_file else _wrapper_config(Path(path))
+    if wrapper is not None:  # a multimodal wrapper: the draft only ever sees its text model
+        model = _load_text_model(Path(path), wrapper, dtype).to(device).eval()
+    elif device_map:  # accelerate places the layers; inputs go where the embedding lives
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device_map, **kwargs).eval()
         device = model.get_input_embeddings().weight.device
     else:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs).to(device).eval()
     _prepare_tokenizer(tokenizer)
     return Target(model, tokenizer, name, config_fingerprint(name, model.config.to_dict()), device, dtype)
+
+
+def _wrapper_config(folder: Path) -> dict | None:
+    """config.json of a target that wraps its text model under `text_config` (Kimi-K2.5, vision-language models)."""
+    path = folder / "config.json"
+    if not path.exists():
+        return None
+    config = json.loads(path.read_text())
+    return config if isinstance(config.get("text_config"), dict) else None
+
+
+def _load_text_model(folder: Path, config: dict, dtype: torch.dtype) -> torch.nn.Module:
+    """The wrapper's language model alone, built from `text_config`, with the checkpoint's `language_model.*`
+    tensors (the prefix SGLang's wrappers strip too); the vision tower's tensors are never read."""
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    text = dict(config["text_config"])
+    text_config = AutoConfig.for_model(text.pop("model_type"), **text)
+    model = AutoModelForCausalLM.from_config(text_config, dtype=dtype)
+    state = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as handle:
+            for key in handle.keys():
+                if key.startswith("language_model."):
+                    state[key.removeprefix("language_model.")] = handle.get_tensor(key).to(dtype)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = getattr(text_config, "tie_word_embeddings", False)
+    missing = [k for k in missing if not (tied and k == "lm_head.weight")]
+    if missing or unexpected:
+        raise ValueError(f"{folder}: the language_model.* tensors do not fit {type(model).__name__} built from "
+                         f"text_config (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    if tied:
+        model.tie_weights()
+    return model
 
 
 def _prepare_tokenizer(tokenizer) -> None:

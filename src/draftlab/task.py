@@ -13,6 +13,7 @@ from pathlib import Path
 from draftlab.config import validate
 from draftlab.fsutil import atomic_write_json
 from draftlab.pipeline import run_stages
+from draftlab.plan import log_plan
 from draftlab.preflight import preflight
 from draftlab.provenance import git_state
 from draftlab.reporting import RecordingReporter
@@ -39,6 +40,7 @@ def run_task(cfg, parent_run_id: str | None = None, output_dir: Path | None = No
 def _run_task(cfg, parent_run_id: str | None = None, output_dir: Path | None = None) -> dict[str, float]:
     conf = validate(cfg)
     preflight(conf)
+    log_plan(conf)  # what the run takes (draftlab/plan.py); refuses a feature pool that cannot fit
     with collect_warnings() as warnings:
         if not conf.tracking.enabled:
             reporter = RecordingReporter()

@@ -43,9 +43,11 @@ class HiddenTap:
     torch.cat copy is needed; the copy also casts to the output dtype on the device.
     """
 
-    def __init__(self, model: torch.nn.Module, layer_ids: list[int]):
+    def __init__(self, model: torch.nn.Module, layer_ids: list[int], points: list[int] | None = None):
         self.body = model.model
         self.layer_ids = list(layer_ids)
+        # capture point c = the stream entering layer c: the embedding output for c = 0, else layer c-1's output
+        self.points = [k + 1 for k in self.layer_ids] if points is None else list(points)
         self.hidden = model.config.hidden_size
         self.head_weight = model.get_output_embeddings().weight
 
@@ -62,8 +64,8 @@ class HiddenTap:
             out = output[0] if isinstance(output, tuple) else output
             buf[..., slot * H:(slot + 1) * H].copy_(out)
 
-        handles = [self.body.layers[k].register_forward_hook(functools.partial(copy, j))
-                   for j, k in enumerate(self.layer_ids)]
+        handles = [(self.body.layers[c - 1] if c > 0 else self.body.embed_tokens).register_forward_hook(
+            functools.partial(copy, j)) for j, c in enumerate(self.points)]
         try:
             with variable_shape_attention():  # padded lengths vary from batch to batch
                 out = self.body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)

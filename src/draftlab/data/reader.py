@@ -121,7 +121,8 @@ class FeatureSource:
         self.num_samples = num_samples
         self.vocab_size = vocab_size
         self.target = target  # online only
-        self._tap = HiddenTap(target.model, layer_ids) if target is not None else None
+        self._tap = (HiddenTap(target.model, layer_ids, manifest.get("capture_points")) if target is not None
+                     else None)
         self._handles: dict[int, OpenShard] = {}
         self._open_lock = threading.Lock()  # the read-ahead workers of two iterators (train, val) share the handles
 
@@ -268,7 +269,7 @@ def online_entries(samples_folder: Path, limit: int) -> list[Entry]:
 def open_source(cfg, inputs: dict[str, Path], target=None) -> FeatureSource:
     """Offline: reads `inputs["extract"]` (first cfg.data.samples samples). Online: runs the target (loaded from
     cfg.target unless given) on `inputs["generate"]`; the extract folder, when given, supplies head and vocab."""
-    from draftlab.data.layers import resolve_layers
+    from draftlab.data.layers import capture_points, resolve_layers, target_capture
 
     n = int(cfg.data.samples)
     folder = Path(inputs["extract"]) if "extract" in inputs else None
@@ -284,9 +285,11 @@ def open_source(cfg, inputs: dict[str, Path], target=None) -> FeatureSource:
         from draftlab.target import load_target
 
         target = load_target(cfg.target, Path(cfg.paths.root) / "models")
-    layer_ids = manifest["layer_ids"] if manifest else resolve_layers(cfg.extract.layers, target.num_layers)
     if manifest is None:
+        capture = target_capture(cfg.target)
+        layer_ids = resolve_layers(cfg.extract.layers, target.num_layers, capture)
         manifest = {"format": FORMAT, "mode": "online", "layer_ids": layer_ids, "target": target_info(target),
+                    "capture_points": capture_points(cfg.extract.layers, layer_ids, target.num_layers, capture),
                     "dtype": cfg.extract.dtype}
     return FeatureSource(manifest, online_entries(Path(inputs["generate"]), n), folder, n, cfg.draft.vocab_size,
-                         target=target, layer_ids=layer_ids, plan_window=int(cfg.train.plan_window))
+                         target=target, layer_ids=manifest["layer_ids"], plan_window=int(cfg.train.plan_window))

@@ -65,3 +65,35 @@ def free_bytes(path: Path) -> tuple[int, bool]:
     memory = available_memory()
     known = [b for b in (free, memory) if b is not None]
     return (min(known) if known else 0), True
+
+
+# What a pool stores besides the two hidden-state tensors (data/samples.py `pack`, stages/extract.py): per token
+# target_top (int32), input_ids (int32) and loss_mask (uint8); per sample offsets and sample_index (int64) and split.
+ID_BYTES_PER_TOKEN = 4 + 4 + 1
+BYTES_PER_SAMPLE = 8 + 8 + 1
+ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
+ROOM_MARGIN = 1 << 30  # bytes kept free beyond the estimate: the manifest, the vocab, a filesystem's own use
+
+
+def bytes_per_token(dtype: str, feature_width: int, hidden_size: int) -> int:
+    """What one stored token takes in an extract pool: the features and the last hidden state in `dtype`, and ids."""
+    return (feature_width + hidden_size) * ITEMSIZE[dtype] + ID_BYTES_PER_TOKEN
+
+
+def estimated_bytes_per_token(manifest: dict) -> float:
+    """What a stored token takes: the pool's own average once it has shards, else its tensors' widths."""
+    if manifest["bytes_per_token"]:
+        return float(manifest["bytes_per_token"])
+    return float(bytes_per_token(manifest["dtype"], manifest["shapes"]["features"][1],
+                                 manifest["shapes"]["last_hidden"][1]))
+
+
+def room_needed(tokens: int, samples: int, per_token: float, in_memory: bool, shard_size: int, writers: int) -> int:
+    """Bytes an extraction of `tokens` needs free where the pool lives. A pool in memory also shares it with the
+    pinned staging buffers: `writers` + 1 shards in flight, each tensor in a block rounded up to a power of two by
+    torch's pinned-memory cache, so up to twice a shard's bytes each."""
+    need = int(tokens * per_token) + ROOM_MARGIN
+    if in_memory and samples:
+        shard_bytes = tokens / samples * min(shard_size, samples) * per_token
+        need += int(2 * (writers + 1) * shard_bytes)
+    return need

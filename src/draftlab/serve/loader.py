@@ -48,13 +48,17 @@ class LoadedDraft:
         return lines
 
 
-def sglang_feature_layers(config: dict, num_target_layers: int) -> tuple[int, ...]:
-    from draftlab.data.layers import resolve_layers
+def sglang_feature_layers(config: dict, num_target_layers: int, target_config: dict | None = None) -> tuple[int, ...]:
+    """The target layers whose outputs SGLang feeds this draft (output of layer k = HF hidden_states[k+1]): the
+    draft's ids (SGLang's default when it names none) through the target architecture's capture contract."""
+    from draftlab.sglang.capture import for_target
 
+    capture = for_target(target_config or {"architectures": ["LlamaForCausalLM"]}, allow_unlisted=True)
     ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     if not ids:
-        ids = resolve_layers("auto", num_target_layers)  # SGLang's default capture
-    return tuple(sorted(set(int(i) for i in ids)))
+        ids = capture.default_ids(num_target_layers)  # SGLang's default capture
+    ids = sorted(set(int(i) for i in ids))
+    return tuple(c - 1 for c in capture.points(ids, num_target_layers))
 
 
 def load_draft_like_sglang(folder: Path | str, target_model, rules: str = "current",
@@ -71,7 +75,7 @@ def load_draft_like_sglang(folder: Path | str, target_model, rules: str = "curre
             line for line in report.lines() if line.startswith("shape mismatch")))
 
     tcfg = target_model.config
-    layers = sglang_feature_layers(config, tcfg.num_hidden_layers)
+    layers = sglang_feature_layers(config, tcfg.num_hidden_layers, tcfg.to_dict())
     if len(layers) * tcfg.hidden_size != arch.num_aux * arch.hidden_in:
         raise DraftLoadError(
             f"{folder}: fc expects {arch.num_aux} x {arch.hidden_in} features, the target gives "

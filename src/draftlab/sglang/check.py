@@ -17,7 +17,8 @@ from pathlib import Path
 from draftlab.sglang import check_trained as trained
 from draftlab.sglang import keymap
 from draftlab.sglang.st_files import INT_DTYPES, DraftFilesError, load_tensors, read_headers
-from draftlab.sglang.targetinfo import OTHER_CONVENTION, load_target_config, manifest_layer_ids, text_config
+from draftlab.sglang.capture import CaptureError, for_target
+from draftlab.sglang.targetinfo import load_target_config, manifest_layer_ids, text_config
 
 ARCH = "LlamaForCausalLMEagle3"
 REQUIRED = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
@@ -96,6 +97,7 @@ def check_draft(folder, target=None, rules: str = "current", extract_manifest=No
         else:
             trained.check_target_agrees(report, prov, tcfg)
         trained.check_layer_ids(report, config, prov)
+        tcfg = {**tcfg, "capture_points": prov.get("capture_points")}
     _check_config(report, config, tcfg)
     _check_layer_ids(report, config, tcfg, extract_manifest)
     if any(k not in config for k in REQUIRED) or report.rules not in keymap.RULES:
@@ -184,18 +186,35 @@ def _check_layer_ids(report: CheckReport, config: dict, target: dict | None, man
     if n_aux is not None and n_aux != len(ids):
         report.error("num_aux_hidden_states", f"{n_aux} != {len(ids)} layer ids; SGLang sizes fc from num_aux")
     if target:
-        L = target.get("num_hidden_layers")
-        if target.get("model_type") in OTHER_CONVENTION:
-            report.warn(where, f"target model_type {target.get('model_type')} does not read ids as 'output of layer "
-                        "k' (+1) in SGLang; check the capture convention by hand")
-        elif L is not None:
-            if any(i >= L - 1 for i in ids):
-                report.error(where, f"{ids}: id {L - 1} (the last layer's output) or beyond cannot be captured on a "
-                             f"{L}-layer Llama-family target; valid ids are 0..{L - 2}")
+        _check_capture(report, where, ids, target)
     used = manifest_layer_ids(manifest)
     if used is not None and list(used) != list(ids):
         report.error(where, f"{ids} != {used}, the layer ids extraction used for training (extract manifest): "
                      "SGLang would feed the draft other layers than it learned on")
+
+
+def _check_capture(report: CheckReport, where: str, ids: list[int], target: dict) -> None:
+    """What SGLang captures for `ids` on this target's class (its capture contract), against what it can capture
+    and what the draft was trained on (the provenance's capture points)."""
+    try:
+        capture = for_target(target)
+    except CaptureError as err:
+        report.error("target", str(err))
+        return
+    L = target.get("num_hidden_layers")
+    if L is None:
+        return
+    points = capture.points(ids, L)
+    top = L if capture.entry.get("last_layer") else L - 1
+    lost = [i for i, c in zip(ids, points) if c > top]
+    if lost:
+        report.error(where, f"{ids}: ids {lost} cannot be captured by SGLang {capture.version} on a {L}-layer "
+                     f"{capture.arch} target (capture points {points}, 0..{top} exist): the draft would get fewer "
+                     "layers than fc expects")
+    trained_at = target.get("capture_points")
+    if trained_at is not None and list(trained_at) != points:
+        report.error(where, f"{ids}: SGLang captures points {points} on {capture.arch} (ids rule {capture.rule}), "
+                     f"the features were extracted at {list(trained_at)}: the draft would see other layers")
 
 
 def _check_tensors(report: CheckReport, folder: Path, config: dict, target: dict | None, headers: dict) -> None:

@@ -5,11 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-# Target model types whose set_eagle3_layers_to_capture does not simply add 1 to every id (SGLang 0.5.23):
-# deepseek_v2 / glm4_moe_lite add 1 only when ids[0] == 1; gpt_oss uses the ids as-is when max(id) == L.
-OTHER_CONVENTION = {"deepseek_v2", "deepseek_v3", "glm4_moe_lite", "gpt_oss"}
-
-
 def load_target_config(target: str | Path | None) -> tuple[dict | None, str | None]:
     """(config, None) or (None, why it could not be read). A hub name is only read from the local HF cache."""
     if target is None:

@@ -22,16 +22,14 @@ from draftlab.code_version import code_version  # under DVC's fixed folder, new 
 from draftlab.data import samples as samples_fmt
 from draftlab.data.features import (FORMAT, HEAD_FILE, HiddenTap, model_mask, offline_entries, pad_batch,
                                     read_manifest, stored_top1, target_head, target_info)
-from draftlab.data.layers import CONVENTION, LAST_WARNING, num_target_layers, resolve_layers, sglang_servable, spec_name
-from draftlab.data.room import free_bytes
+from draftlab.data.layers import (CONVENTION, LAST_WARNING, capture_points, num_target_layers, resolve_layers,
+                                  sglang_servable, spec_name, target_capture)
+from draftlab.data.room import estimated_bytes_per_token, free_bytes, room_needed
 from draftlab.data.vocab import count_tokens, vocab_name, vocab_path, write_vocab
 from draftlab.fsutil import atomic_save_safetensors, atomic_write_json
 from draftlab.progress import bar
 
 log = logging.getLogger("draftlab.extract")
-ROOM_MARGIN = 1 << 30  # bytes kept free beyond the estimate: the manifest, the vocab, a filesystem's own use
-
-
 def extract_batch(tap: HiddenTap, batch: list, dtype: torch.dtype, device) -> list[tuple[torch.Tensor, ...]]:
     """(features [T_i, nL*H], last_hidden [T_i, H], target_top [T_i]) per sample, on the device; the first two in
     the storage dtype, the last the int32 full-vocabulary argmax of the stored last_hidden where training reads it
@@ -170,9 +168,10 @@ def _totals(manifest: dict) -> None:
     manifest["bytes_per_token"] = manifest["bytes"] / manifest["tokens"] if manifest["tokens"] else 0.0
 
 
-def new_manifest(cfg, target, layer_ids: list[int], samples_fingerprint: str) -> dict:
+def new_manifest(cfg, target, layer_ids: list[int], samples_fingerprint: str, points: list[int], capture) -> dict:
     width = len(layer_ids) * target.hidden_size
-    return {"format": FORMAT, "mode": cfg.extract.mode, "layer_ids": layer_ids,
+    return {"format": FORMAT, "mode": cfg.extract.mode, "layer_ids": layer_ids, "capture_points": points,
+            "capture": capture.describe(),
             "layers_spec": spec_name(cfg.extract.layers), "sglang_servable": sglang_servable(cfg.extract.layers),
             "warning": None if sglang_servable(cfg.extract.layers) else LAST_WARNING,
             "convention": CONVENTION, "dtype": cfg.extract.dtype, "target": target_info(target),
@@ -183,9 +182,10 @@ def new_manifest(cfg, target, layer_ids: list[int], samples_fingerprint: str) ->
             "num_samples": 0, "tokens": 0, "bytes": 0, "bytes_per_token": 0.0, "shards": [], "vocabs": {}}
 
 
-def _check_pool(out: Path, manifest: dict, cfg, layer_ids: list[int], samples_fingerprint: str) -> None:
+def _check_pool(out: Path, manifest: dict, cfg, layer_ids: list[int], points: list[int],
+                samples_fingerprint: str) -> None:
     """A pool only grows with the same settings; anything else is a fingerprinting bug, not something to mix."""
-    wanted = {"layer_ids": layer_ids, "dtype": cfg.extract.dtype, "mode": cfg.extract.mode,
+    wanted = {"layer_ids": layer_ids, "capture_points": points, "dtype": cfg.extract.dtype, "mode": cfg.extract.mode,
               "samples_fingerprint": samples_fingerprint, "code_version": code_version("extract")}
     wrong = {k: (manifest.get(k), v) for k, v in wanted.items() if manifest.get(k) != v}
     if wrong:
@@ -206,14 +206,16 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter) -> dict:
         raise FileNotFoundError(f"{samples_dir}: fewer than data.samples={n} generated samples")
     # Resolved from config.json / GGUF header: a bad extract.layers fails before any weights are read.
     num_layers = num_target_layers(cfg.target, Path(cfg.paths.root) / "models")
-    layer_ids = resolve_layers(cfg.extract.layers, num_layers)
+    capture = target_capture(cfg.target)
+    layer_ids = resolve_layers(cfg.extract.layers, num_layers, capture)
+    points = capture_points(cfg.extract.layers, layer_ids, num_layers, capture)
     out.mkdir(parents=True, exist_ok=True)
     for leftover in out.rglob(".*.tmp"):  # a killed atomic write; the pipeline's lock keeps writers apart
         leftover.unlink()
     manifest = read_manifest(out)
     if manifest is not None:
         try:
-            _check_pool(out, manifest, cfg, layer_ids, samples_manifest["fingerprint"])
+            _check_pool(out, manifest, cfg, layer_ids, points, samples_manifest["fingerprint"])
         except ValueError as err:  # DVC keeps one folder whatever the settings: start it over, never mix
             log.warning("extract: %s; starting the pool over", err)
             _empty_pool(out)
@@ -228,7 +230,7 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter) -> dict:
         if target.num_layers != num_layers:  # the cheap config read disagreed with the model: trust neither
             raise ValueError(f"target has {target.num_layers} layers, its config said {num_layers}")
         if manifest is None:
-            manifest = new_manifest(cfg, target, layer_ids, samples_manifest["fingerprint"])
+            manifest = new_manifest(cfg, target, layer_ids, samples_manifest["fingerprint"], points, capture)
         elif manifest["target"]["fingerprint"] != target.fingerprint:
             raise ValueError(f"{out}: features of target {manifest['target']['fingerprint']}, "
                              f"not {target.fingerprint}; use another folder")
@@ -260,25 +262,12 @@ def _tokens_between(samples_manifest: dict, first: int, stop: int) -> int:
     return int(tokens)
 
 
-def estimated_bytes_per_token(manifest: dict) -> float:
-    """What a stored token takes: the pool's own average once it has shards, else its tensors' widths."""
-    if manifest["bytes_per_token"]:
-        return float(manifest["bytes_per_token"])
-    itemsize = torch.empty(0, dtype=getattr(torch, manifest["dtype"])).element_size()
-    width = manifest["shapes"]["features"][1] + manifest["shapes"]["last_hidden"][1]
-    return width * itemsize + 4 + 4 + 1  # + target_top (int32), input_ids (int32), loss_mask (uint8)
-
-
 def _check_room(cfg, out: Path, manifest: dict, tokens: int, samples: int) -> None:
-    """Refuses to start an extraction that cannot fit, naming the setting that chose the place. A pool in memory
-    also shares it with the pinned staging buffers: `writers` + 1 shards in flight, each tensor in a block rounded
-    up to a power of two by torch's pinned-memory cache, so up to twice a shard's bytes each."""
+    """Refuses to start an extraction that cannot fit (data/room.py's estimate), naming the setting that chose the
+    place."""
     per_token = estimated_bytes_per_token(manifest)
-    need = int(tokens * per_token) + ROOM_MARGIN
     free, in_memory = free_bytes(out)
-    if in_memory and samples:
-        shard_bytes = tokens / samples * min(cfg.extract.shard_size, samples) * per_token
-        need += int(2 * (cfg.extract.writers + 1) * shard_bytes)
+    need = room_needed(tokens, samples, per_token, in_memory, cfg.extract.shard_size, cfg.extract.writers)
     key = "extract.pool_root" if cfg.extract.pool_root else "paths.root"
     where = "memory (tmpfs: the smaller of its free space and the host's available memory)" if in_memory else "disk"
     if need > free:
@@ -291,7 +280,7 @@ def _check_room(cfg, out: Path, manifest: dict, tokens: int, samples: int) -> No
 
 def _extract(cfg, out: Path, samples_dir: Path, manifest: dict, target, layer_ids: list[int], done: int, n: int,
              reporter) -> None:
-    tap = HiddenTap(target.model, layer_ids)
+    tap = HiddenTap(target.model, layer_ids, manifest["capture_points"])
     dtype = getattr(torch, cfg.extract.dtype)
     writer = ShardWriter(out, manifest, cfg.extract.writers)
     shard: list = []

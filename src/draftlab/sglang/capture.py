@@ -1,0 +1,136 @@
+"""SGLang's EAGLE-3 capture contract (capture_contract.json, read from SGLang's model files by capture_reader.py):
+for the target's architecture, which hidden states the server feeds the draft for the ids in its config.
+
+draftlab's layer ids are the ids written to `eagle_config.eagle_aux_hidden_state_layer_ids`. A capture point c is
+the residual stream entering decoder layer c (HF `hidden_states[c]`; c = L is the last layer's output before the
+final norm). Extraction, the local engine and check-draft all go through `ArchCapture.points`, so the features a
+draft learns on are the ones the server captures for the same ids.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from draftlab.config import ConfigError
+
+CONTRACT = Path(__file__).with_name("capture_contract.json")
+# The id rules SGLang's model files use; capture_reader's `derive_rule` keeps the one every probe agrees with.
+RULES = {
+    "plus1": lambda ids, L: [i + 1 for i in ids],
+    "plus1_if_first_is_1": lambda ids, L: [i + 1 for i in ids] if ids and ids[0] == 1 else list(ids),
+    "as_is_if_max_is_L": lambda ids, L: list(ids) if ids and max(ids) == L else [i + 1 for i in ids],
+    "as_is": lambda ids, L: list(ids),
+}
+
+ALLOW_KEY = "target.allow_unlisted_arch"
+FALLBACK = {"captures": True, "ids": "plus1", "default": ["2", "L//2", "L-3"], "last_layer": False}
+
+
+class CaptureError(ConfigError):
+    """The target cannot feed an EAGLE-3 draft under SGLang (a config error: refused before any stage runs)."""
+
+
+@lru_cache(maxsize=1)
+def contract() -> dict:
+    return json.loads(CONTRACT.read_text())
+
+
+def _term(term: str, L: int) -> int:
+    base, _, offset = term.replace("-", "+-").partition("+") if term[0] == "L" else ("", "", term)
+    value = {"": 0, "L//2": L // 2, "L": L}[base]
+    return value + (int(offset) if offset else 0)
+
+
+@dataclass(frozen=True)
+class ArchCapture:
+    arch: str
+    entry: dict
+    version: str
+    listed: bool = True
+
+    @property
+    def rule(self) -> str:
+        return self.entry["ids"]
+
+    @property
+    def wraps(self) -> str | None:
+        return self.entry.get("wraps")
+
+    def points(self, ids: list[int], num_layers: int) -> list[int]:
+        """The capture points SGLang derives from `ids` on an L-layer target."""
+        return RULES[self.rule](list(ids), int(num_layers))
+
+    def default_ids(self, num_layers: int) -> list[int]:
+        """Ids whose capture points are SGLang's default (what it captures when the draft names none)."""
+        L = int(num_layers)
+        wanted = [_term(t, L) for t in self.entry["default"]]
+        for ids in ([c - 1 for c in wanted], wanted):
+            if self.points(ids, L) == wanted:
+                return ids
+        raise CaptureError(f"extract.layers=auto: no ids give {self.arch}'s default capture {wanted} "
+                           f"(SGLang {self.version}); list the ids")
+
+    def check(self, ids: list[int], num_layers: int, key: str = "extract.layers") -> list[int]:
+        """The capture points for `ids`, or CaptureError naming `key` when SGLang would capture other states."""
+        L = int(num_layers)
+        points = self.points(ids, L)
+        top = L if self.entry.get("last_layer") else L - 1
+        bad = [i for i, c in zip(ids, points) if c < 0 or c > top]
+        if bad:
+            raise CaptureError(
+                f"{key}: ids {bad} give capture points outside 0..{top} on this {L}-layer {self.arch} target "
+                f"(SGLang {self.version}, ids rule {self.rule}): the server would skip them and feed the draft "
+                f"fewer layers than it was trained on")
+        return points
+
+    def describe(self) -> str:
+        rule = {"plus1": "id k -> output of layer k (+1)",
+                "plus1_if_first_is_1": "+1 only when the first id is 1, else id k -> output of layer k-1",
+                "as_is_if_max_is_L": "+1 unless the largest id is L (then as-is)",
+                "as_is": "id k -> output of layer k-1 (as-is)"}.get(self.rule, self.rule)
+        via = f" via {self.wraps}" if self.wraps else ""
+        listed = "" if self.listed else f" (not in the contract: {ALLOW_KEY}=true)"
+        return f"{self.arch}{via}, SGLang {self.version}: {rule}{listed}"
+
+
+def architecture(config: dict) -> str | None:
+    """The class SGLang would serve: `architectures[0]`, else transformers' causal-LM class for `model_type`."""
+    archs = config.get("architectures") or []
+    if archs:
+        return archs[0]
+    try:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    except ImportError:
+        return None
+    return MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.get("model_type"))
+
+
+def for_target(config: dict, allow_unlisted: bool = False, data: dict | None = None) -> ArchCapture:
+    """The capture contract of the target whose config.json is `config` (in `data`, the checked-in contract by
+    default); CaptureError when SGLang cannot feed it a three-layer draft, naming the class, the SGLang version,
+    and what the server would feed instead."""
+    data = data or contract()
+    version = data["sglang_version"]
+    arch = architecture(config) or f"model_type {config.get('model_type')!r}"
+    entry = data["architectures"].get(arch)
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    hidden = text.get("hidden_size", "hidden_size")
+    wanted = f"3 x {hidden} = {3 * hidden}" if isinstance(hidden, int) else "3 x hidden_size"
+    if entry is None:
+        if allow_unlisted:
+            return ArchCapture(arch, FALLBACK, version, listed=False)
+        raise CaptureError(f"target architecture {arch} is not in draftlab's SGLang capture contract (SGLang "
+                           f"{version}, {len(data['architectures'])} classes): set {ALLOW_KEY}=true to extract "
+                           "with the Llama convention (id k = output of layer k) at your own risk")
+    if entry["captures"] is True:
+        return ArchCapture(arch, entry, version)
+    if entry["captures"] is None and allow_unlisted:
+        return ArchCapture(arch, FALLBACK, version, listed=False)
+    override = f"; {ALLOW_KEY}=true accepts it at your own risk" if entry["captures"] is None else ""
+    raise CaptureError(
+        f"target class {arch} ({entry['file']}, SGLang {version}) cannot feed an EAGLE-3 draft: {entry['why']}. "
+        f"The server would feed the draft one layer, width {hidden} (its last hidden state), where the draft "
+        f"expects {wanted}{override}")
