@@ -114,6 +114,7 @@ def convert(src: Path, dst: Path, to: str, verifier: str | None = None, speculat
     if src.resolve() == dst.resolve():
         raise ValueError("dst must differ from src")
     config = json.loads((src / "config.json").read_text())
+    record = _source_record(src)
     source = "speculators" if is_speculators_config(config) else "sglang"
     if source == to:
         new_config = config
@@ -127,9 +128,23 @@ def convert(src: Path, dst: Path, to: str, verifier: str | None = None, speculat
     dst.mkdir(parents=True, exist_ok=True)
     atomic_save_safetensors(dst / "model.safetensors", tensors, metadata={"format": "pt"})
     atomic_write_json(dst / "config.json", new_config)
-    if (src / draft_provenance.FILE).exists():  # the same weights, so the same training record
-        atomic_write_json(dst / draft_provenance.FILE, draft_provenance.read(src))
+    if record is not None:  # the same weights, so the same training record, sealed over the new files
+        draft_provenance.write_sealed(dst, record)
     return dst
+
+
+def _source_record(src: Path) -> dict | None:
+    """The source's training record, refused when the source changed after export: converting would seal the
+    changed files as if they were the trained ones."""
+    record = draft_provenance.read(src)
+    if record is None or "files" not in record:
+        return record
+    changed = draft_provenance.changed_files(src, record)
+    if changed:
+        name, what = next(iter(changed.items()))
+        raise ValueError(f"{src / name}: {what}; check it with `python -m draftlab check-draft {src} "
+                         f"--allow-modified`, or remove {draft_provenance.FILE} to convert it unsealed")
+    return record
 
 
 def convert_main(argv: list[str] | None = None) -> int:
