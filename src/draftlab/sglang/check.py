@@ -104,6 +104,8 @@ def _check_draft(folder: Path, target, rules: str, extract_manifest, scan_weight
         raise UnreadableFile(config_path, f"cannot be read ({err.strerror or err})") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise UnreadableFile(config_path, f"not valid JSON ({err})") from None
+    if not isinstance(config, dict):
+        raise UnreadableFile(config_path, f"a JSON {type(config).__name__}, not an object")
     if is_speculators_config(config):
         report.speculators_format = True
         report.error("config.json", "this is a vLLM speculators-format draft (speculators_config / "
