@@ -154,3 +154,13 @@ def test_paths_root_is_made_only_where_its_parent_exists(tiny_cfg, tmp_path, cap
     with caplog.at_level("INFO", logger="draftlab"):
         preflight(validate(tiny_cfg(f"paths.root={tmp_path / 'new'}")))
     assert (tmp_path / "new").is_dir() and f"made the folder {tmp_path / 'new'}" in caplog.text
+
+
+def test_a_cuda_device_on_a_machine_without_one_is_refused(tiny_cfg, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    message = refused(tiny_cfg, "train.device=cuda")
+    assert message.startswith("train.device: cuda, but torch sees no CUDA device")
+    assert refused(tiny_cfg, "target.device=gpu").startswith("target.device: 'gpu' is not a device")
+    preflight(validate(tiny_cfg("train.device=cuda", "stages=[generate,extract]")))  # train does not run

@@ -23,6 +23,7 @@ def preflight(cfg) -> None:
     check_paths_root(cfg.paths.root)
     check_target_path(cfg.target)
     check_target_shape(cfg)
+    check_devices(cfg)
     check_val_fraction(cfg)
     check_pool_root(cfg)
     if "generate" in cfg.stages and not _pool_holds(cfg):
@@ -98,6 +99,32 @@ def check_target_shape(cfg) -> None:
     if cfg.draft.vocab_size > shape["vocab_size"]:
         raise ConfigError(f"draft.vocab_size: {cfg.draft.vocab_size} is larger than the target vocabulary "
                           f"({shape['vocab_size']})")
+
+
+def check_devices(cfg) -> None:
+    """A device the stages will use exists: a CUDA device asked for on a machine without one is refused here,
+    not by an assertion deep inside torch once generate has run."""
+    stages = set(cfg.stages)
+    local = {"extract"} | ({"generate"} if cfg.data.engine != "server" else set()) | \
+        ({"bench"} if cfg.serve.backend == "local" else set())
+    wanted = {key: str(value) for key, value, used in (("target.device", cfg.target.device, local & stages),
+                                                        ("train.device", cfg.train.device, "train" in stages))
+              if used and value != "auto" and not (key == "target.device" and cfg.target.device_map)}
+    if not wanted or all(value == "cpu" for value in wanted.values()):
+        return
+    import torch
+
+    for key, value in wanted.items():
+        try:
+            device = torch.device(value)
+        except RuntimeError:
+            raise ConfigError(f"{key}: {value!r} is not a device (auto, cpu, cuda, cuda:1, ...)") from None
+        if device.type != "cuda":
+            continue
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= count:
+            seen = f"{count} CUDA device(s)" if count else "no CUDA device"
+            raise ConfigError(f"{key}: {value}, but torch sees {seen} here; use {key}=auto or cpu")
 
 
 def check_val_fraction(cfg) -> None:
