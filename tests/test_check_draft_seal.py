@@ -142,3 +142,14 @@ def test_record_without_hashes_is_read_with_a_warning(good, tmp_path):
     (folder / draft_provenance.FILE).write_text(json.dumps(record))
     report = check_draft(folder)
     assert report.ok and "no content hashes" in report.summary()
+
+
+def test_convert_refuses_a_cut_short_source_in_one_line(good, tmp_path, capsys):
+    from draftlab.sglang.formats import convert_main
+
+    folder = broken_copy(good, tmp_path)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    assert convert_main([str(folder), str(tmp_path / "out"), "--to", "speculators"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and f"{weights}: cut short" in lines[0]

@@ -24,7 +24,7 @@ from pathlib import Path
 from draftlab import draft_provenance
 from draftlab.fsutil import atomic_save_safetensors, atomic_write_json
 from draftlab.sglang.check import ARCH, is_speculators_config
-from draftlab.sglang.st_files import load_tensors
+from draftlab.sglang.st_files import load_tensors, read_headers
 
 SPECULATORS_VERSION = "0.9.0"  # the speculators release whose schema this writes (shared/reference §3.1)
 # Keys that are EAGLE-3 specific and live at the top level of a speculators config, not in the layer config.
@@ -114,6 +114,7 @@ def convert(src: Path, dst: Path, to: str, verifier: str | None = None, speculat
     if src.resolve() == dst.resolve():
         raise ValueError("dst must differ from src")
     config = json.loads((src / "config.json").read_text())
+    read_headers(src)  # every weight file whole: a partial copy is named, not converted
     record = _source_record(src)
     source = "speculators" if is_speculators_config(config) else "sglang"
     if source == to:
@@ -161,8 +162,8 @@ def convert_main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         out = convert(Path(args.src), Path(args.dst), args.to, args.verifier, args.speculative_tokens)
-    except (FormatError, ValueError, FileNotFoundError) as err:
+    except (FormatError, ValueError, OSError) as err:  # bad input: one line, exit 2 (json errors are ValueErrors)
         print(f"convert: {err}", file=sys.stderr)
-        return 1
+        return 2
     print(f"wrote {out} ({args.to} format)")
     return 0
