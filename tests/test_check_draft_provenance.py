@@ -2,6 +2,8 @@
 
 Each faulty folder is a copy of a good export (export.py, with the record the train stage writes) with one thing
 broken, as a user would break it: fc cut to one layer with a single id, the ids shifted by one, NaN weights.
+The record's hashes would refuse each of them outright (test_check_draft_seal.py); here they are checked with
+--allow-modified, so that each check is seen to catch its fault on its own.
 """
 
 from __future__ import annotations
@@ -78,17 +80,17 @@ def test_good_export_passes_with_no_flags(good, capsys):
 
 def test_single_layer_fc_with_single_id_is_refused(good, tmp_path):
     folder = broken_copy(good, tmp_path, ids=[4], tensors=lambda s: {"fc.weight": s["fc.weight"][:, -H:].clone()})
-    report = check_draft(folder)
+    report = check_draft(folder, allow_modified=True)
     assert {"fc.weight", "eagle_config.eagle_aux_hidden_state_layer_ids"} <= where(report), report.summary()
     assert "1 layer(s)" in report.summary()
-    assert check_draft_main([str(folder)]) != 0
+    assert check_draft_main([str(folder), "--allow-modified"]) == 1
 
 
 def test_ids_shifted_by_one_are_refused(good, tmp_path):
     folder = broken_copy(good, tmp_path, ids=[i + 1 for i in IDS])
-    report = check_draft(folder)
+    report = check_draft(folder, allow_modified=True)
     assert where(report) == {"eagle_config.eagle_aux_hidden_state_layer_ids"}, report.summary()
-    assert check_draft_main([str(folder)]) != 0
+    assert check_draft_main([str(folder), "--allow-modified"]) == 1
 
 
 def test_nan_weights_are_refused(good, tmp_path):
@@ -98,16 +100,16 @@ def test_nan_weights_are_refused(good, tmp_path):
         return {"layers.0.mlp.down_proj.weight": w}
 
     folder = broken_copy(good, tmp_path, tensors=poison)
-    report = check_draft(folder)
+    report = check_draft(folder, allow_modified=True)
     assert where(report) == {"layers.0.mlp.down_proj.weight"}, report.summary()
     assert "NaN or Inf" in report.summary()
-    assert check_draft_main([str(folder)]) != 0
-    assert check_draft(folder, scan_weights=False).ok  # headers alone cannot see it
+    assert check_draft_main([str(folder), "--allow-modified"]) == 1
+    assert check_draft(folder, scan_weights=False, allow_modified=True).ok  # headers alone cannot see it
 
 
 def test_all_zero_tensor_is_refused(good, tmp_path):
     folder = broken_copy(good, tmp_path, tensors=lambda s: {"fc.weight": torch.zeros_like(s["fc.weight"])})
-    report = check_draft(folder)
+    report = check_draft(folder, allow_modified=True)
     assert where(report) == {"fc.weight"} and "zero" in report.summary()
 
 

@@ -74,6 +74,7 @@ def test_first_opens_of_a_fresh_store_at_once_all_succeed(tmp_path):
     serialises them."""
     import time
 
+    (tmp_path / "fresh").mkdir()
     uri = f"sqlite:///{tmp_path / 'fresh' / 'mlflow.db'}"
     start = time.time() + 15  # every process has imported MLflow by then
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}

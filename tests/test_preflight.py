@@ -132,3 +132,35 @@ def test_prompts_are_not_read_again_once_the_pool_holds_them(tiny_cfg, monkeypat
     preflight(cfg)
     with pytest.raises(pytest.fail.Exception):
         preflight(validate(tiny_cfg("data.samples=16", "tracking.enabled=false")))  # the pool must grow
+
+
+def test_byte_order_mark_passes(tiny_cfg, tmp_path):
+    path = jsonl(tmp_path / "p.jsonl", 64)
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    preflight(validate(tiny_cfg("data.source=jsonl", f"data.path={path}")))
+
+
+def test_dead_server_url_is_refused_after_one_connection_attempt(tiny_cfg):
+    message = refused(tiny_cfg, "data.engine=server", "data.server.url=http://127.0.0.1:9")
+    assert message.startswith("data.server.url: no server answers at http://127.0.0.1:9")
+
+
+def test_paths_root_is_made_only_where_its_parent_exists(tiny_cfg, tmp_path, caplog):
+    message = refused(tiny_cfg, f"paths.root={tmp_path / 'typo' / 'deeper'}")
+    assert message.startswith("paths.root:") and "does not exist" in message and not (tmp_path / "typo").exists()
+    assert "cannot make /proc/x" in refused(tiny_cfg, "paths.root=/proc/x")
+    (tmp_path / "a-file").write_text("")
+    assert "is a file" in refused(tiny_cfg, f"paths.root={tmp_path / 'a-file'}")
+    with caplog.at_level("INFO", logger="draftlab"):
+        preflight(validate(tiny_cfg(f"paths.root={tmp_path / 'new'}")))
+    assert (tmp_path / "new").is_dir() and f"made the folder {tmp_path / 'new'}" in caplog.text
+
+
+def test_a_cuda_device_on_a_machine_without_one_is_refused(tiny_cfg, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    message = refused(tiny_cfg, "train.device=cuda")
+    assert message.startswith("train.device: cuda, but torch sees no CUDA device")
+    assert refused(tiny_cfg, "target.device=gpu").startswith("target.device: 'gpu' is not a device")
+    preflight(validate(tiny_cfg("train.device=cuda", "stages=[generate,extract]")))  # train does not run

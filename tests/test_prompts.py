@@ -78,3 +78,26 @@ def test_user_ids_with_underscores_stay_distinct_conversations(tmp_path):
     prompts = load_prompts("jsonl", str(path), 0).prompts
     assert len({p.conversation_id for p in prompts}) == 200
     assert 0 < sum(split_for(p.conversation_id, 0.2) == "val" for p in prompts) < 200
+
+
+def test_byte_order_mark_is_read_as_utf8(tmp_path):
+    lines = [json.dumps({"id": "a", "prompt": "first"}), json.dumps({"id": "b", "prompt": "second"})]
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + "\n".join(lines).encode() + b"\n")
+    assert sorted(p.text for p in load_prompts("jsonl", str(path), 0).prompts) == ["first", "second"]
+    sharegpt = tmp_path / "bom.json"
+    sharegpt.write_bytes(b"\xef\xbb\xbf" + _sharegpt([[{"from": "human", "value": "hi"}]]).encode())
+    assert [p.text for p in load_prompts("sharegpt", str(sharegpt), 0).prompts] == ["hi"]
+
+
+def test_crlf_blank_lines_and_non_ascii_text(tmp_path):
+    texts = ["Grüß Gott, wie geht's?", "日本語で答えてください", "emoji 🚀 and ünïcödé"]
+    body = "\r\n\r\n".join(json.dumps({"id": str(i), "prompt": t}, ensure_ascii=i % 2 == 0)
+                           for i, t in enumerate(texts))
+    path = tmp_path / "crlf.jsonl"
+    path.write_bytes(("\r\n" + body + "\r\n   \r\n").encode())
+    assert sorted(p.text for p in load_prompts("jsonl", str(path), 0).prompts) == sorted(texts)
+    sharegpt = tmp_path / "crlf.json"
+    sharegpt.write_bytes(_sharegpt([[{"from": "human", "value": t}] for t in texts]).replace("\n", "\r\n")
+                         .encode())
+    assert sorted(p.text for p in load_prompts("sharegpt", str(sharegpt), 0).prompts) == sorted(texts)

@@ -53,6 +53,7 @@ def test_a_server_that_never_answers_is_refused_after_the_timeout():
 
 def test_read_only_sqlite_store_is_refused_quickly(tmp_path):
     db = tmp_path / "store" / "mlflow.db"
+    db.parent.mkdir()
     open_store(f"sqlite:///{db}")  # a real store, with its tables
     started = time.monotonic()
     # the store opened read-only (as a read-only mount or file would be): SQLite's own URI form
@@ -64,6 +65,7 @@ def test_read_only_sqlite_store_is_refused_quickly(tmp_path):
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes read-only files; the mode=ro test covers root")
 def test_read_only_sqlite_file_is_refused_quickly(tmp_path):
     db = tmp_path / "store" / "mlflow.db"
+    db.parent.mkdir()
     open_store(f"sqlite:///{db}")
     os.chmod(db, 0o444)
     os.chmod(db.parent, 0o555)
@@ -75,6 +77,32 @@ def test_read_only_sqlite_file_is_refused_quickly(tmp_path):
     finally:
         os.chmod(db.parent, 0o755)
     assert time.monotonic() - started < 5
+
+
+def test_sqlite_store_in_a_missing_folder_is_refused_not_made(tiny_cfg, tmp_path):
+    """A mistyped store path would start a second store and split the runs across two without a word."""
+    typo = tmp_path / "nonexistent_dir" / "deeper"
+    with pytest.raises(StoreError, match=r"^tracking\.uri: the folder .*deeper of the SQLite store does not exist"):
+        open_store(f"sqlite:///{typo / 'mlflow.db'}")
+    cfg = tiny_cfg("stages=[generate]", f"tracking.uri=sqlite:///{typo / 'mlflow.db'}")
+    with pytest.raises(ConfigError, match=r"^tracking\.uri: "):
+        run_task(cfg)
+    assert not (tmp_path / "nonexistent_dir").exists() and not (tmp_path / "out" / "generate").exists()
+
+
+def test_the_default_store_folder_is_still_made(tmp_path, monkeypatch):
+    from draftlab.run_context import tracking_uri
+    from draftlab.store import check_reachable
+
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "config.yaml").write_text("")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    uri = tracking_uri(None)
+    assert uri == f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}"
+    (tmp_path / "mlruns").rmdir()  # removed between runs: made again, as the default
+    check_reachable(uri)
+    assert (tmp_path / "mlruns").is_dir()
 
 
 class FlakyClient:

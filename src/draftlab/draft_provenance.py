@@ -3,18 +3,23 @@
 `check-draft DIR` reads it so that, with no flags, it can check `fc`'s width and the layer ids against what
 training actually used: a draft whose config.json was edited to other ids (or whose fc was cut to one layer)
 is self-consistent, loads cleanly in SGLang and serves garbage, so only this record can catch it.
+The record also seals the draft: the sha256 of config.json and of every weight file as exported, so that a
+draft changed afterwards (a norm scaled, rope_theta edited) is told apart from the one that was trained.
 Kept free of torch: check-draft reads it without loading a model.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
+from draftlab.fsutil import atomic_write_json
 from draftlab.provenance import fingerprint
 
 FILE = "draftlab_provenance.json"
-FORMAT = "draftlab.draft_provenance/1"
+FORMAT = "draftlab.draft_provenance/2"
+UNSEALED_FORMAT = "draftlab.draft_provenance/1"  # the same record without content hashes; still read
 
 
 def extract_fingerprint(manifest: dict) -> str:
@@ -55,6 +60,49 @@ def read(folder: Path) -> dict | None:
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ValueError(f"{path}: not valid JSON ({err})") from None
     missing = [k for k in ("layer_ids", "feature_width", "target") if k not in data]
-    if data.get("format") != FORMAT or missing:
+    if data.get("format") not in (FORMAT, UNSEALED_FORMAT) or missing:
         raise ValueError(f"{path}: not a {FORMAT} record (format {data.get('format')!r}, missing {missing})")
+    if data["format"] == FORMAT and not isinstance(data.get("files"), dict):
+        raise ValueError(f"{path}: files: missing, the content hashes of the exported draft")
     return data
+
+
+def sealed_files(folder: Path) -> list[str]:
+    """The files whose content the record vouches for: config.json and every weight file SGLang reads."""
+    from draftlab.sglang.st_files import INDEX_NAME, checkpoint_files
+
+    folder = Path(folder)
+    names = ["config.json"] + [p.name for p in checkpoint_files(folder)]
+    return names + [INDEX_NAME] if (folder / INDEX_NAME).exists() else names
+
+
+def file_hash(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return "sha256:" + digest.hexdigest()
+
+
+def write_sealed(folder: Path, record: dict) -> dict:
+    """Writes `record` into `folder` with the hashes of the folder's files as they are now (export, convert)."""
+    folder = Path(folder)
+    sealed = {k: v for k, v in record.items() if k != "files"} | {
+        "format": FORMAT, "files": {name: file_hash(folder / name) for name in sealed_files(folder)}}
+    atomic_write_json(folder / FILE, sealed)
+    return sealed
+
+
+def changed_files(folder: Path, record: dict) -> dict[str, str]:
+    """file name -> what differs from the record's hashes (empty when the draft is as exported)."""
+    folder = Path(folder)
+    recorded, present = record["files"], sealed_files(folder)
+    changed = {}
+    for name in sorted(set(recorded) | set(present)):
+        if name not in present:
+            changed[name] = "recorded at export, now missing"
+        elif name not in recorded:
+            changed[name] = "not in the record: added after export"
+        elif file_hash(folder / name) != recorded[name]:
+            changed[name] = "content changed after export (sha256 differs from the record)"
+    return changed

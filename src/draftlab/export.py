@@ -24,8 +24,9 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 
 def export_draft(model: Eagle3Draft, cfg: DraftModelConfig, folder: Path, torch_dtype: str = "bfloat16",
                  provenance: dict | None = None) -> Path:
-    """`provenance` (draft_provenance.from_extract_manifest) is written beside the weights, so that
-    `check-draft DIR` can check the draft against the features it was trained on without flags."""
+    """`provenance` (draft_provenance.from_extract_manifest) is written beside the weights with their content
+    hashes, so that `check-draft DIR` can check the draft against the features it was trained on without flags,
+    and tell a draft changed after export from the trained one."""
     folder = Path(folder)
     dtype = DTYPES[torch_dtype]
     tensors = {}
@@ -38,8 +39,8 @@ def export_draft(model: Eagle3Draft, cfg: DraftModelConfig, folder: Path, torch_
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "model.safetensors"),
               metadata={"format": "pt"})
     (tmp / "config.json").write_text(json.dumps(cfg.to_hf_config(torch_dtype), indent=2, sort_keys=True) + "\n")
-    if provenance is not None:
-        (tmp / draft_provenance.FILE).write_text(json.dumps(provenance, indent=2, sort_keys=True) + "\n")
+    if provenance is not None:  # sealed with the hashes of the files just written
+        draft_provenance.write_sealed(tmp, provenance)
     # A kill between the two renames leaves the old folder under a `.*.tmp` name: the pipeline's leftover sweep
     # removes it, as it does `tmp` (a plain `.old` would outlive the rerun, a stray file among the outputs).
     old = folder.parent / f".{folder.name}.old.tmp"

@@ -1,9 +1,9 @@
 """Every check that needs no model weights, run before any stage and before the MLflow run opens.
 
 Bad input must fail in one line naming the key, file or line, not after generate, extract and train have run:
-the target's path and shape, the layer ids and vocabulary against that shape, the prompt file (readable, UTF-8,
-valid), enough prompts for `data.samples` and a split that leaves both training and validation prompts.
-Each failure is a ConfigError whose message starts with the config key.
+paths.root, the target's path and shape, the layer ids and vocabulary against that shape, the generation server,
+the prompt file (readable, UTF-8, valid), enough prompts for `data.samples` and a split that leaves both training
+and validation prompts. Each failure is a ConfigError whose message starts with the config key.
 """
 
 from __future__ import annotations
@@ -20,12 +20,46 @@ HUB_NAME_HINT = "a Hugging Face model folder, or a hub name such as org/model"
 
 
 def preflight(cfg) -> None:
+    check_paths_root(cfg.paths.root)
     check_target_path(cfg.target)
     check_target_shape(cfg)
+    check_devices(cfg)
     check_val_fraction(cfg)
     check_pool_root(cfg)
     if "generate" in cfg.stages and not _pool_holds(cfg):
+        check_server(cfg)
         check_prompts(cfg)
+
+
+def check_paths_root(raw) -> Path | None:
+    """paths.root is a folder draftlab can write. It is made when its parent exists (the default `outputs` under
+    the project, or a new folder beside existing ones) and the console says so; a missing parent is refused, so
+    that a typo never grows a second tree of outputs. Returns the folder it made, if any."""
+    import os
+    import tempfile
+
+    root = Path(str(raw)).expanduser()
+    made = None
+    if not root.exists():
+        parent = root.absolute().parent
+        if not parent.is_dir():
+            raise ConfigError(f"paths.root: {raw}: its parent folder {parent} does not exist (a typo?); create it "
+                              "first, or point paths.root at an existing folder")
+        try:
+            root.mkdir()
+        except OSError as err:
+            raise ConfigError(f"paths.root: cannot make {raw} ({err.strerror or err})") from None
+        made = root.absolute()
+        log.info("paths.root: made the folder %s", made)
+    elif not root.is_dir():
+        raise ConfigError(f"paths.root: {raw} is a file, not a folder")
+    try:  # os.access says yes to root on read-only mounts and /proc: write a file to know
+        handle, probe = tempfile.mkstemp(dir=root, prefix=".draftlab-write-check-")
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as err:
+        raise ConfigError(f"paths.root: {raw} is not writable ({err.strerror or err})") from None
+    return made
 
 
 def check_target_path(target) -> None:
@@ -68,6 +102,32 @@ def check_target_shape(cfg) -> None:
                           f"({shape['vocab_size']})")
 
 
+def check_devices(cfg) -> None:
+    """A device the stages will use exists: a CUDA device asked for on a machine without one is refused here,
+    not by an assertion deep inside torch once generate has run."""
+    stages = set(cfg.stages)
+    local = {"extract"} | ({"generate"} if cfg.data.engine != "server" else set()) | \
+        ({"bench"} if cfg.serve.backend == "local" else set())
+    wanted = {key: str(value) for key, value, used in (("target.device", cfg.target.device, local & stages),
+                                                        ("train.device", cfg.train.device, "train" in stages))
+              if used and value != "auto" and not (key == "target.device" and cfg.target.device_map)}
+    if not wanted or all(value == "cpu" for value in wanted.values()):
+        return
+    import torch
+
+    for key, value in wanted.items():
+        try:
+            device = torch.device(value)
+        except RuntimeError:
+            raise ConfigError(f"{key}: {value!r} is not a device (auto, cpu, cuda, cuda:1, ...)") from None
+        if device.type != "cuda":
+            continue
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= count:
+            seen = f"{count} CUDA device(s)" if count else "no CUDA device"
+            raise ConfigError(f"{key}: {value}, but torch sees {seen} here; use {key}=auto or cpu")
+
+
 def check_val_fraction(cfg) -> None:
     if cfg.data.val_fraction <= 0 and ({"train", "bench"} & set(cfg.stages)):
         raise ConfigError(f"data.val_fraction: {cfg.data.val_fraction} leaves no validation prompts; val/loss and "
@@ -90,6 +150,19 @@ def check_pool_root(cfg) -> None:
     if not os.access(folder, os.W_OK):
         raise ConfigError(f"extract.pool_root: {folder} is not writable; point it at a writable folder, or "
                           f"extract.pool_root=null keeps the pool under paths.root")
+
+
+def check_server(cfg) -> None:
+    """A data.server.url where nothing listens is refused after one connection attempt, not after the target's
+    tokenizer, the tracking run and the retries meant for a server that answered once."""
+    if cfg.data.engine != "server" or not cfg.data.server.url:
+        return
+    from draftlab.serve.remote import ServerError, probe
+
+    try:
+        probe(str(cfg.data.server.url))
+    except ServerError as err:
+        raise ConfigError(str(err)) from None
 
 
 def _pool_holds(cfg) -> bool:

@@ -33,7 +33,7 @@ def tracking_uri(configured: str | None = None) -> str:
         return configured
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return os.environ["MLFLOW_TRACKING_URI"]
-    store = repo_root() / "mlruns"
+    store = repo_root() / "mlruns"  # the one store folder draftlab makes (draftlab.store refuses others)
     store.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{store / 'mlflow.db'}"
 

@@ -5,6 +5,9 @@ Why this exists (issue 14):
   SQLite store took 108 s to fail; neither error named the setting to fix. Here a dead server is refused in
   milliseconds, a remote store that does not answer within `STORE_TIMEOUT_S` is refused, and a SQLite file
   that cannot be written is refused before MLflow touches it; each error names `tracking.uri`.
+- A SQLite store whose folder does not exist is refused rather than made: a mistyped path would otherwise start a
+  second store and split the runs across two without a word. Only the default store (mlruns/ in the project)
+  is made.
 - Two first jobs on a fresh SQLite file raced in MLflow's table creation (alembic), which left the store
   broken for good. The first open of a SQLite store therefore happens under a file lock beside the database.
 """
@@ -76,16 +79,28 @@ def check_reachable(uri: str) -> None:
     if path is None:
         return
     folder = path.parent
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise StoreError(f"tracking.uri: cannot create the folder of the SQLite store {path} ({err}); {HINT}") from None
+    if not folder.is_dir():
+        if folder.absolute() != default_store_folder():
+            raise StoreError(f"tracking.uri: the folder {folder} of the SQLite store does not exist (a typo?); create "
+                             f"it to start a new store there, or {HINT}")
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise StoreError(f"tracking.uri: cannot create the folder of the SQLite store {path} ({err}); "
+                             f"{HINT}") from None
     # SQLite writes a journal beside the database, so the folder must be writable as well as the file.
     for target in (folder, path) if path.exists() else (folder,):
         if not os.access(target, os.W_OK):
             raise StoreError(f"tracking.uri: the SQLite store {path} is read-only ({target} is not writable); "
                              f"{HINT}")
     _probe_sqlite_write(uri, path)
+
+
+def default_store_folder() -> Path:
+    """mlruns/ in the project: the store used when neither tracking.uri nor MLFLOW_TRACKING_URI names one."""
+    from draftlab.run_context import repo_root
+
+    return (repo_root() / "mlruns").absolute()
 
 
 def call_with_timeout(what: str, uri: str, call, timeout: float):

@@ -7,6 +7,7 @@ conversation never straddles the split and a prompt keeps its split when the dat
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import logging
@@ -87,7 +88,7 @@ embedded_sharegpt = _embedded_sharegpt  # public: the stage keys hash this file'
 
 def read_json_array_tolerant(file: Path) -> tuple[list[dict], bool]:
     """Parses a top-level JSON array object by object and stops cleanly where the file is cut off."""
-    text = read_utf8(file).lstrip("\ufeff")
+    text = read_utf8(file)
     decoder = json.JSONDecoder()
     start = len(text) - len(text.lstrip())
     if not text[start:start + 1] == "[":
@@ -111,8 +112,9 @@ def read_json_array_tolerant(file: Path) -> tuple[list[dict], bool]:
 
 
 def read_utf8(file: Path) -> str:
-    """The file's text; a byte that is not UTF-8 is reported with its line and column."""
-    data = file.read_bytes()
+    """The file's text; a byte that is not UTF-8 is reported with its line and column. A leading byte-order
+    mark, which some editors and shells write, is dropped: the rest is plain UTF-8."""
+    data = file.read_bytes().removeprefix(codecs.BOM_UTF8)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:

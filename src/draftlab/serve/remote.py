@@ -13,7 +13,8 @@ shapes were read from the servers' source:
   `finish_reason` is "stop"|"length" and `stop_reason` the stop token id when one of stop_token_ids matched.
 
 Requests run `data.server.concurrency` at a time; connection errors, timeouts, 429 and 5xx are retried with
-exponential backoff (`data.server.retries`); anything else fails at once. Every error names the URL.
+exponential backoff (`data.server.retries`) once the server has answered; a server that never answered is
+refused at its first failed connection, and anything else fails at once. Every error names the URL.
 Sample i is seeded with data.seed * 1_000_003 + i, so sampled answers do not depend on request order.
 """
 
@@ -24,6 +25,7 @@ import logging
 import socket
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -34,6 +36,7 @@ log = logging.getLogger("draftlab.generate")
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
 BACKOFF_S = 0.5  # first wait; doubles per attempt
+PROBE_TIMEOUT_S = 3.0  # preflight's one connection attempt: a dead URL is refused within seconds
 
 
 class ServerError(RuntimeError):
@@ -84,6 +87,18 @@ def tokenizer_side(target_cfg, cache_dir: Path) -> TokenizerSide:
     name = "smollm2" if target_cfg.name == "smollm2" else target_cfg.path
     return TokenizerSide(tokenizer, name, config_fingerprint(name, config.to_dict()),
                          sorted({eos} if isinstance(eos, int) else set(eos)), int(config.vocab_size))
+
+
+def probe(url: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """One connection attempt to the server, before any work: a URL where nothing listens raises ServerError."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        socket.create_connection((parts.hostname, port), timeout=timeout_s).close()
+    except (OSError, ValueError) as err:
+        reason = getattr(err, "strerror", None) or str(err) or type(err).__name__
+        raise ServerError(f"data.server.url: no server answers at {url} ({reason}); start it first, or fix the "
+                          "URL") from None
 
 
 def trim_answer(ids: list[int], eos: set[int]) -> list[int]:
@@ -144,6 +159,7 @@ class RemoteGenerator:
         self.eos, self.concurrency, self.retries = list(eos), int(concurrency), int(retries)
         self.timeout_s, self.model, self.backoff_s = float(timeout_s), model, backoff_s
         self.served: str | None = None  # the model the server says it serves (found by detection)
+        self.answered = False  # a server that never answered is not retried: its URL is wrong, or it is down
         self.api = self._detect() if api == "auto" else api
 
     # ------------------------------------------------------------------ HTTP
@@ -165,6 +181,7 @@ class RemoteGenerator:
         """Fails fast (one try each, short timeout) on a dead URL or a server that is neither SGLang nor vLLM."""
         try:
             status, info = self._call("/model_info", None, 10.0)  # SGLang only
+            self.answered = True
             if status == 200:
                 self.served = info.get("model_path") if isinstance(info, dict) else None
                 return "sglang"
@@ -182,12 +199,15 @@ class RemoteGenerator:
         for attempt in range(self.retries + 1):
             try:
                 status, out = self._call(path, body, self.timeout_s)
+                self.answered = True
                 if status == 200:
                     return out
                 if status not in TRANSIENT_STATUS:
                     raise ServerError(f"{self.url}{path} answered {status}: {out}")
                 problem = f"status {status}"
             except _Transient as err:
+                if not self.answered:
+                    raise ServerError(f"data.server.url: no server answers at {self.url} ({err})") from None
                 problem = str(err)
             if attempt < self.retries:
                 wait = self.backoff_s * 2**attempt

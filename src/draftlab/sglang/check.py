@@ -1,9 +1,11 @@
 """check-draft: everything SGLang 0.5.23 would get wrong about a draft folder, found before a 15-minute start.
 
-Config rules first (no torch), then the safetensors headers replayed through `keymap`, then the draft's own
-training record (draftlab_provenance.json) and a scan of every tensor for NaN/Inf and all zeros
-(check_trained.py). Each finding names the config key or checkpoint key at fault. Errors are things that
-crash SGLang after the target has loaded or, worse, make it serve at accept length ~1 without a word.
+Files first: config.json and every safetensors file must be readable and whole (a partial copy is refused in one
+line, exit 2), and match the content hashes the draft's own training record (draftlab_provenance.json) sealed
+at export. Then config rules (no torch), the safetensors headers replayed through `keymap`, the record's layer
+ids and fc width, and a scan of every tensor (check_trained.py). Each finding names the config key or checkpoint
+key at fault. Errors are things that crash SGLang after the target has loaded or, worse, make it serve at
+accept length ~1 without a word.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from pathlib import Path
 
 from draftlab.sglang import check_trained as trained
 from draftlab.sglang import keymap
-from draftlab.sglang.st_files import INT_DTYPES, DraftFilesError, load_tensors, read_headers
 from draftlab.sglang.capture import CaptureError, for_target
+from draftlab.sglang.st_files import INT_DTYPES, DraftFilesError, UnreadableFile, load_tensors, read_headers
 from draftlab.sglang.targetinfo import load_target_config, manifest_layer_ids, text_config
 
 ARCH = "LlamaForCausalLMEagle3"
@@ -41,6 +43,8 @@ class CheckReport:
     findings: list[Finding] = field(default_factory=list)
     keys: keymap.KeyReport | None = None
     speculators_format: bool = False
+    refusal: Finding | None = None  # a file that cannot be read: nothing else was checked
+
 
     @property
     def errors(self) -> list[Finding]:
@@ -56,6 +60,10 @@ class CheckReport:
     def warn(self, where: str, message: str) -> None:
         self.findings.append(Finding("warning", where, message))
 
+    def refuse(self, where: str, message: str) -> None:
+        self.refusal = Finding("error", where, message)
+        self.findings.append(self.refusal)
+
     def summary(self) -> str:
         head = f"check-draft {self.folder} (SGLang rules: {self.rules}): "
         head += "OK" if self.ok else f"{len(self.errors)} error(s)"
@@ -68,23 +76,52 @@ def is_speculators_config(config: dict) -> bool:
 
 
 def check_draft(folder, target=None, rules: str = "current", extract_manifest=None,
-                scan_weights: bool = True) -> CheckReport:
+                scan_weights: bool = True, allow_modified: bool = False) -> CheckReport:
     """With no target or manifest, the folder's draftlab_provenance.json (if any) supplies the target's facts and
-    the training features' layer ids and width; `scan_weights` also reads every tensor (NaN/Inf, all zeros)."""
-    folder = Path(folder)
+    the training features' layer ids and width; `scan_weights` also reads every tensor (NaN/Inf, all zeros, norm
+    range, head rows). A draft changed after export is refused unless `allow_modified`."""
+    from safetensors import SafetensorError
+
+    report = CheckReport(Path(folder), rules)
+    try:
+        return _check_draft(Path(folder), target, rules, extract_manifest, scan_weights, allow_modified)
+    except UnreadableFile as err:
+        report.refuse(err.path.name, str(err))
+    except SafetensorError as err:  # a fault the header checks do not foresee: still named, still one line
+        report.refuse("model.safetensors", f"{folder}: a weight file cannot be read ({err})")
+    return report
+
+
+def _check_draft(folder: Path, target, rules: str, extract_manifest, scan_weights: bool,
+                 allow_modified: bool) -> CheckReport:
     report = CheckReport(folder, rules)
     config_path = folder / "config.json"
     if not config_path.exists():
         report.error("config.json", f"missing in {folder}")
         return report
-    config = json.loads(config_path.read_text())
+    try:
+        config = json.loads(config_path.read_text())
+    except OSError as err:
+        raise UnreadableFile(config_path, f"cannot be read ({err.strerror or err})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UnreadableFile(config_path, f"not valid JSON ({err})") from None
+    if not isinstance(config, dict):
+        raise UnreadableFile(config_path, f"a JSON {type(config).__name__}, not an object")
     if is_speculators_config(config):
         report.speculators_format = True
         report.error("config.json", "this is a vLLM speculators-format draft (speculators_config / "
                      "transformer_layer_config / Eagle3Speculator); SGLang 0.5.23 cannot load it. Convert it: "
                      f"python -m draftlab convert {folder} <dst> --to sglang")
         return report
+    try:  # every weight file whole before anything reads tensors from it
+        headers, files_error = read_headers(folder), None
+    except UnreadableFile:
+        raise  # check_draft refuses the whole folder
+    except (DraftFilesError, ValueError) as err:
+        headers, files_error = None, str(err)
     prov = trained.load_provenance(report, folder)
+    if prov is not None and not trained.check_seal(report, folder, prov, allow_modified) and not allow_modified:
+        return report
     target_cfg, why = load_target_config(target)
     if why and target is not None:
         report.error("--target", why)
@@ -102,10 +139,8 @@ def check_draft(folder, target=None, rules: str = "current", extract_manifest=No
     _check_layer_ids(report, config, tcfg, extract_manifest)
     if any(k not in config for k in REQUIRED) or report.rules not in keymap.RULES:
         return report  # shapes cannot be derived; the config errors say why
-    try:
-        headers = read_headers(folder)
-    except (DraftFilesError, ValueError) as err:
-        report.error("model.safetensors", str(err))
+    if files_error is not None:
+        report.error("model.safetensors", files_error)
         return report
     _check_tensors(report, folder, config, tcfg, headers)
     if prov is not None:
@@ -278,7 +313,8 @@ def _check_vocab_maps(report, folder, config, headers, keys: keymap.KeyReport, a
         report.error(keys.d2t_key, f"d2t + arange spans [{int(hot.min())}, {int(hot.max())}], outside the target "
                      f"vocabulary [0, {arch.vocab}) (offsets, not absolute ids?)")
     elif hot.unique().numel() != hot.numel():
-        report.warn(keys.d2t_key, "two draft ids map to the same target token")
+        report.error(keys.d2t_key, f"{hot.numel() - hot.unique().numel()} draft id(s) map to a target token another "
+                     "draft id maps to: d2t is not one-to-one, which a trained draft never is (a damaged file?)")
 
 
 def check_draft_main(argv: list[str] | None = None) -> int:
@@ -291,9 +327,19 @@ def check_draft_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--extract-manifest", help="extract-stage manifest.json (or its folder): the layer ids used "
                         "(not needed for draftlab's exports: their draftlab_provenance.json says)")
     parser.add_argument("--no-weight-scan", action="store_true",
-                        help="read headers only (skip the NaN/Inf and all-zero scan of every tensor)")
+                        help="read headers only (skip the scan of every tensor: NaN/Inf, all zeros, norm range, "
+                        "head rows)")
+    parser.add_argument("--allow-modified", action="store_true",
+                        help="check a draft whose weights or config.json changed after export (its "
+                        "draftlab_provenance.json hashes differ) instead of refusing it")
     args = parser.parse_args(argv)
+    if not Path(args.folder).is_dir():
+        print(f"check-draft: {args.folder} is not a folder", file=sys.stderr)
+        return 2
     report = check_draft(args.folder, args.target, args.rules, args.extract_manifest,
-                         scan_weights=not args.no_weight_scan)
+                         scan_weights=not args.no_weight_scan, allow_modified=args.allow_modified)
+    if report.refusal is not None:  # nothing was checked: one line, as for any input that cannot be read
+        print(f"check-draft: {report.refusal.message}", file=sys.stderr)
+        return 2
     print(report.summary(), file=sys.stdout if report.ok else sys.stderr)
     return 0 if report.ok else 1

@@ -24,7 +24,7 @@ from pathlib import Path
 from draftlab import draft_provenance
 from draftlab.fsutil import atomic_save_safetensors, atomic_write_json
 from draftlab.sglang.check import ARCH, is_speculators_config
-from draftlab.sglang.st_files import load_tensors
+from draftlab.sglang.st_files import load_tensors, read_headers
 
 SPECULATORS_VERSION = "0.9.0"  # the speculators release whose schema this writes (shared/reference §3.1)
 # Keys that are EAGLE-3 specific and live at the top level of a speculators config, not in the layer config.
@@ -114,6 +114,8 @@ def convert(src: Path, dst: Path, to: str, verifier: str | None = None, speculat
     if src.resolve() == dst.resolve():
         raise ValueError("dst must differ from src")
     config = json.loads((src / "config.json").read_text())
+    read_headers(src)  # every weight file whole: a partial copy is named, not converted
+    record = _source_record(src)
     source = "speculators" if is_speculators_config(config) else "sglang"
     if source == to:
         new_config = config
@@ -127,9 +129,23 @@ def convert(src: Path, dst: Path, to: str, verifier: str | None = None, speculat
     dst.mkdir(parents=True, exist_ok=True)
     atomic_save_safetensors(dst / "model.safetensors", tensors, metadata={"format": "pt"})
     atomic_write_json(dst / "config.json", new_config)
-    if (src / draft_provenance.FILE).exists():  # the same weights, so the same training record
-        atomic_write_json(dst / draft_provenance.FILE, draft_provenance.read(src))
+    if record is not None:  # the same weights, so the same training record, sealed over the new files
+        draft_provenance.write_sealed(dst, record)
     return dst
+
+
+def _source_record(src: Path) -> dict | None:
+    """The source's training record, refused when the source changed after export: converting would seal the
+    changed files as if they were the trained ones."""
+    record = draft_provenance.read(src)
+    if record is None or "files" not in record:
+        return record
+    changed = draft_provenance.changed_files(src, record)
+    if changed:
+        name, what = next(iter(changed.items()))
+        raise ValueError(f"{src / name}: {what}; check it with `python -m draftlab check-draft {src} "
+                         f"--allow-modified`, or remove {draft_provenance.FILE} to convert it unsealed")
+    return record
 
 
 def convert_main(argv: list[str] | None = None) -> int:
@@ -146,8 +162,8 @@ def convert_main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         out = convert(Path(args.src), Path(args.dst), args.to, args.verifier, args.speculative_tokens)
-    except (FormatError, ValueError, FileNotFoundError) as err:
+    except (FormatError, ValueError, OSError) as err:  # bad input: one line, exit 2 (json errors are ValueErrors)
         print(f"convert: {err}", file=sys.stderr)
-        return 1
+        return 2
     print(f"wrote {out} ({args.to} format)")
     return 0

@@ -8,6 +8,7 @@ the files it lists; otherwise every `*.safetensors` in the folder.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from pathlib import Path
 
@@ -15,17 +16,30 @@ INDEX_NAME = "model.safetensors.index.json"
 
 # safetensors dtype names -> torch dtype names, for messages and for checking d2t is an integer tensor.
 INT_DTYPES = {"I8", "I16", "I32", "I64", "U8", "U16", "U32", "U64"}
+DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+               "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
 
 
 class DraftFilesError(ValueError):
     """The folder has no checkpoint SGLang could read (or the header is corrupt)."""
 
 
+class UnreadableFile(DraftFilesError):
+    """A file that cannot be read or is not what it claims (truncated, corrupt): check-draft cannot check it."""
+
+    def __init__(self, path: Path, problem: str):
+        super().__init__(f"{path}: {problem}")
+        self.path = Path(path)
+
+
 def checkpoint_files(folder: Path) -> list[Path]:
     folder = Path(folder)
     index = folder / INDEX_NAME
     if index.exists():
-        listed = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
+        try:
+            listed = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as err:
+            raise UnreadableFile(index, f"not a readable index ({err})") from None
         files = [folder / name for name in listed]
         missing = [str(f.name) for f in files if not f.exists()]
         if missing:
@@ -40,16 +54,47 @@ def checkpoint_files(folder: Path) -> list[Path]:
 
 
 def read_header(path: Path) -> dict[str, dict]:
-    """key -> {"dtype": "F32", "shape": [..]} from one safetensors file, reading only its header."""
-    with open(path, "rb") as handle:
-        raw = handle.read(8)
-        if len(raw) != 8:
-            raise DraftFilesError(f"{path}: too short to be a safetensors file")
-        (length,) = struct.unpack("<Q", raw)
-        if length > 100 * 1024 * 1024:
-            raise DraftFilesError(f"{path}: header length {length} is implausible; corrupt file?")
-        header = json.loads(handle.read(length))
+    """key -> {"dtype": "F32", "shape": [..]} from one safetensors file, reading only its header; a file that
+    cannot be read, or whose size is not what its header describes (a partial copy), raises UnreadableFile."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as handle:
+            raw = handle.read(8)
+            if len(raw) != 8:
+                raise UnreadableFile(path, f"{size} bytes: too short to be a safetensors file")
+            (length,) = struct.unpack("<Q", raw)
+            if length > 100 * 1024 * 1024:
+                raise UnreadableFile(path, f"header length {length} is implausible: not a safetensors file?")
+            if 8 + length > size:
+                raise UnreadableFile(path, f"cut short: {size} bytes, but its header alone takes {8 + length} "
+                                     "(a partial copy?)")
+            header = json.loads(handle.read(length))
+    except OSError as err:
+        raise UnreadableFile(path, f"cannot be read ({err.strerror or err})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UnreadableFile(path, f"the header is not valid JSON ({err}): not a safetensors file?") from None
+    if not isinstance(header, dict):
+        raise UnreadableFile(path, "the header is not a JSON object: not a safetensors file?")
     header.pop("__metadata__", None)
+    end = 0
+    for key, info in header.items():
+        try:
+            begin, stop = (int(x) for x in info["data_offsets"])
+            width = DTYPE_BYTES.get(info["dtype"])
+            count = math.prod(int(d) for d in info["shape"])
+        except (KeyError, TypeError, ValueError):
+            raise UnreadableFile(path, f"header entry {key!r} lacks dtype, shape or data_offsets") from None
+        if width is not None and stop - begin != count * width:
+            raise UnreadableFile(path, f"{key}: data_offsets span {stop - begin} bytes, its {info['dtype']} "
+                                 f"shape {list(info['shape'])} needs {count * width}")
+        end = max(end, stop)
+    expected = 8 + length + end
+    if size < expected:
+        raise UnreadableFile(path, f"cut short: {size} of the {expected} bytes its header describes "
+                             "(a partial copy?)")
+    if size > expected:
+        raise UnreadableFile(path, f"{size - expected} bytes beyond the tensors its header describes")
     return header
 
 
