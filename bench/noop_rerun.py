@@ -1,4 +1,4 @@
-"""Wall time of an all-cached `python src/run.py ...` (issue 13 part 6: 3 s or less, median of 5).
+"""Wall time of an all-cached `python src/run.py ...` (goal: 3 s or less, median of 5).
 
     python bench/noop_rerun.py [--runs 5] [--python PY] -- src/run.py [overrides...]
 

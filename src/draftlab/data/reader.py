@@ -26,9 +26,8 @@ PLAN_WINDOW = 256  # samples sorted by length together: little padding, still a 
 # Shards kept open: a shuffled batch takes rows from all over the pool (16 reopened ~60 a batch: BENCHMARKS.md)
 MAX_OPEN_SHARDS = 128
 # Offline batches built ahead while the caller trains on the current one. Deep: a step replayed as CUDA graphs lets
-# the host run steps ahead of the GPU and then wait for it, so it takes batches in bursts. With 2 ahead the trainer
-# waited 6.4 s for batches in 700 steps, with 2 read workers as with 4; with 8, 0.9 s, at the same tok/s: the GPU
-# was the bound, and train/data_wait_frac had blamed the reader (BENCHMARKS.md, seventeenth session). Pinned on a
+# the host run steps ahead of the GPU and then wait for it, so it takes batches in bursts; 8 ahead, not 2, cut the
+# trainer's wait for batches on an H200 (bench/trainer_speed.py --prefetch). Pinned on a
 # GPU host: ~75 MB a batch at 16,384 tokens, so ~600 MB, twice that while a validation pass reads beside the paused
 # training iterator, and as much on each torchrun rank (each reads the whole global batch).
 PREFETCH = 8

@@ -130,8 +130,7 @@ class RowTargets:
     this way than with fp32 probabilities gathered by every step. In a profiled step the loss's kernels took 3.2 ms
     less: the forward's fused reductions 2.0 ms where, with the softmax in them, they took 8.0; the backward's
     pointwise kernel, which forms the targets again, 4.7 ms where it took 1.9, since it computed every step's
-    branch per element (`_pair_ce` says why, and how the loss is now formed). BENCHMARKS.md, twenty-fourth,
-    twenty-fifth and twenty-seventh sessions."""
+    branch per element (`_pair_ce` says why, and how the loss is now formed)."""
 
     def __init__(self, last_hidden: Tensor, lm_head: Tensor, d2t: Tensor, t2d: Tensor, rows: Rows,
                  top: Tensor | None = None) -> None:
@@ -213,8 +212,8 @@ def _pair_ce(ce, logits: Tensor, targets: RowTargets, teacher: Tensor, sizes: li
 
     Compiled, in one pass over [pairs, draft vocab]. Taken step by step, the gradient of the head's logits was one
     pointwise kernel over their concatenation in which every element computed every step's branch (Inductor fuses a
-    `cat` of computed inputs that way): on the H200 that kernel took 4.7 ms of a 20.9 ms step (BENCHMARKS.md,
-    twenty-seventh session). Eager, step by step: each step's temporaries are a seventh of the size, and on two CPU
+    `cat` of computed inputs that way): on the H200 that kernel took 4.7 ms of a 20.9 ms step (bench/loss_kernel.py times
+    the forms). Eager, step by step: each step's temporaries are a seventh of the size, and on two CPU
     cores the whole unroll ran 1.7x slower with them at once, its elementwise passes no longer in the caches. An
     eager unroll on a GPU (eager validation, a one-row batch, train.compile_unroll=false) also goes step by step:
     the same values; its speed there not measured."""
