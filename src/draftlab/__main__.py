@@ -1,4 +1,4 @@
-"""python -m draftlab {stage, check-draft, convert, import-runs, warm-compile, warm-decode} ..."""
+"""python -m draftlab {stage, check-draft, convert, import-runs, warm-compile, warm-decode, benchmark, bundle} ..."""
 
 import logging
 import sys
@@ -12,6 +12,8 @@ COMMANDS = {
     "import-runs": ("draftlab.import_runs", "log jobs run without a tracking store (results.json) into MLflow"),
     "warm-compile": ("draftlab.train.compile_warmup", "build the train stage's compiled graphs ahead"),
     "warm-decode": ("draftlab.decode_warmup", "build the generate stage's compiled decode step ahead"),
+    "benchmark": ("draftlab.benchmarks.cli", "run a declared benchmark (conf/benchmark/; --list shows them)"),
+    "bundle": ("draftlab.offline.bundle", "write what an offline GPU machine needs into one folder"),
 }
 
 
@@ -25,7 +27,7 @@ def main(argv: list[str]) -> int:
 
     module = importlib.import_module(COMMANDS[argv[0]][0])
     try:
-        if argv[0] in ("stage", "import-runs", "warm-compile", "warm-decode"):
+        if argv[0] in ("stage", "import-runs", "warm-compile", "warm-decode", "benchmark", "bundle"):
             return module.main(argv[1:])
         return module.main(argv)
     except ConfigError as err:
