@@ -32,7 +32,7 @@ goal: "fake: the printed rate at 2 or more"
 metric: rate.{which}
 goal_value: 2.0
 read: json_lines
-command: ["{{python}}", "-c", "import json, sys; print('noise'); print(json.dumps({{'rate': {{'a': 1.5, 'b': 3}}, 'argv': sys.argv[1:]}}))"]
+command: ["{{python}}", "-c", "import json, sys; print('noise'); print(json.dumps({{'rate': {{'a': 1.5, 'b': 3}}, 'runs': [4, 5], 'argv': sys.argv[1:]}}))"]
 args: {{count: 3, quiet: true, skip: false, none: null}}
 """
 
@@ -89,6 +89,7 @@ def test_a_run_writes_results_json_and_an_mlflow_run(tmp_path, monkeypatch, caps
     record = json.loads((tmp_path / "out" / "results.json").read_text())
     assert record["benchmark"] == "fake" and record["metric"] == "rate.b" and record["value"] == 3.0
     assert record["met"] is True and record["numbers"]["rate.a"] == 1.5 and "command_wall_s" in record["numbers"]
+    assert record["numbers"]["runs.1"] == 5.0 and "argv" not in record["numbers"]
     assert record["command"][1] == "-c" and record["command"][-3:] == ["--count", "5", "--quiet"]
     assert record["records"][0]["argv"] == ["--count", "5", "--quiet"]  # false and null left out
     assert record["machine"]["cpu_count"] and record["machine"]["python"] and record["commit"]

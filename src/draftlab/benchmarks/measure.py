@@ -70,12 +70,14 @@ def json_records(text: str) -> list[dict]:
 
 
 def flat_numbers(record: dict, prefix: str = "") -> dict[str, float]:
-    """The finite numbers of a record, nested keys joined by dots; booleans as 0/1."""
+    """The finite numbers of a record, nested keys and list indices joined by dots; booleans as 0/1."""
     numbers: dict[str, float] = {}
     for key, value in record.items():
         name = f"{prefix}{key}"
         if isinstance(value, dict):
             numbers.update(flat_numbers(value, name + "."))
+        elif isinstance(value, list):
+            numbers.update(flat_numbers({str(i): v for i, v in enumerate(value)}, name + "."))
         elif isinstance(value, (bool, int, float)) and math.isfinite(float(value)):
             numbers[name] = float(value)
     return numbers
