@@ -1,12 +1,12 @@
 """The packed unroll under torch.compile: one graph for the whole draft forward and loss of a training step.
 
 On a GPU the eager step is host-bound: about 1,800 kernel launches a step, queued in ~85 ms while the GPU needs
-~44 ms, most of it small elementwise kernels (norms, RoPE, casts, the loss; the matmuls are ~5 ms; BENCHMARKS.md,
-the trainer profile). Compiled, the elementwise chains fuse and the host queues far fewer launches.
+~44 ms, most of it small elementwise kernels (norms, RoPE, casts, the loss; the matmuls are ~5 ms, by
+the trainer's profile). Compiled, the elementwise chains fuse and the host queues far fewer launches.
 
 Every batch has its own sizes (batch rows, length, kept rows, pairs per step), so the graph is built with
 dynamic shapes: one forward-and-backward graph, compiled at the first batch and serving every later one (one graph
-in the 50,000-sample headline run on the H200: BENCHMARKS.md). What would make the compiler build more (each build
+in the 50,000-sample headline run on the H200). What would make the compiler build more (each build
 took 10-150 s on the H200):
 - duck sizing, off here: two sizes that happen to be equal in the first batch (say the kept rows and the hidden
   width) would be assumed equal, and the first batch where they differ would recompile;

@@ -2,7 +2,7 @@
 `ttt.ttt_unroll`, with fewer FLOPs.
 
 Most of a step is matmuls over every position of the padded batch: the draft layer, its draft-vocabulary head
-and the teacher's head rows (84% of a CPU step is `aten::mm`; BENCHMARKS.md). But a position t only matters
+and the teacher's head rows (84% of a CPU step is `aten::mm`). But a position t only matters
 when some step j predicts an answer token there (`counted[t+2+j]`): prompt tokens and padding (about 40% of a
 ShareGPT batch) feed the loss only as keys of step 0's attention. So:
 - the teacher's soft targets are formed only at positions s whose next token counts (s = t+1+j);
@@ -229,7 +229,7 @@ def packed_unroll(model: Eagle3Draft, batch: dict[str, Tensor], lm_head: Tensor,
     (loss, stats [len(STATS), steps] float64). `lm_head` is the target head (the teacher), `ce` the row-wise soft
     cross-entropy (`soft_ce_rows`, or its compiled form for an eager unroll: a compiled one traces it into its
     graph). When more than `max_kept` of the batch's positions count, the padded unroll runs instead: the gathers
-    and scatters then cost more than the positions they save (on a GPU; BENCHMARKS.md). `plan`: the batch's
+    and scatters then cost more than the positions they save (on a GPU). `plan`: the batch's
     `PackedPlan`, built from its host copy (else here, from its masks, with host syncs on a GPU); with it, the
     unroll has no data-dependent size to read back (tests/test_packed_unroll.py runs it on the meta device). `core`:
     what computes the packed unroll once the plan is on the device (`packed_core`, or its compiled form:
