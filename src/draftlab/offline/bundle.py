@@ -25,7 +25,9 @@ from draftlab.offline.closure import DATA_PACKAGES, closure, project_requirement
 from draftlab.provenance import git_state
 from draftlab.run_context import repo_root
 
-PLATFORM = "manylinux_2_28_x86_64"  # pip also takes the older manylinux tags this one includes
+PLATFORM = "manylinux_2_28_x86_64"
+MANYLINUX = re.compile(r"^manylinux_2_(\d+)_(\w+)$")
+LEGACY = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}  # PEP 600's aliases of glibc 2.17, 2.12, 2.5
 MISSING = re.compile(r"No matching distribution found for (\S+)")
 PART = ".part-"
 INSTALL_SH = """#!/usr/bin/env bash
@@ -43,8 +45,12 @@ done
 mkdir -p "$dest"
 tar -xf "$here/code/draftlab.tar" -C "$dest"
 if [ "${VENV:-1}" = 1 ]; then
+  # the machine's packages (its torch) stay visible, also where that interpreter is itself a virtual environment
+  machine=$("$python" -c 'import sysconfig; p = sysconfig.get_paths(); print(p["purelib"]); print(p["platlib"])')
   "$python" -m venv --system-site-packages "$dest/.venv"
   python="$dest/.venv/bin/python"
+  "$python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' | {
+    read -r site; printf '%s\n' $machine | sort -u > "$site/machine-packages.pth"; }
 fi
 pip=("$python" -m pip install --no-index --find-links "$here/wheels" --disable-pip-version-check)
 if [ -s "$here/requirements.txt" ]; then "${pip[@]}" -r "$here/requirements.txt"; fi
@@ -64,6 +70,20 @@ def parse_size(text: str) -> int:
     return int(match.group(1)) * 1024 ** " KMG".index((match.group(2) or " ").upper())
 
 
+def platforms(platform: str) -> list[str]:
+    """The tags a machine of `platform` installs: pip's --platform matches a manylinux tag exactly, so a glibc 2.28
+    machine is named with every older manylinux tag too (a wheel built for glibc 2.17 runs there)."""
+    match = MANYLINUX.match(platform)
+    if not match:
+        return [platform]
+    newest, arch = int(match.group(1)), match.group(2)
+    tags = [f"manylinux_2_{minor}_{arch}" for minor in range(newest, 4, -1)]
+    for minor, alias in LEGACY.items():
+        if minor <= newest and (minor == 17 or arch in ("x86_64", "i686")):  # 2010 and 1 were x86 only
+            tags.append(f"{alias}_{arch}")
+    return tags
+
+
 def _pip(args: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pip", *args, "--disable-pip-version-check"],
                           capture_output=True, text=True)
@@ -74,7 +94,8 @@ def download(pins: list[str], wheels: Path, platform: str, python_version: str) 
     pip stops at the first pin with no wheel: that one is built (`pip wheel --no-deps`) and the download retried,
     the built wheel then found in `wheels` (--find-links)."""
     built: list[str] = []
-    target = ["--platform", platform, "--python-version", python_version, "--implementation", "cp",
+    target = [*(arg for tag in platforms(platform) for arg in ("--platform", tag)),
+              "--python-version", python_version, "--implementation", "cp",
               "--only-binary=:all:", "--no-deps", "--find-links", str(wheels), "--dest", str(wheels)]
     for _ in range(len(pins) + 1):
         done = _pip(["download", *target, *pins])
