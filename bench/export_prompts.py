@@ -1,5 +1,4 @@
-"""Writes ShareGPT's prompts as JSONL for a machine that cannot carry the 125 MB JSON (`python -m draftlab bundle`
-uses it).
+"""Writes ShareGPT's prompts as JSONL, a smaller file than the 125 MB JSON, read with `data.source=jsonl`.
 
     python bench/export_prompts.py .gpu/sharegpt_prompts.jsonl --count 24000 --max-chars 1000
     # a longer file whose pool starts with an older file's samples:
