@@ -88,3 +88,11 @@ def test_install_sh_installs_from_the_folder_alone(tmp_path):
     bad = subprocess.run(["bash", str(out / "install.sh"), str(tmp_path / "again")], env=env, capture_output=True,
                          text=True, timeout=600)
     assert bad.returncode != 0 and not (tmp_path / "again" / "src").exists()
+
+
+def test_a_manylinux_target_also_takes_wheels_for_older_glibcs():
+    tags = bundle.platforms("manylinux_2_28_x86_64")
+    assert tags[0] == "manylinux_2_28_x86_64" and "manylinux_2_17_x86_64" in tags and "manylinux2014_x86_64" in tags
+    assert "manylinux_2_31_x86_64" not in tags
+    assert "manylinux2010_aarch64" not in bundle.platforms("manylinux_2_17_aarch64")
+    assert bundle.platforms("macosx_11_0_arm64") == ["macosx_11_0_arm64"]

@@ -134,9 +134,9 @@ def fill(text: str, out: Path, root: Path | None = None) -> str:
 def commands(bench: Benchmark, out: Path, root: Path | None = None) -> tuple[list[list[str]], list[str]]:
     """(setup commands, the measured command) with their placeholders filled in. The measured one is filled
     after the setup has run (see `main_command`), since `{glob:...}` may name what the setup made."""
-    setup = [[fill(part, out, root) for part in cmd] for cmd in bench.setup]
+    setup = [[fill(str(part), out, root) for part in cmd] for cmd in bench.setup]
     return setup, [*bench.command, *render_args(bench), *bench.extra]
 
 
 def main_command(raw: list[str], out: Path, root: Path | None = None) -> list[str]:
-    return [fill(part, out, root) for part in raw]
+    return [fill(str(part), out, root) for part in raw]
