@@ -9,7 +9,7 @@ import platform
 import re
 import shutil
 import subprocess
-from datetime import datetime, timezone
+from datetime import datetime
 from importlib import metadata
 from pathlib import Path
 
