@@ -7,7 +7,7 @@ Real lengths come from a generate folder (`--samples-from`). Without one, from p
 `--max-prompt-tokens`, plus answers drawn from an assumed mix: `--full-share` of them at `--max-new-tokens`, the rest
 uniform below (the headline's answers averaged 108 of 128 tokens; their distribution was not kept).
 
-    python bench/batch_padding.py --prompts .headline/prompts.jsonl.gz --samples 50000
+    python bench/batch_padding.py --prompts prompts.jsonl.gz --samples 50000
     python bench/batch_padding.py --samples-from outputs/generate/<key>
 """
 

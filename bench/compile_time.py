@@ -57,7 +57,7 @@ nodes = []
 
 def eager_counting(gm, example_inputs):
     """The `eager` backend (Dynamo's graph run as it is), counting the graph's nodes: a cache hit's trace grows with
-    them (BENCHMARKS.md, twenty-ninth session)."""
+    them."""
     nodes.append(len(gm.graph.nodes))
     return gm.forward
 

@@ -1,7 +1,7 @@
-"""Writes ShareGPT's prompts as JSONL for a machine that cannot carry the 125 MB JSON (bench/h200_session.sh).
+"""Writes ShareGPT's prompts as JSONL, a smaller file than the 125 MB JSON, read with `data.source=jsonl`.
 
     python bench/export_prompts.py .gpu/sharegpt_prompts.jsonl --count 24000 --max-chars 1000
-    # a longer file whose pool starts with an older file's samples (bench/h200x2_converge.sh):
+    # a longer file whose pool starts with an older file's samples:
     python bench/export_prompts.py .gpurun/prompts.jsonl --count 32000 --max-chars 1500 --keep-first old.jsonl
 
 draftlab shuffles a JSONL file's prompts with `data.seed` (0 here), so a longer export would reorder the pool and

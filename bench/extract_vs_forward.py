@@ -157,7 +157,7 @@ def extraction(target, tap, shards, batch_size: int, dtype: torch.dtype, folder:
 
 def clear(folder: Path | None) -> None:
     """A writing variant's shards removed, outside its timer: deleting ~7 GB from tmpfs takes about 0.5 s, which a
-    timed run that cleared its folder first paid until the twenty-first session (BENCHMARKS.md)."""
+    timed run that cleared its folder first would count as its own."""
     for old in folder.glob("shard-*") if folder else ():
         old.unlink()
 

@@ -1,17 +1,16 @@
 """How loaded the host was while a timed run ran: the share of CPU time stolen by the hypervisor and the share busy.
 
-The lent H200 machines are virtual machines of 16 cores on a shared host. On 2026-12-04 one of them ran the same
-plain forward at 220k-464k tok/s and the issue's training step at 60.8k and then 86.0k tok/s (BENCHMARKS.md,
-twenty-second session), a spread larger than the 10% part 3 asks to resolve. A launch-bound run slows when the host
-takes its CPUs away, and /proc/stat's `steal` counts exactly that time; recording it beside each timed run says
+Cloud GPU machines are often virtual machines on a shared host. On 2026-12-04 one H200 machine ran the same plain
+forward at 220k-464k tok/s and the reference's training step at 60.8k and then 86.0k tok/s, a spread larger than the
+10% a comparison must resolve. A launch-bound run slows when the host takes its CPUs away, and /proc/stat's `steal` counts exactly that time; recording it beside each timed run says
 which runs to distrust instead of guessing. Linux only: elsewhere the snapshot is None and so are the shares.
 
-Stolen time is not the whole story. On 2026-12-04 a machine that lost 0-0.8% of its CPU time ran the issue's step at
+Stolen time is not the whole story. On 2026-12-04 a machine that lost 0-0.8% of its CPU time ran the reference's step at
 47-52k, then 78-95k, then 61-68k tok/s within 20 minutes, its GPU at the top clock and at most 54% busy where
-sampled (twenty-third session): a step set on the host's side slows when the host CPU does, and a neighbour on the
+sampled: a step set on the host's side slows when the host CPU does, and a neighbour on the
 same cores or the CPU's own clock can do that without any steal. So each snapshot also times a fixed pure-Python
 loop (`probe_ms`, best of three). It is a noisy measure: on another machine it moved 9.7-15.3 ms between snapshots
-and did not track six runs of the step at 51-59k (BENCHMARKS.md); read it beside the rate, not as a correction.
+and did not track six runs of the step at 51-59k; read it beside the rate, not as a correction.
 
 As a module: `snapshot()` before, `shares(before, snapshot())` after. As a command, around another one (run
 without a shell; its output passes through, then one JSON line with the shares and the run's start and end in
@@ -37,7 +36,7 @@ CLOCK_FORMAT = "%Y/%m/%d %H:%M:%S.%f"  # nvidia-smi's timestamp (which stops at 
 
 def probe_ms(loops: int = 200_000, repeats: int = 3) -> float:
     """The fastest of `repeats` timings of a fixed pure-Python loop, in ms (8 ms on the dev machine, 10-15 ms on
-    the lent H200 machines): the interpreter's speed on this host now, a proxy for a launch-bound step's Python."""
+    the rented H200 machines): the interpreter's speed on this host now, a proxy for a launch-bound step's Python."""
     best = math.inf
     for _ in range(repeats):
         started, total = time.perf_counter(), 0
@@ -80,7 +79,7 @@ def shares(before: dict | None, after: dict | None) -> dict:
 
 def local_clock() -> str:
     """The local time as `nvidia-smi --query-gpu=timestamp` writes it (CLOCK_FORMAT to the millisecond), so that a
-    run's span can be cut out of a GPU sample log taken beside it (bench/gpu_util_runs.py)."""
+    run's span can be cut out of a GPU sample log taken beside it (`nvidia-smi -lms`)."""
     return datetime.now().strftime(CLOCK_FORMAT)[:-3]
 
 

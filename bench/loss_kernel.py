@@ -1,18 +1,18 @@
 """The packed unroll's loss alone, compiled, forward and backward: its soft targets read as fp32 probabilities
 (the trainer before 2026-12-04) or formed in the loss from the teacher's bf16 logits and their logsumexp
 (`ttt.soft_targets`, the trainer's since), step by step or over every pair at once (`pairs`, the trainer's since
-2026-12-05). On the H200 the fused reduction over [pairs, draft vocabulary] was 28% of the GPU's training step
-(BENCHMARKS.md, sixteenth session); this times it on its own, at the preset's sizes.
+2026-12-05). On the H200 the fused reduction over [pairs, draft vocabulary] was 28% of the GPU's training step;
+this times it on its own, at the preset's sizes.
 
 The shapes are the trainer's (train/packed.py `packed_core`): `--steps` TTT steps of `--capacity` pairs each, one
 soft cross-entropy (`ttt.step_loss`) and one argmax match per step, the teacher's rows gathered by index, the head's
 logits in bf16. The trainer compiles with dynamic shapes; this bench, by default, for these sizes alone
 (`--dynamic`: as the trainer), which is one way its result may differ from the trainer's. It does: on the H200 it
 timed the logits form 1.74x slower, while in the profiled trainer the same change cut the loss's kernels by 3.2 ms a
-step (BENCHMARKS.md, twenty-fifth session). Its numbers are the loss alone, not the trainer's. Why the logits form
+step. Its numbers are the loss alone, not the trainer's. Why the logits form
 timed slower here: the steps' slices of one logits tensor make its gradient a concatenation, and Inductor wrote it
 as one kernel in which every element computes every step's branch, two exps each with logits (one with
-probabilities). `pairs` is the trainer's form since (twenty-seventh session): one pass over every pair.
+probabilities). `pairs`, the trainer's form, is one pass over every pair.
 
     python bench/loss_kernel.py --device cuda                  # the preset: 7 steps of 14,336 pairs, vocab 8,192
     python bench/loss_kernel.py --device cpu --capacity 256 --vocab 512 --repeats 3   # a smoke run

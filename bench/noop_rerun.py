@@ -1,4 +1,4 @@
-"""Wall time of an all-cached `python src/run.py ...` (issue 13 part 6: 3 s or less, median of 5).
+"""Wall time of an all-cached `python src/run.py ...` (goal: 3 s or less, median of 5).
 
     python bench/noop_rerun.py [--runs 5] [--python PY] -- src/run.py [overrides...]
 
@@ -9,6 +9,7 @@ timed run must log every stage as cached, else the measurement is refused. Print
 from __future__ import annotations
 
 import argparse
+import json
 import resource
 import statistics
 import os
@@ -51,6 +52,8 @@ def main() -> None:
         print(f"wall {seconds:.2f} s, cpu {cpu:.2f} s, load {os.getloadavg()[0]:.1f}", flush=True)
     print(f"median of {args.runs}: wall {statistics.median(walls):.2f} s, cpu {statistics.median(cpus):.2f} s "
           f"({' '.join(command)})")
+    print(json.dumps({"runs": args.runs, "median_wall_s": round(statistics.median(walls), 3),
+                      "median_cpu_s": round(statistics.median(cpus), 3), "walls_s": [round(w, 3) for w in walls]}))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Val/loss of two codes at equal tokens, paired by seed: is the second code's draft no worse than the first's?
 
-Issue 11 part 4 asks that a faster trainer train no worse at equal tokens. One run of each code cannot say so: the
-same code and seed ended 0.34% apart on two H200 machines (BENCHMARKS.md, twenty-fifth session). Here each code
+A faster trainer must train no worse at equal tokens. One run of each code cannot say so: the same code and seed
+ended 0.34% apart on two H200 machines. Here each code
 trains the same features once per seed with the same job, one cause varied: the code. A seed fixes the draft's
 initialisation and the batches' order, so a pair differs only by what the code computes differently, and the paired
 differences (second - first, in % of the first) are tested across seeds: their mean with a 95% t interval, the

@@ -37,7 +37,7 @@ import torch  # noqa: E402
 
 from train_data_path import synthetic_source  # noqa: E402
 
-try:  # the reader's own module since the seventeenth session; data/features.py held it before (older --code)
+try:  # draftlab.data.reader; older codes (--code) kept it in data/features.py
     from draftlab.data import reader  # noqa: E402
 except ImportError:
     from draftlab.data import features as reader  # noqa: E402

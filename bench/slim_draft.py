@@ -1,7 +1,7 @@
-"""A draft folder small enough to carry to a device call (64 MiB a call): the tensors SGLang replaces or skips
-are left out, and the rest is stored in bfloat16.
+"""A draft folder small enough for a transfer that caps its size: the tensors SGLang replaces or skips are left
+out, and the rest is stored in bfloat16.
 
-    python bench/slim_draft.py outputs/train/<key>/draft .engine/draft-6400
+    python bench/slim_draft.py outputs/train/<key>/draft slim-draft
 
 Left out: `embed_tokens.weight` when SGLang takes the target's embedding instead (`target_hidden_size ==
 hidden_size`: keymap's `shared_from_target`; for SmolLM2 that is 57 of its 76 MB in bf16) and `t2d` (skipped by

@@ -1,11 +1,11 @@
 """The train stage's steady training rate, read from a job's log: tokens a second between two validation passes,
-with the passes' own seconds left out. Issue 11's part 4 asks for 5x the issue's 80k tok/s, which was its train
+with the passes' own seconds left out. The throughput goal is 5x the reference's 80k tok/s, which was its train
 stage's rate on real generated samples (one log window of 5c67ce0's 6,400-sample job: BENCHMARKS.md), so a job's
 train stage on real samples is read the same way here.
 
     python bench/stage_rate.py RUN... [--first STEP] [--last STEP] [--stated 80000] [--json OUT.jsonl]
 
-RUN: a folder holding a job's results.json (or small/results.json, as h200_headline.sh packs it) and its log
+RUN: a folder holding a job's results.json (or small/results.json) and its log
 (log-small.txt, else the one log*.txt). The span runs from the pass logged at --first (default: the second pass,
 so that neither graph's load from the compile cache, at step 1 and in the first pass, is in it) to the pass at
 --last (default: the last); its tokens are (last - first) steps of train/train_tokens x train/epochs_seen /
@@ -41,7 +41,7 @@ def passes(log_text: str) -> dict[int, tuple[float, float]]:
 def stage_seconds(log_text: str) -> float | None:
     """The train stage's seconds by the log, from its "running" line to the next stage's (None when no stage
     follows it): its train/seconds starts after the stage's module is imported (about 3.7 s on an H100), where
-    5c67ce0's started before (bench/issue_stage.py compares the two)."""
+    5c67ce0's started before, so the log lines time both codes the same way."""
     lines = STAGE.findall(log_text)
     names = [name for _, name in lines]
     if "train" not in names or names.index("train") + 1 >= len(names):
@@ -87,7 +87,7 @@ def main() -> None:
     ap.add_argument("runs", nargs="+", type=Path)
     ap.add_argument("--first", type=int, help="the step of the pass the span starts at (default: the second pass)")
     ap.add_argument("--last", type=int, help="the step of the pass the span ends at (default: the last pass)")
-    ap.add_argument("--stated", type=float, default=80_000, help="the rate to divide by (the issue's 80k)")
+    ap.add_argument("--stated", type=float, default=80_000, help="the rate to divide by (the reference's 80k)")
     ap.add_argument("--json", type=Path, help="also append one JSON line a run here")
     args = ap.parse_args()
     print(f"run                tokens/step  span_s  passes_s  tok/s_with_passes  tok/s_without  x_{args.stated:.0f}")

@@ -1,6 +1,6 @@
 """How fast a folder (tmpfs: /dev/shm) takes shard-sized writes from 1, 2, 4, 8 threads at once, by safetensors and
 by a plain write, with the main thread idle and with it busy in Python (as the extract stage's, which launches the
-forward's kernels while its writers run). Issue 11 part 3: extraction into memory needs about 2.2 GB/s at the
+forward's kernels while its writers run). Extraction into memory needs about 2.2 GB/s at the
 forward's pace on an H200, and one writer thread was measured at 1.5-2.5 GB/s.
 
     python bench/tmpfs_write.py --folder /dev/shm --gb 0.9 --threads 1 2 4 8

@@ -2,8 +2,7 @@
 synthetic SmolLM2-shaped shards, with its time broken down, against the time it takes only to read its batches.
 
 bench/train_throughput.py times the step alone on tensors already on the device. On the H200 the sweep's
-trainer ran well below that (5.5 steps/s in the third session, against 17 for the step alone measured in the
-second session on its host; BENCHMARKS.md), so this runs the whole trainer with the sweep's validation and
+trainer once ran well below that (5.5 steps/s, against 17 for the step alone), so this runs the whole trainer with the sweep's validation and
 checkpoint cadence (every 100 steps, 1 in 8 samples held out) and says where its wall time went: waiting for
 batches (train/data_wait_frac), validation passes, checkpoint writes, and the rest (the steps, logging). The
 synthetic pool is small, so its epochs are short and each epoch's end adds a checkpoint and a cold read-ahead

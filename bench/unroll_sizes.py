@@ -1,6 +1,6 @@
 """How many distinct sizes the packed unroll sees in an epoch, raw and bucketed: the number of CUDA graphs a
 captured training step needs (train.compile_cuda_graphs, whose padding `attach_plan` applies here with the
-trainer's own code; BENCHMARKS.md, sixteenth session: 727 sets raw, 34 padded, for 1.20x the pairs computed).
+trainer's own code; at the headline's lengths: 727 sets raw, 34 padded, for 1.20x the pairs computed).
 
 Lengths are drawn like the headline's ShareGPT samples (`train_data_path.headline_lengths`); the
 batches are the trainer's (`plan_batches` at the GPU preset's 16,384 tokens), the sizes those of `PackedPlan`.

@@ -35,7 +35,7 @@ plan_by_length = reader.plan_batches
 
 
 def plan_in_index_order(lengths, batch_tokens, seed, epoch, shuffle, window_size=reader.PLAN_WINDOW):
-    """The unshuffled plan before the seventeenth session: samples in index order, cut at the token budget."""
+    """The plan in index order, as the reader once cut it: samples in index order, cut at the token budget."""
     if shuffle:
         return plan_by_length(lengths, batch_tokens, seed, epoch, shuffle, window_size)
     return reader.cut_batches(range(len(lengths)), lengths, batch_tokens)

@@ -71,7 +71,7 @@ def test_compiled_unroll_equals_eager_and_keeps_one_graph_across_shapes(caplog, 
     assert trace + backend + phases["train/compile_guards_s"] <= phases["train/compile_s"] + 0.05, phases
     assert "Dynamo's trace" in caplog.text
     # traced once (a float traced as a symbol made dynamo start over) and storable in AOTAutograd's cache (an
-    # inference_mode switch in the graph was not): what a second process finds warm (BENCHMARKS.md)
+    # inference_mode switch in the graph was not): what a second process finds warm
     assert aot["total"] - before["total"] == 1 and aot["autograd_cache_bypass"] == before["autograd_cache_bypass"]
     # other rows, lengths (to 8 and 16 positions) and teacher row counts reuse that graph. (Inductor's CPU code
     # has a guard of its own: a float sum over more than 4,096 elements, here the pairs of all steps, takes another

@@ -1,4 +1,4 @@
-"""Two runs at once (issue 14 part 3): on a fresh SQLite store both finish, and each keeps its own Hydra folder
+"""Two runs at once: on a fresh SQLite store both finish, and each keeps its own Hydra folder
 (run.log and results.json), even when started in the same second."""
 
 import os

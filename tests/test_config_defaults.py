@@ -1,4 +1,4 @@
-"""Defaults live in one place, conf/ (issue 13 part 4): the schema holds types and checks, default_config() is
+"""Defaults live in one place, conf/: the schema holds types and checks, default_config() is
 the composed conf/, and the tests' tiny recipe is experiment=smoke."""
 
 from __future__ import annotations

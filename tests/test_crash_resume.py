@@ -1,5 +1,4 @@
-"""kill -9 at a random point of each stage, then a rerun: the outputs equal an uninterrupted run's (issue 14
-part 7).
+"""kill -9 at a random point of each stage, then a rerun: the outputs equal an uninterrupted run's.
 
 The kill is real (SIGKILL from the kernel, no cleanup runs). It lands at a seeded random file replacement of the
 stage, just before or just after the rename, the moments where a half-written output could survive; the seeds

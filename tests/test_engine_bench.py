@@ -1,6 +1,6 @@
 """The engine benchmark's scripts run end to end on the tiny target (the H200 call runs them once, unattended):
 probe_draft.py writes a loadable draft, slim_draft.py a smaller one served identically, and spec_decode.py
-measures each mode with the same greedy output. Their numbers are never asserted (BENCHMARKS.md has them)."""
+measures each mode with the same greedy output. Their numbers are never asserted."""
 
 from __future__ import annotations
 

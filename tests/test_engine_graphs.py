@@ -2,7 +2,7 @@
 and a target select, that a failed or empty capture falls back to eager steps, and that the fixed-shape steps a
 graph would capture neither read device values on the host nor bake in a value that changes with the position.
 Their numbers (static cache against dynamic) are tested in test_engine_static.py; the capture itself runs on
-the GPU in bench/h200_engine.sh.
+the GPU in `python -m draftlab benchmark spec_decode_gpu`.
 """
 
 from __future__ import annotations

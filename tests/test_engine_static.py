@@ -10,7 +10,7 @@ computes what the dynamic one computes.
   is caught (mutation tests below).
 On the CPU the fixed-shape steps run eagerly; the CUDA graph path is the same step code, captured
 (serve/cuda_graphs.py; its fallback is tested in test_engine_graphs.py, its capture on the GPU by
-bench/h200_engine.sh).
+`python -m draftlab benchmark spec_decode_gpu`).
 """
 
 from __future__ import annotations

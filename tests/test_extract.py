@@ -223,7 +223,7 @@ def test_stored_target_top_gives_the_plain_soft_targets(pool, dtype):
 
 def test_extraction_attention_never_goes_to_cudnn(pool, monkeypatch):
     """cuDNN's attention plans every new shape on the host; each extraction batch has its own padded length, and
-    the stage ran 1.8x faster on the H200 with cuDNN's kernel switched off (BENCHMARKS.md)."""
+    the stage ran 1.8x faster on the H200 with cuDNN's kernel switched off."""
     sdpa, cudnn_allowed = F.scaled_dot_product_attention, []
 
     def spy(*args, **kwargs):

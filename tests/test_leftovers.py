@@ -1,4 +1,4 @@
-"""No leftovers (issue 14 part 6): temporary folders are removed on failure and cleaned at the next start, and a
+"""No leftovers: temporary folders are removed on failure and cleaned at the next start, and a
 disk-full error names the file being written."""
 
 from __future__ import annotations

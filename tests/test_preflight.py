@@ -1,4 +1,4 @@
-"""Bad data is refused before any stage, in one line that names the key, file or line (issue 14 part 5)."""
+"""Bad data is refused before any stage, in one line that names the key, file or line."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Progress per batch or step (issue 13 part 5): each stage's bar moves per unit of work, not per shard."""
+"""Progress per batch or step: each stage's bar moves per unit of work, not per shard."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""conf/serve/sglang.yaml extends local.yaml (issue 13 part 4): one place for the shared serving defaults."""
+"""conf/serve/sglang.yaml extends local.yaml: one place for the shared serving defaults."""
 
 from omegaconf import OmegaConf
 

@@ -94,7 +94,7 @@ def test_the_rate_between_passes_is_the_steps_tokens_over_their_seconds(tmp_path
 
 def test_the_command_reads_a_packed_job_folder(tmp_path, monkeypatch):
     text, metrics, _ = _trained_log(tmp_path, monkeypatch)
-    job = tmp_path / "small_new_0"  # as h200_headline.sh packs a job: log-small.txt, small/results.json
+    job = tmp_path / "small_new_0"  # a packed job: log-small.txt, small/results.json
     (job / "small").mkdir(parents=True)
     (job / "log-small.txt").write_text(text)
     (job / "small" / "results.json").write_text(json.dumps({"metrics": metrics}))

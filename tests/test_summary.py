@@ -1,4 +1,4 @@
-"""Runs that explain themselves (issue 13 part 5): the end-of-run table, and run names that say what varies."""
+"""Runs that explain themselves: the end-of-run table, and run names that say what varies."""
 
 import logging
 

@@ -1,6 +1,6 @@
-"""Tracking faults (issue 14 part 4): a bad store is refused up front naming `tracking.uri`; a store that fails
+"""Tracking faults: a bad store is refused up front naming `tracking.uri`; a store that fails
 mid-run costs no training; a killed job's run is closed by the rerun; a resumed job's run holds the whole curve.
-Also the experiment kind that makes MLflow's UI open on training runs (issue 13 part 3)."""
+Also the experiment kind that makes MLflow's UI open on training runs."""
 
 import os
 import signal

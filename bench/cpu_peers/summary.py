@@ -47,6 +47,7 @@ def main() -> None:
     drafts = sorted({n for runs in rounds.values() for n in runs if n.startswith("dl-")})
     peers = sorted({n for runs in rounds.values() for n in runs if not n.startswith("dl-")})
     print("\nSame-round ratios (tokens/s; by CPU time in brackets), per round, then the median:")
+    medians = {}
     for d in drafts:
         for p in peers:
             pairs = [(runs[d], runs[p]) for runs in rounds.values() if d in runs and p in runs]
@@ -56,6 +57,8 @@ def main() -> None:
             cpu = [a["tok_cpu_s"] / b["tok_cpu_s"] for a, b in pairs]
             print(f"- {d} / {p}: " + ", ".join(f"{w:.2f} ({c:.2f})" for w, c in zip(wall, cpu))
                   + f"; median {statistics.median(wall):.2f} ({statistics.median(cpu):.2f})")
+            medians[f"{d}/{p}"] = round(statistics.median(wall), 3)
+    print(json.dumps({"median_ratio": medians}))  # for python -m draftlab benchmark peers
 
 
 if __name__ == "__main__":

@@ -1,5 +1,4 @@
-"""python -m draftlab {stage, check-draft, convert, capture-contract, plan, import-runs, warm-compile,
-warm-decode} ..."""
+"""python -m draftlab COMMAND ...: the commands and what each does are in COMMANDS (no COMMAND lists them)."""
 
 import logging
 import sys
@@ -15,12 +14,14 @@ COMMANDS = {
     "import-runs": ("draftlab.import_runs", "log jobs run without a tracking store (results.json) into MLflow"),
     "warm-compile": ("draftlab.train.compile_warmup", "build the train stage's compiled graphs ahead"),
     "warm-decode": ("draftlab.decode_warmup", "build the generate stage's compiled decode step ahead"),
+    "benchmark": ("draftlab.benchmarks.cli", "run a declared benchmark (conf/benchmark/; --list shows them)"),
+    "bundle": ("draftlab.offline.bundle", "write what an offline GPU machine needs into one folder"),
 }
 
 
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in COMMANDS:
-        lines = "\n".join(f"  {name:12s} {help_}" for name, (_, help_) in COMMANDS.items())
+        lines = "\n".join(f"  {name:16s} {help_}" for name, (_, help_) in COMMANDS.items())
         print(f"usage: python -m draftlab COMMAND ...\n\ncommands:\n{lines}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -28,7 +29,7 @@ def main(argv: list[str]) -> int:
 
     module = importlib.import_module(COMMANDS[argv[0]][0])
     try:
-        if argv[0] in ("stage", "import-runs", "warm-compile", "warm-decode", "capture-contract", "plan"):
+        if COMMANDS[argv[0]][0] != "draftlab.sglang.cli":  # that one dispatches on the command's name itself
             return module.main(argv[1:])
         return module.main(argv)
     except ConfigError as err:

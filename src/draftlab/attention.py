@@ -3,7 +3,7 @@ graphs generator's prefills and the bench's prompts.
 
 cuDNN's attention, PyTorch's first choice on the H200, builds an execution plan on the host for every new shape:
 44 ms a call in the trainer's profile, and the extract stage, whose padded batch lengths vary from batch to batch,
-ran 1.8x faster without it (BENCHMARKS.md, issue 11). Flash and memory-efficient attention plan nothing. Generate's
+ran 1.8x faster without it. Flash and memory-efficient attention plan nothing. Generate's
 decode step keeps PyTorch's choice: its shape never changes, so a plan is built once.
 
 The switch is process-wide (torch.backends flags), not per thread: enter it only on the thread that runs the model

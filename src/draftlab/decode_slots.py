@@ -2,7 +2,7 @@
 whole step is captured once as a CUDA graph and replayed.
 
 Why a graph: for SmolLM2 (135M) at batch 512 a decode step is over a thousand small kernels. Launched one by one
-from Python they take ~25 ms (BENCHMARKS.md); replayed as one graph they cost what the GPU needs (a few ms: the
+from Python they take ~25 ms; replayed as one graph they cost what the GPU needs (a few ms: the
 KV cache read and the kernels themselves).
 
 The cache is a ring of C columns shared by all slots, one key and one value tensor per layer, kept here (not in a

@@ -3,7 +3,7 @@ converts the target and tokenises its prompts (started by draftlab/warmup.py whe
 on a GPU, stopped when generate ends).
 
 The graphs generator compiles one decoder layer and reuses it for every layer (decode_slots.py). That compile took
-6.6 s on a cold cache in the 50,000-sample headline run on the H200 and 1.5-2.2 s on a warm one (BENCHMARKS.md),
+6.6 s on a cold cache in the 50,000-sample headline run on the H200 and 1.5-2.2 s on a warm one,
 and it sits on generate's critical path: its first answers wait for it. The layer's graph depends only on the
 target's config, dtype and device and on the stage's shapes (slots, cache columns), not on the weights or the
 prompts, so a model of one layer built from the target's config (read without its weights: generate may be

@@ -21,7 +21,7 @@ resolution the argmax can flip; from there the two answers diverge. Both are exa
 model up to rounding, so the training data is as good; it is not the same bytes, which is why `data.generator` is
 part of the generate stage's key.
 
-On the H200 (BENCHMARKS.md) continuous batching ran at 0.27x the plain path: without the flash-attention package
+On the H200 continuous batching ran at 0.27x the plain path: without the flash-attention package
 transformers turns its CUDA graphs off (an attention mask is needed) and runs paged SDPA eagerly. It stays an
 option for machines with flash attention. Sampling (`data.temperature > 0`) stays on the plain path: its seeding per batch is what makes a resumed pool equal
 an uninterrupted one, and the order in which continuous batching draws random numbers depends on scheduling.

@@ -135,7 +135,8 @@ def content_sha256(path: Path, cache_dir: Path) -> str:
 
 
 def _stage_root(cfg, name: str) -> Path:
-    """paths.root, or extract.pool_root for the feature pool (the GPU preset keeps it in memory: BENCHMARKS.md).
+    """paths.root, or extract.pool_root for the feature pool (the GPU preset keeps it in memory: BENCHMARKS.md
+    "Defaults measured on the GPU").
     Under pool_root each paths.root has a folder of its own: a pool in /dev/shm outlives a deleted paths.root, and
     must never be extended with the samples of another root's generate pool."""
     if name == "extract" and cfg.extract.pool_root:

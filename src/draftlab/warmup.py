@@ -38,7 +38,7 @@ import draftlab
 from draftlab.fsutil import read_json
 
 log = logging.getLogger("draftlab")
-WAIT_MAX_S = 900.0  # a cold build took 133 s on the H200 (BENCHMARKS.md); past this the warm-up is stopped
+WAIT_MAX_S = 900.0  # a cold build took 133 s on the H200; past this the warm-up is stopped
 UPSTREAM = ("generate", "extract")
 
 

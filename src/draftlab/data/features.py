@@ -103,7 +103,7 @@ def read_positions(loss_masks: list[torch.Tensor], T: int) -> torch.Tensor:
 def stored_top1(last_hidden: torch.Tensor, head_weight: torch.Tensor, loss_masks: list[torch.Tensor]) -> torch.Tensor:
     """`target_top` as stored: `head_top1` at the `read_positions` only, 0 at the others (no loss or accuracy ever
     looks there). On ShareGPT answers are about 61% of the tokens, so this drops about 2/5 of the [N, 576] x
-    [576, 49152] matmul that cost extraction 7-8% of the target's forward on an H200 (BENCHMARKS.md)."""
+    [576, 49152] matmul that cost extraction 7-8% of the target's forward on an H200."""
     B, T, H = last_hidden.shape
     index = read_positions(loss_masks, T)
     if last_hidden.is_cuda:  # pinned, so the copy does not wait for the forward queued ahead of it

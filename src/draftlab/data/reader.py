@@ -23,12 +23,11 @@ from draftlab.data.samples import SPLITS, read_samples
 from draftlab.data.vocab import read_vocab, vocab_path
 
 PLAN_WINDOW = 256  # samples sorted by length together: little padding, still a shuffled order
-# Shards kept open: a shuffled batch takes rows from all over the pool (16 reopened ~60 a batch: BENCHMARKS.md)
+# Shards kept open: a shuffled batch takes rows from all over the pool (16 reopened ~60 a batch)
 MAX_OPEN_SHARDS = 128
 # Offline batches built ahead while the caller trains on the current one. Deep: a step replayed as CUDA graphs lets
-# the host run steps ahead of the GPU and then wait for it, so it takes batches in bursts. With 2 ahead the trainer
-# waited 6.4 s for batches in 700 steps, with 2 read workers as with 4; with 8, 0.9 s, at the same tok/s: the GPU
-# was the bound, and train/data_wait_frac had blamed the reader (BENCHMARKS.md, seventeenth session). Pinned on a
+# the host run steps ahead of the GPU and then wait for it, so it takes batches in bursts; 8 ahead, not 2, cut the
+# trainer's wait for batches on an H200 (bench/trainer_speed.py --prefetch). Pinned on a
 # GPU host: ~75 MB a batch at 16,384 tokens, so ~600 MB, twice that while a validation pass reads beside the paused
 # training iterator, and as much on each torchrun rank (each reads the whole global batch).
 PREFETCH = 8
@@ -57,7 +56,7 @@ def plan_batches(lengths: list[int], batch_tokens: int, seed: int, epoch: int, s
 
     Shuffled (training): a seeded permutation, sorted by length inside windows of `window_size` samples (little
     padding), then the batch order shuffled again. Each window's last batch takes what is left: at 256 samples and
-    the GPU preset's 16,384 tokens a batch held 69% of its budget on average (BENCHMARKS.md), so train.plan_window
+    the GPU preset's 16,384 tokens a batch held 69% of its budget on average, so train.plan_window
     trades a more random order for fuller batches. Deterministic for (seed, epoch).
     Not shuffled (validation): longest first, ties in index order, as one window. Order does not matter to a pass's
     sums, padding does: on 2,000 headline-like lengths (bench/train_data_path.headline_lengths) at 16,384 tokens,
@@ -164,7 +163,7 @@ class FeatureSource:
                 shuffle: bool = True, prepare: Callable[[dict], dict] | None = None) -> Iterator[dict]:
         """Offline, the next PREFETCH batches are read while the caller trains, on READ_WORKERS threads (their row
         copies release the GIL, so two batches build at once), so slow reads (a cold page cache, a busy
-        CPU) overlap the step; the headline's compiled step waited 14% of its time on one worker (BENCHMARKS.md).
+        CPU) overlap the step; the headline's compiled step waited 14% of its time on one worker.
         Same batches, same order either way. `prepare`, when given, maps each batch: offline on those workers too
         (the trainer lists its packed rows there; it must be thread-safe), online in line."""
         plan = self._plan(split, epoch, batch_tokens, max_seq_len, seed, shuffle)

@@ -23,7 +23,7 @@ def count_tokens(samples: Iterable, target_vocab_size: int, chunk_tokens: int = 
 
     One bincount per ~4M tokens, not one per sample: adding a vocabulary-wide tensor per sample is a parallel op
     over 49k entries, and with several jobs' threads on one host each one waits on the others (measured: 12x
-    slower at 16 threads on 2 busy cores; minutes for 25,600 samples on the H200 host, BENCHMARKS.md)."""
+    slower at 16 threads on 2 busy cores; minutes for 25,600 samples on the H200 host)."""
     counts = torch.zeros(target_vocab_size, dtype=torch.int64)
     pending: list[torch.Tensor] = []
     size = 0

@@ -156,7 +156,7 @@ def ttt_attention(q: Tensor, k0: Tensor, v0: Tensor, diag_k: list[Tensor], diag_
     the full softmax. Then out = out[:D] + sum_i p_i v_i[t]. Gradients flow through the standard SDPA backward,
     so the result is exact attention under the rule.
 
-    Host time matters here (a training step on a GPU waits on the host that queues it, BENCHMARKS.md): the
+    Host time matters here (a training step on a GPU waits on the host that queues it): the
     diagonal steps are stacked so the op count does not grow with j, and j zero queries go before the sequence
     so that plain square `is_causal` gives each real query the null keys and k0[<= t] (a `causal_lower_right`
     bias costs a tensor subclass's Python dispatch on every call).

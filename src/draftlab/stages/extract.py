@@ -114,7 +114,7 @@ class ShardWriter:
     On the H200 machine's disk two and four writers were slower than one. Into memory (/dev/shm) one and four
     took the same time in the stage, bound then by cuDNN's attention planning; one thread filled tmpfs at 1.5-2
     GB/s on the dev machine, below the ~2.2 GB/s extraction needs at the forward's pace, hence the GPU preset's
-    four (BENCHMARKS.md, "The extract stage: cuDNN planned every batch")."""
+    four (BENCHMARKS.md, "Extraction against a plain forward")."""
 
     def __init__(self, out: Path, manifest: dict, writers: int = 1):
         if writers < 1:

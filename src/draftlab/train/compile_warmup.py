@@ -1,8 +1,8 @@
 """The compile warm-up: the compiled unroll's graphs built on a synthetic batch, in processes of their own, while the
 job's generate and extract stages run (started and awaited by draftlab/warmup.py).
 
-Compiling the unroll is the first training step's work, 157.5 s cold in the 50,000-sample headline run on the H200
-(BENCHMARKS.md), and all of it sat on the critical path: training cannot start before extract ends. But the graph
+Compiling the unroll is the first training step's work, 157.5 s cold in the 50,000-sample headline run on the H200,
+and all of it sat on the critical path: training cannot start before extract ends. But the graph
 depends only on what is known before any data exists: the target's config (width, vocabulary, attention shape),
 the feature layers (extract.layers), draft.* and train.*. torch.compile keeps what it built on disk (AOTAutograd's
 and Inductor's caches under TORCHINDUCTOR_CACHE_DIR), so when the train stage's first step traces the same graph it
@@ -14,7 +14,7 @@ forward and backward (`Trainer.build_graphs`), and `Trainer.evaluate` on a sourc
 
 The batch is the reader's layout (data/reader.batch_buffers), in rows of uneven length whose first 40% is prompt
 (outside the loss, ShareGPT's share), padded to about half of train.batch_tokens: a real batch's tokens fill 46-69%
-of its budget (BENCHMARKS.md). The cache holds a graph with the guards of the batch it was built on, and a real
+of its budget. The cache holds a graph with the guards of the batch it was built on, and a real
 batch must pass them: at least two rows and every TTT step with many pairs (a one-row batch, or a step of 0 or 1
 pairs, would specialise: train/compiled_unroll.py), and on the CPU no more than 4,096 pairs in all and positions in
 the batch (Inductor's CPU code guards these, so a CPU warm-up serves batches of at most about 8,192 tokens, such as

@@ -1,12 +1,12 @@
 """The packed unroll under torch.compile: one graph for the whole draft forward and loss of a training step.
 
 On a GPU the eager step is host-bound: about 1,800 kernel launches a step, queued in ~85 ms while the GPU needs
-~44 ms, most of it small elementwise kernels (norms, RoPE, casts, the loss; the matmuls are ~5 ms; BENCHMARKS.md,
-the trainer profile). Compiled, the elementwise chains fuse and the host queues far fewer launches.
+~44 ms, most of it small elementwise kernels (norms, RoPE, casts, the loss; the matmuls are ~5 ms, by
+the trainer's profile). Compiled, the elementwise chains fuse and the host queues far fewer launches.
 
 Every batch has its own sizes (batch rows, length, kept rows, pairs per step), so the graph is built with
 dynamic shapes: one forward-and-backward graph, compiled at the first batch and serving every later one (one graph
-in the 50,000-sample headline run on the H200: BENCHMARKS.md). What would make the compiler build more (each build
+in the 50,000-sample headline run on the H200). What would make the compiler build more (each build
 took 10-150 s on the H200):
 - duck sizing, off here: two sizes that happen to be equal in the first batch (say the kept rows and the hidden
   width) would be assumed equal, and the first batch where they differ would recompile;
@@ -24,7 +24,7 @@ Python floats (the loss decay) are constants of the graph: traced as symbols, th
 first trace half-way and start again (dynamo's "Restarting analysis due to ... _tensorify_python_scalars"), which
 cost a whole trace on every compile.
 The compiled step is host-bound on the H200: the GPU was busy 47% of it, and the forward and the backward each took
-about 23 ms of host time to launch ~620 kernels a step (BENCHMARKS.md, fourteenth session). Part of that is
+about 23 ms of host time to launch ~620 kernels a step (bench/trainer_speed.py --profile). Part of that is
 Inductor's Python wrapper working out sizes and grids: `train.compile_cpp_wrapper` has Inductor write the wrapper in
 C++ instead, the same kernels and results (tests/test_compiled_unroll.py). On the H200, in one call: 22.35 steps/s
 against 18.55 (1.20x, about 9 ms of a 54 ms step), but a cold compile of 186 s against 93. The warm-up builds the
@@ -83,8 +83,7 @@ def _cache_hits() -> int:
 # Where a build's seconds go, by torch.compile's own timers (torch._dynamo.utils.compilation_time_metrics, the same
 # names in torch 2.11 and 2.13): Dynamo tracing the Python, the backend (AOTAutograd and Inductor: a compile, or a
 # load from the cache), and within the backend the generated modules' import (on a cache hit nearly all of it). A
-# cache hit in the headline still took 11-19 s a graph on the H200 (BENCHMARKS.md, "Left to run" item 6): these say
-# which part to shorten.
+# cache hit in the headline still took 11-19 s a graph on the H200: these say which part to shorten.
 PHASES = {"trace": "bytecode_tracing", "backend": "OutputGraph.call_user_compiler",
           "modules": "PyCodeCache.load_by_key_path", "guards": "build_guards"}
 

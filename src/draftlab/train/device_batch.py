@@ -24,7 +24,7 @@ def attach_plan(batch: dict, steps: int, multiple: int = 1, rows: int = 1, count
     multiple of `multiple` and to a row count that is a multiple of `rows`; `counts`: the plan's counts padded to
     one capacity, a multiple of it (`PackedPlan.padded`; 0: not padded). As the trainer's `prepare` an offline
     FeatureSource runs it on its read-ahead worker, off the training thread: on a many-core host a string of small
-    CPU ops costs more in intra-op threading than in work (BENCHMARKS.md)."""
+    CPU ops costs more in intra-op threading than in work."""
     B, T = batch["loss_mask"].shape
     masks = [F.pad(batch[key], (0, -T % multiple, 0, -B % rows)) for key in MASKS]
     plan = PackedPlan.of(*masks, steps)

@@ -102,7 +102,7 @@ class Trainer:
         self.opt = build_optimizer(self.model, settings.lr, settings.weight_decay, self.device)
         # Computing only the positions that count (train/packed.py: same loss and gradients) pays on the CPU, and on
         # an H200 when a batch is about 40% prompt (ShareGPT's: 1.13x at 16,384 tokens); with every position counted
-        # it was 0.90x there, so a GPU batch where more than PACKED_MAX_KEPT count is unrolled padded (BENCHMARKS.md).
+        # it was 0.90x there, so a GPU batch where more than PACKED_MAX_KEPT count is unrolled padded.
         self.packed = True
         self.max_kept = 1.0 if self.device.type == "cpu" else PACKED_MAX_KEPT
         self.ce = soft_ce_for(settings.compile_loss, self.device, self.amp or torch.float32)

@@ -2,7 +2,7 @@
 `ttt.ttt_unroll`, with fewer FLOPs.
 
 Most of a step is matmuls over every position of the padded batch: the draft layer, its draft-vocabulary head
-and the teacher's head rows (84% of a CPU step is `aten::mm`; BENCHMARKS.md). But a position t only matters
+and the teacher's head rows (84% of a CPU step is `aten::mm`). But a position t only matters
 when some step j predicts an answer token there (`counted[t+2+j]`): prompt tokens and padding (about 40% of a
 ShareGPT batch) feed the loss only as keys of step 0's attention. So:
 - the teacher's soft targets are formed only at positions s whose next token counts (s = t+1+j);
@@ -130,8 +130,7 @@ class RowTargets:
     this way than with fp32 probabilities gathered by every step. In a profiled step the loss's kernels took 3.2 ms
     less: the forward's fused reductions 2.0 ms where, with the softmax in them, they took 8.0; the backward's
     pointwise kernel, which forms the targets again, 4.7 ms where it took 1.9, since it computed every step's
-    branch per element (`_pair_ce` says why, and how the loss is now formed). BENCHMARKS.md, twenty-fourth,
-    twenty-fifth and twenty-seventh sessions."""
+    branch per element (`_pair_ce` says why, and how the loss is now formed)."""
 
     def __init__(self, last_hidden: Tensor, lm_head: Tensor, d2t: Tensor, t2d: Tensor, rows: Rows,
                  top: Tensor | None = None) -> None:
@@ -213,8 +212,8 @@ def _pair_ce(ce, logits: Tensor, targets: RowTargets, teacher: Tensor, sizes: li
 
     Compiled, in one pass over [pairs, draft vocab]. Taken step by step, the gradient of the head's logits was one
     pointwise kernel over their concatenation in which every element computed every step's branch (Inductor fuses a
-    `cat` of computed inputs that way): on the H200 that kernel took 4.7 ms of a 20.9 ms step (BENCHMARKS.md,
-    twenty-seventh session). Eager, step by step: each step's temporaries are a seventh of the size, and on two CPU
+    `cat` of computed inputs that way): on the H200 that kernel took 4.7 ms of a 20.9 ms step (bench/loss_kernel.py times
+    the forms). Eager, step by step: each step's temporaries are a seventh of the size, and on two CPU
     cores the whole unroll ran 1.7x slower with them at once, its elementwise passes no longer in the caches. An
     eager unroll on a GPU (eager validation, a one-row batch, train.compile_unroll=false) also goes step by step:
     the same values; its speed there not measured."""
@@ -230,7 +229,7 @@ def packed_unroll(model: Eagle3Draft, batch: dict[str, Tensor], lm_head: Tensor,
     (loss, stats [len(STATS), steps] float64). `lm_head` is the target head (the teacher), `ce` the row-wise soft
     cross-entropy (`soft_ce_rows`, or its compiled form for an eager unroll: a compiled one traces it into its
     graph). When more than `max_kept` of the batch's positions count, the padded unroll runs instead: the gathers
-    and scatters then cost more than the positions they save (on a GPU; BENCHMARKS.md). `plan`: the batch's
+    and scatters then cost more than the positions they save (on a GPU). `plan`: the batch's
     `PackedPlan`, built from its host copy (else here, from its masks, with host syncs on a GPU); with it, the
     unroll has no data-dependent size to read back (tests/test_packed_unroll.py runs it on the meta device). `core`:
     what computes the packed unroll once the plan is on the device (`packed_core`, or its compiled form:

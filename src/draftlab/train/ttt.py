@@ -101,13 +101,13 @@ def soft_ce(lg: Tensor, p: Tensor, w: Tensor, ce=soft_ce_rows) -> Tensor:
 def compiled_soft_ce_rows():
     """`soft_ce_rows` under torch.compile (one per process, shapes dynamic). On a GPU the loss over [positions, draft
     vocab] is a chain of memory-bound passes in eager mode (upcast, max, exp, sum, product, and as many in
-    backward): fused, it reads the logits and soft targets about once each way (BENCHMARKS.md, issue 11)."""
+    backward): fused, it reads the logits and soft targets about once each way."""
     return torch.compile(soft_ce_rows, dynamic=True)
 
 
 def soft_ce_for(compile_loss: str, device: torch.device, dtype: torch.dtype):
-    """train.compile_loss: auto = the compiled soft cross-entropy on CUDA (1.27x a SmolLM2-shaped step on an H200,
-    BENCHMARKS.md), the eager one elsewhere (a CPU step is matmul-bound, and compiling costs seconds). Either is a
+    """train.compile_loss: auto = the compiled soft cross-entropy on CUDA (1.27x a SmolLM2-shaped step on an
+    H200), the eager one elsewhere (a CPU step is matmul-bound, and compiling costs seconds). Either is a
     row-wise `ce(lg, p)` (`soft_ce_rows`), what the unrolls' `ce` argument takes.
 
     The compiled loss is built here, on tiny logits of the training dtype, forward and backward, with and without

@@ -2,7 +2,7 @@
 
 Every validation pass reads the same batches: the same samples, in the same order (no shuffle). In the
 50,000-sample headline run a pass over 1,963 samples took 2.1 s (median of 58 passes), 17% of training at one
-pass every 100 steps (BENCHMARKS.md); how much of it was reading (each pass restarts the read-ahead, and the
+pass every 100 steps; how much of it was reading (each pass restarts the read-ahead, and the
 split's samples lie scattered over every shard of the pool) and copying was not separated. Kept on the device
 after the first pass, later passes skip both. The gain is not yet measured on a GPU.
 
