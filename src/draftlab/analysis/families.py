@@ -104,8 +104,10 @@ def log_quadratic(n, mean, counts, sign, sigma, df, shifts, level, n_boot, seed)
     point = {k: float(v[0]) for k, v in derived(coef[None, :]).items()}
     curve = _design(gu) @ coef
     resid_df = len(n) - 3
-    if resid_df > 0 and not (df > 0 and math.isfinite(sigma)):
-        sigma, df = math.sqrt(float((counts * (fitted - mean) ** 2).sum()) / resid_df), resid_df
+    if resid_df > 0:  # lack of fit widens this family's intervals, as in the power law's (fit.py)
+        resid = math.sqrt(float((counts * (fitted - mean) ** 2).sum()) / resid_df)
+        if not (df > 0 and math.isfinite(sigma) and sigma >= resid):
+            sigma, df = resid, resid_df
     ys = noise_draws(fitted, counts, sigma, df, shifts, n_boot, seed)
     if ys is None:
         return FamilyFit("log-quadratic", Estimate(point["gain"]), Estimate(point["2x"]), Estimate(point["ceiling"]),
