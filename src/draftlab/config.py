@@ -110,7 +110,10 @@ class TrainConfig:
     max_steps: Optional[int] = 60  # the budget in optimizer steps; replaces epochs and sizes the schedule
     eval_every: Optional[int] = None  # optimizer steps between validation passes; None = once per epoch
     early_stop_patience: Optional[int] = 4  # validation passes without a material improvement; None = off
-    early_stop_min_delta: float = 0.005  # material = val/loss below the reference by this fraction of it
+    early_stop_min_delta: float = 0.005  # material: a val/loss gain of this fraction of it (train/schedule.py)
+    plateau_test: str = "slope"  # slope (the recent val/loss slope's interval) | delta (no min_delta gain)
+    early_stop_level: float = 0.9  # the slope interval's level
+    extend_steps: int = 0  # the steps probe: constant-lr steps past the plateau before the wsd decay; 0 = none
     lr: float = 1e-3
     schedule: str = "wsd"  # cosine | linear | constant | wsd (warmup-stable-decay)
     warmup_ratio: float = 0.05
@@ -290,6 +293,12 @@ def _check_values(c: DictConfig) -> None:
     if not 0.0 <= c.train.early_stop_min_delta < 1.0:
         raise ConfigError(f"train.early_stop_min_delta: must be in [0, 1) (a fraction of val/loss), "
                           f"got {c.train.early_stop_min_delta}")
+    _choice("train.plateau_test", c.train.plateau_test, ("slope", "delta"))
+    if not 0.0 < c.train.early_stop_level < 1.0:
+        raise ConfigError(f"train.early_stop_level: must be in (0, 1), got {c.train.early_stop_level}")
+    if c.train.extend_steps < 0 or (c.train.extend_steps and not c.train.early_stop_patience):
+        raise ConfigError(f"train.extend_steps: {c.train.extend_steps}; must be >= 0, and continues past the "
+                          "plateau, so it needs train.early_stop_patience")
     if not 0.0 < c.train.decay_ratio <= 1.0:
         raise ConfigError(f"train.decay_ratio: must be in (0, 1], got {c.train.decay_ratio}")
     _positive("train.lr", c.train.lr)
