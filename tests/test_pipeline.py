@@ -68,6 +68,8 @@ def test_generate_job_is_tracked_and_cached_on_rerun(tiny_cfg, tmp_path):
     assert run.data.params["data.samples"] == "8" and run.data.params["target.name"] == "tiny"
     assert run.data.tags["git.commit"] and run.data.tags["git.dirty"] in ("true", "false", "unknown")
     assert run.data.tags["fingerprint.generate"]
+    # the stage's code hash, which the sweep analysis compares runs on (analysis/codecheck.py)
+    assert run.data.tags["code.generate"] == plan(cfg)["generate"].code and len(run.data.tags["code.generate"]) >= 16
     for name in ("generate/seconds", "generate/cached", "generate/samples", "generate/tokens",
                  "generate/tokens_per_s"):
         assert name in run.data.metrics, name

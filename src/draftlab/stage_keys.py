@@ -97,6 +97,7 @@ class PlannedStage:
     folder: Path
     folder_key: str  # what the folder holds: the stage's settings, code, data and its inputs' folders
     key: str  # full key: folder key + grows_with values + inputs' full keys
+    code: str = ""  # the stage's code hash (draftlab.code_version): runs compared in one analysis must share it
 
     @property
     def done_record(self) -> Path:
@@ -159,7 +160,8 @@ def plan(cfg, package_root: Path | None = None) -> dict[str, PlannedStage]:
             reads["server_launch"] = _values(cfg, SERVER_LAUNCH_READS)
         folder_key = fingerprint(reads)
         full_key = fingerprint({"folder": folder_key, "grows": _values(cfg, spec.grows_with), "inputs": upstream_full})
-        planned[name] = PlannedStage(spec, _stage_root(cfg, name) / name / folder_key[:16], folder_key[:16], full_key)
+        planned[name] = PlannedStage(spec, _stage_root(cfg, name) / name / folder_key[:16], folder_key[:16], full_key,
+                                     reads["code"])
     return planned
 
 
