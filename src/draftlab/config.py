@@ -73,6 +73,9 @@ class DataConfig:
     max_new_tokens: int = MISSING
     max_prompt_tokens: int = MISSING
     val_fraction: float = MISSING
+    # > 0: one validation set for every data.samples: the first val_samples held-out prompts, drawn before the
+    # training pool (data/prompts.pool_order); 0: each job's validation set is the held-out share of its samples
+    val_samples: int = MISSING
     seed: int = MISSING
     temperature: float = MISSING  # 0 = greedy
     batch_size: int = MISSING
@@ -259,6 +262,10 @@ def _check_values(c: DictConfig) -> None:
                           f"got {c.data.shard_size}")
     if not 0.0 <= c.data.val_fraction < 1.0:
         raise ConfigError(f"data.val_fraction: must be in [0, 1), got {c.data.val_fraction}")
+    _positive("data.val_samples", c.data.val_samples, allow_zero=True)
+    if c.data.val_samples and not c.data.val_fraction:
+        raise ConfigError("data.val_samples: the fixed validation set is drawn from the held-out prompts; "
+                          "data.val_fraction=0 holds out none")
     _positive("data.temperature", c.data.temperature, allow_zero=True)
     _choice("data.generator", c.data.generator, ("plain", "static", "graphs", "continuous"))
     if c.data.generator == "graphs" and c.target.device_map:  # one static KV cache, one graph, one device
