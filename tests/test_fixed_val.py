@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from draftlab.data.prompts import Prompt, pool_order, split_for
@@ -26,17 +27,22 @@ def _val_indices(cfg, folders) -> list[int]:
 
 
 def test_every_size_is_scored_on_the_same_validation_samples(tiny_cfg):
-    seen = {}
+    seen, scored = {}, {}
     for samples in (8, 16):
-        cfg = tiny_cfg("stages=[generate,extract]", f"data.samples={samples}", "data.val_samples=4",
+        cfg = tiny_cfg("stages=[generate,extract,train]", f"data.samples={samples}", "data.val_samples=4",
                        "tracking.enabled=false")
-        run_task(cfg)
+        metrics = run_task(cfg)
         planned = plan(cfg)
         folders = {name: planned[name].folder for name in ("generate", "extract")}
         seen[samples] = _val_indices(cfg, folders)
         source = open_source(cfg, folders)
         assert source.num_samples_in("train") == samples  # data.samples counts the training pool alone
+        # the train stage scores each validation sample and keeps the results beside the draft
+        scored[samples] = json.loads((planned["train"].folder / "val_samples.json").read_text())
+        assert metrics["val/samples"] == len(scored[samples]["index"])
     assert seen[8] == seen[16] == [0, 1, 2, 3]
+    assert scored[8]["index"] == scored[16]["index"] == [0.0, 1.0, 2.0, 3.0]
+    assert scored[8]["loss"] != scored[16]["loss"]  # two drafts, one validation set
     pool = list(read_samples(Path(planned["generate"].folder), limit=20))
     assert [s.split for s in pool[:4]] == ["val"] * 4 and {s.split for s in pool[4:]} == {"train"}
 
