@@ -178,3 +178,27 @@ def test_the_report_is_generated_from_records(tmp_path, capsys):
     assert (tmp_path / "docs" / "scaling_figures" / "scaling_loss.png").exists()
     assert "spread between families" in text and NO_CEILING in text
     assert "Verdict:" in capsys.readouterr().out
+
+
+def test_comparisons_at_equal_data_include_validation_noise():
+    """A layer ablation scored on its own validation samples: the difference's interval widens by their noise."""
+    rng = np.random.default_rng(2)
+    diffs = rng.normal(0, 3.0, 400)
+
+    def ablation(samples):
+        out = []
+        for layers, loss in (("auto", 8.0), ("last", 8.2)):
+            for seed in (0, 1):
+                value = loss + 0.005 * seed
+                val = {"index": list(range(400) if layers == "auto" else range(400, 800)),
+                       "loss": (value + diffs - diffs.mean()).tolist(), "tau": [2.0] * 400} if samples else None
+                out.append(rec(25600, seed, value, 2.0, val=val, **{"extract.layers": layers}))
+        return out + [rec(n, 0, 9.0 - 0.1 * i, 2.0) for i, n in enumerate(WIDE[:3])]
+
+    def interval(samples):
+        (c,) = [c for c in analyze(ablation(samples), n_boot=300).comparisons
+                if c.key == "extract.layers" and c.metric == "val/loss"]
+        return c.best_vs_worst
+
+    plain, noisy = interval(False), interval(True)
+    assert plain.value == pytest.approx(noisy.value) and noisy.hi - noisy.lo > 2 * (plain.hi - plain.lo)

@@ -123,7 +123,7 @@ def _shifts(vn: ValNoise | None, groups, n_boot: int) -> np.ndarray | None:
     return np.stack([vn.group_shift(g, n_boot) for _, g in groups], axis=1)
 
 
-def _other_series(runs, baseline, lk, noise, th, level, n_boot, seed) -> dict[str, PowerLawFit]:
+def _other_series(runs, baseline, lk, noise, th, level, n_boot, seed, vn=None) -> dict[str, PowerLawFit]:
     """Loss fits of every other config swept over enough data sizes (e.g. a layer x data grid), labelled by
     how the config differs from the baseline: shown next to the baseline's (EAGLE-2-like flat vs rising)."""
     base = dict(baseline)
@@ -132,9 +132,10 @@ def _other_series(runs, baseline, lk, noise, th, level, n_boot, seed) -> dict[st
         groups = by_group([r for r in runs if r.config == config])
         if len(groups) >= th.min_points:
             name = ", ".join(f"{k}={v}" for k, v in config if base.get(k) != v) or "(same)"
-            out[name] = fit_power_law(lk, [(n, values(g, lk)) for n, g in groups], sign=1, seed_sigma=noise[0],
+            have = [(n, [r for r in g if math.isfinite(r.value(lk))]) for n, g in groups]
+            out[name] = fit_power_law(lk, [(n, values(g, lk)) for n, g in have], sign=1, seed_sigma=noise[0],
                                       seed_df=noise[1], level=level, n_boot=n_boot, seed=seed,
-                                      min_points=th.min_points)
+                                      min_points=th.min_points, shifts=_shifts(vn, have, n_boot))
     return out
 
 
@@ -210,8 +211,8 @@ def analyze(records: list[dict], out_dir: str | Path | None = None, thresholds: 
     nmax_runs = groups[-1][1]
     val_nmax = float(np.mean(values(nmax_runs, lk))) if values(nmax_runs, lk).size else math.nan
     gap = train_val_gap(nmax_runs, lk, level)
-    comparisons = compare_all(runs, baseline, metrics, noise, level)
-    others = _other_series(runs, baseline, lk, noise[lk], thresholds, level, n_boot, seed)
+    comparisons = compare_all(runs, baseline, metrics, noise, level, vnoise)
+    others = _other_series(runs, baseline, lk, noise[lk], thresholds, level, n_boot, seed, vnoise[lk])
     mixed = mixed_code(runs)
     verdict = decide(axes, comparisons, val_nmax, gap, thresholds, "" if allow_mixed_code else mixed)
     if mixed and allow_mixed_code:
