@@ -37,7 +37,8 @@ def _families_table(fit: PowerLawFit) -> list[str]:
     """Each curve family's gain, 2x projection and ceiling side by side, with the spread between them."""
     if len(fit.families) < 2:
         return []
-    out = ["", "| curve family | gain per doubling at N_max | projected at 2x N_max | ceiling (N -> inf) |",
+    limit = "floor" if fit.sign > 0 else "ceiling"  # a loss falls to a floor, tau rises to a ceiling
+    out = ["", f"| curve family | gain per doubling at N_max | projected at 2x N_max | {limit} (N -> inf) |",
            "|---|---|---|---|"]
     out += [f"| {f.name} | {f.gain.fmt()} | {f.at_2x.fmt()} | {f.ceiling.fmt()} |" for f in fit.families]
     out.append(f"| spread between families | {fit.gain_spread:.3g} | {fit.at_2x_spread:.3g} | |")
@@ -51,6 +52,7 @@ def _fit_section(fit: PowerLawFit, level: float) -> list[str]:
         return out + [f"No fit: {fit.note}. Local gain per doubling between the two largest N: "
                       f"{fit.local_gain.fmt()}.", ""]
     p = fit.params
+    limit = "floor" if fit.sign > 0 else "ceiling"
     spread = f" (spread between curve families: {fit.gain_spread:.3g})" if len(fit.families) > 1 else ""
     spread_2x = f" (spread: {fit.at_2x_spread:.3g})" if len(fit.families) > 1 else ""
     out += [f"Fit `{shape}` on {len(fit.n)} data sizes ({int(fit.counts.sum())} runs); seed noise sigma "
@@ -64,9 +66,9 @@ def _fit_section(fit: PowerLawFit, level: float) -> list[str]:
             f"| **gain per doubling at N_max** | **{fit.gain_per_doubling.fmt()}**{spread} |",
             f"| local gain per doubling (two largest N, no curve) | {fit.local_gain.fmt()} |",
             f"| projected at 2x N_max (the furthest projected) | {fit.projections['2x'].fmt()}{spread_2x} |",
-            f"| ceiling | {fit.ceiling.fmt() if fit.ceiling is not None else 'none stated'} |"]
+            f"| {limit} | {fit.ceiling.fmt() if fit.ceiling is not None else 'none stated'} |"]
     out += _families_table(fit)
-    out += ["", f"Ceiling: {fit.ceiling_note}."]
+    out += ["", f"{limit.capitalize()}: {fit.ceiling_note}."]
     if fit.note:
         out += ["", f"Note: {fit.note}."]
     return out + [""]
