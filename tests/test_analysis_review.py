@@ -202,3 +202,14 @@ def test_comparisons_at_equal_data_include_validation_noise():
 
     plain, noisy = interval(False), interval(True)
     assert plain.value == pytest.approx(noisy.value) and noisy.hi - noisy.lo > 2 * (plain.hi - plain.lo)
+
+
+def test_steps_probes_stay_out_of_comparisons_at_equal_data():
+    """A probe trained past its plateau is not the baseline's recipe: a draft.num_layers ablation is compared
+    with the baseline's converged runs alone."""
+    records = probe_sweep(probe_gain=0.6) + [rec(WIDE[4], seed, 7.0 + 6.0 * 16**-0.5 - 0.3, 2.0,
+                                                 **{"draft.num_layers": 2}) for seed in (0, 1)]
+    (c,) = [c for c in analyze(records, n_boot=200).comparisons
+            if c.key == "draft.num_layers" and c.metric == "val/loss"]
+    base = next(lv for lv in c.levels if lv.baseline)
+    assert base.count == 2 and c.best_vs_baseline.value == pytest.approx(0.3 + 0.005, abs=1e-9)

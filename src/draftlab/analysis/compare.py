@@ -77,7 +77,9 @@ def compare_factor(runs: list[Run], baseline: tuple, key: str, metric: str, sigm
                    level: float, vnoise: ValNoise | None = None) -> Comparison | None:
     """Settings of `key` at equal data, everything else at the baseline; None if not comparable."""
     base_value = dict(baseline).get(key, "None")
-    pool = [r for r in runs if differs_only_in(r.config, baseline, key) and math.isfinite(r.value(metric))]
+    # steps probes trained past their plateau: not the recipe the settings are compared under
+    pool = [r for r in runs if differs_only_in(r.config, baseline, key) and math.isfinite(r.value(metric))
+            and not r.probe]
     for n, group in reversed(by_group(pool)):
         cells: dict[str, list[Run]] = defaultdict(list)
         for r in group:

@@ -129,7 +129,7 @@ def _other_series(runs, baseline, lk, noise, th, level, n_boot, seed, vn=None) -
     base = dict(baseline)
     out = {}
     for config in sorted({r.config for r in runs} - {baseline}):
-        groups = by_group([r for r in runs if r.config == config])
+        groups = by_group([r for r in runs if r.config == config and not r.probe])
         if len(groups) >= th.min_points:
             name = ", ".join(f"{k}={v}" for k, v in config if base.get(k) != v) or "(same)"
             have = [(n, [r for r in g if math.isfinite(r.value(lk))]) for n, g in groups]
