@@ -112,7 +112,7 @@ class TrainConfig:
     epochs: Optional[int] = None  # the budget in passes over the data, when max_steps is None
     max_steps: Optional[int] = 60  # the budget in optimizer steps; replaces epochs and sizes the schedule
     eval_every: Optional[int] = None  # optimizer steps between validation passes; None = once per epoch
-    early_stop_patience: Optional[int] = 4  # validation passes without a material improvement; None = off
+    early_stop_patience: Optional[int] = 4  # the plateau test's look-ahead in validation passes; None = off
     early_stop_min_delta: float = 0.005  # material: a val/loss gain of this fraction of it (train/schedule.py)
     plateau_test: str = "slope"  # slope (the recent val/loss slope's interval) | delta (no min_delta gain)
     early_stop_level: float = 0.9  # the slope interval's level
