@@ -213,3 +213,17 @@ def test_steps_probes_stay_out_of_comparisons_at_equal_data():
             if c.key == "draft.num_layers" and c.metric == "val/loss"]
     base = next(lv for lv in c.levels if lv.baseline)
     assert base.count == 2 and c.best_vs_baseline.value == pytest.approx(0.3 + 0.005, abs=1e-9)
+
+
+def test_a_flat_steps_probe_outranks_the_slope_left_at_the_plateau():
+    """Measured beats extrapolated: probes at the two largest sizes that gain nothing show the steps are spent."""
+    records = plateau_sweep(samples=False, slope=True)
+    for r in [r for r in records if r["params"]["data.samples"] in (str(WIDE[5]), str(WIDE[6]))]:
+        probe = json.loads(json.dumps(r))
+        probe["run_id"] += "-probe"
+        probe["params"]["train.extend_steps"] = "3000"
+        probe["metrics"]["train/steps"] = 6500
+        records.append(probe)
+    result = analyze(records, n_boot=300)
+    assert result.axes["val/loss"].steps.name == "steps probe" and result.details.steps_state == "flat"
+    assert result.tag == "bottleneck:capacity", result.report

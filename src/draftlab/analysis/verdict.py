@@ -173,10 +173,11 @@ def _comparison_finding(c: Comparison, m: float, th: Thresholds) -> Finding | No
 
 
 def _steps_spent(axes: dict[str, Axes], steps_state: str, th: Thresholds, evidence: list[str]) -> bool:
-    """False when something says more steps might still help: an unresolved steps axis, or a material loss
-    left in the slope at the plateau (its interval's lower end above near-zero)."""
-    if steps_state in ("limited", "unresolved"):
-        return False
+    """False when something says more steps might still help: a steps axis that is not flat, or (with no steps
+    axis measured) a material loss left in the slope at the plateau (its interval's lower end above near-zero).
+    A measured steps axis (a budget grid, the steps probe) outranks the slope, which only extrapolates."""
+    if steps_state != "insufficient":
+        return steps_state == "flat"
     first = next(iter(axes.values()), None)
     r = first.remaining if first is not None else None
     if r is None or not r.known:
