@@ -183,10 +183,13 @@ SLOPE_KEY = "train/final_slope"  # val/loss per 1000 steps over the last passes,
 
 
 def remaining_gain(converged: list[Run]) -> tuple[Estimate | None, float]:
-    """At the largest N whose converged runs recorded it: -slope x steps, the loss a doubling of steps would
-    buy if val/loss kept falling as it did when early stopping fired (an upper bound: curves flatten)."""
+    """At the largest N whose converged runs recorded it: -slope x steps at the plateau, the loss a doubling of
+    steps would buy if val/loss kept falling as it did when early stopping fired (an upper bound: curves
+    flatten). Records without `train/plateau_step` count their final steps."""
     for n, group in reversed(by_group(converged)):
-        rows = [(r.value(SLOPE_KEY), r.value(SLOPE_KEY + "_lo"), r.value(SLOPE_KEY + "_hi"), r.steps) for r in group]
+        rows = [(r.value(SLOPE_KEY), r.value(SLOPE_KEY + "_lo"), r.value(SLOPE_KEY + "_hi"),
+                 r.value("train/plateau_step") if math.isfinite(r.value("train/plateau_step")) else r.steps)
+                for r in group]
         rows = [row for row in rows if all(math.isfinite(v) for v in row)]
         if rows:
             slope, lo, hi, steps = (np.array(c) for c in zip(*rows))
