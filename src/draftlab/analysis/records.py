@@ -38,7 +38,7 @@ REPLICATE_KEYS = ("train.seed", "data.seed", "bench.seed")
 # The steps axis: how long a run trains is read from its metrics (train/steps, train/stopped_early), so the keys
 # that set it are an axis, not a factor to compare configs on.
 BUDGET_KEYS = ("train.max_steps", "train.epochs", "train.eval_every", "train.early_stop_patience",
-               "train.early_stop_min_delta", "train.extend_steps")
+               "train.early_stop_min_delta", "train.plateau_test", "train.early_stop_level", "train.extend_steps")
 STEPS_KEY, STOPPED_KEY, PROBE_KEY = "train/steps", "train/stopped_early", "train.extend_steps"
 # The code a run's numbers depend on: the train and extract stages' code hashes (pipeline tags `code.<stage>`);
 # records from before those tags fall back on the commit that produced each stage's output.
