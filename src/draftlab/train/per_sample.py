@@ -21,14 +21,20 @@ FILE = "val_samples.json"
 @torch.no_grad()
 def per_sample_validation(trainer) -> dict[str, list[float]]:
     """{"index", "loss", "tau", "tokens"}: one entry per validation sample with a counted position, in the
-    source's order. `tokens` (positions counted at step 0) weighs a sample as the pass's totals do."""
+    source's order. `tokens` (positions counted at step 0) weighs a sample as the pass's totals do. `index` is
+    the pool's sample index; a source whose batches carry none gives its unshuffled validation order instead."""
     s, model = trainer.s, trainer.model
     out: dict[str, list[float]] = {"index": [], "loss": [], "tau": [], "tokens": []}
     amp = torch.autocast(trainer.device.type, dtype=trainer.amp) if trainer.amp else contextlib.nullcontext()
     model.eval()
+    seen = 0
     try:
         for batch in trainer.source.batches("val", 0, s.batch_tokens, s.max_seq_len, s.seed, False):
-            for row, index in enumerate(batch["sample_index"].tolist()):
+            rows = batch["input_ids"].shape[0]
+            given = batch.get("sample_index")
+            indices = given.tolist() if given is not None else list(range(seen, seen + rows))
+            seen += rows
+            for row, index in enumerate(indices):
                 length = int(batch["attention_mask"][row].sum())
                 one = {k: v[row:row + 1, :length].to(trainer.device) for k, v in batch.items()
                        if torch.is_tensor(v) and v.dim() >= 2}
