@@ -1,8 +1,9 @@
 """Prompts for the target to answer: ShareGPT (embedded), or the user's JSONL / Parquet files.
 
 The order is deterministic for a given source and `data.seed` and does not depend on `data.samples`, so a
-larger run extends a smaller one; `data.val_samples` puts a fixed validation set first (`pool_order`). The train/val split is decided per conversation by a hash of its id, so a
-conversation never straddles the split and a prompt keeps its split when the data grows.
+larger run extends a smaller one; `data.val_samples` puts a fixed validation set first (`pool_order`). The
+train/val split is decided per conversation by a hash of its id, so a conversation never straddles the split
+and a prompt keeps its split when the data grows.
 """
 
 from __future__ import annotations

@@ -266,8 +266,9 @@ def online_entries(samples_folder: Path, limit: int) -> list[Entry]:
 
 
 def open_source(cfg, inputs: dict[str, Path], target=None) -> FeatureSource:
-    """Offline: reads `inputs["extract"]` (its first data.samples + data.val_samples samples). Online: runs the target (loaded from
-    cfg.target unless given) on `inputs["generate"]`; the extract folder, when given, supplies head and vocab."""
+    """Offline: reads `inputs["extract"]` (its first data.samples + data.val_samples samples). Online: runs the
+    target (loaded from cfg.target unless given) on `inputs["generate"]`; the extract folder, when given, supplies
+    head and vocab."""
     from draftlab.data.layers import resolve_layers
 
     n = pool_size(cfg.data)

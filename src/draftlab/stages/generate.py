@@ -81,8 +81,8 @@ def _generate(cfg, out: Path, target, engine, prompts, fingerprint: str, have: i
     # refused now, not after the shards before the shortfall (on the H200: 50,000 asked of 49,916, after 80 s)
     usable = usable_pool(target.tokenizer, prompts.prompts, data, goal)
     if len(usable) < need:
-        raise ValueError(f"data.samples: {need} asked (data.val_samples included), but {prompts.source} has only {len(usable)} prompts within "
-                         f"data.max_prompt_tokens={data.max_prompt_tokens}")
+        raise ValueError(f"data.samples: {need} asked (data.val_samples included), but {prompts.source} has only "
+                         f"{len(usable)} prompts within data.max_prompt_tokens={data.max_prompt_tokens}")
     tokenized = iter(usable[have:])  # the first samples exist: their prompts are skipped
     started, new_tokens, first = time.perf_counter(), 0, have
     progress = bar(goal - have, "generate", "sample")  # moves per batch, not per shard
