@@ -21,7 +21,7 @@ def test_dvc_yaml_params_match_what_each_stage_reads():
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
     for name, spec in STAGES.items():
         declared = set(stages[name]["params"])
-        expected = set(spec.reads + spec.grows_with)
+        expected = set(spec.reads + spec.grows_with + spec.when_set)
         sections = {key for key in declared if "." not in key}
         covered = {key for key in expected if key in declared or key.split(".")[0] in sections}
         assert covered == expected, f"{name}: dvc.yaml params miss {expected - covered}"

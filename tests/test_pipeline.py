@@ -1,5 +1,8 @@
 """The pipeline: content-addressed stage folders, caching, and what MLflow records for a job."""
 
+import json
+import shutil
+
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -68,6 +71,8 @@ def test_generate_job_is_tracked_and_cached_on_rerun(tiny_cfg, tmp_path):
     assert run.data.params["data.samples"] == "8" and run.data.params["target.name"] == "tiny"
     assert run.data.tags["git.commit"] and run.data.tags["git.dirty"] in ("true", "false", "unknown")
     assert run.data.tags["fingerprint.generate"]
+    # the stage's code hash, which the sweep analysis compares runs on (analysis/codecheck.py)
+    assert run.data.tags["code.generate"] == plan(cfg)["generate"].code and len(run.data.tags["code.generate"]) >= 16
     for name in ("generate/seconds", "generate/cached", "generate/samples", "generate/tokens",
                  "generate/tokens_per_s"):
         assert name in run.data.metrics, name
@@ -99,17 +104,24 @@ def test_a_stage_without_its_inputs_says_which(tiny_cfg):
 def test_untracked_jobs_leave_results_that_import_as_a_sweep(tiny_cfg, tmp_path):
     from draftlab.import_runs import import_runs
 
+    from draftlab.analysis.mlflow_source import load_records
+
     for samples in (8, 16):
         job = tmp_path / "multirun" / str(samples)
-        run_task(tiny_cfg("stages=[generate]", f"data.samples={samples}", "tracking.enabled=false"), output_dir=job)
+        run_task(tiny_cfg("stages=[generate,extract,train]", f"data.samples={samples}", "data.val_samples=4",
+                          "tracking.enabled=false"), output_dir=job)
         assert (job / "results.json").exists()
+        shutil.rmtree(json.loads((job / "results.json").read_text())["tags"]["folder.train"])  # another machine's
     uri = f"sqlite:///{tmp_path / 'imported.db'}"
     parent = import_runs(tmp_path / "multirun", "imported", uri)
     client = MlflowClient(tracking_uri=uri)
     children = client.search_runs([client.get_experiment_by_name("imported").experiment_id],
                                   f"tags.mlflow.parentRunId = '{parent}'")
     assert sorted(int(c.data.params["data.samples"]) for c in children) == [8, 16]
-    assert all(c.data.metrics["generate/samples"] == int(c.data.params["data.samples"]) for c in children)
+    assert all(c.data.metrics["generate/samples"] == int(c.data.params["data.samples"]) + 4 for c in children)
+    # the per-sample validation results travel with the jobs: one validation set for both sizes
+    records = load_records(parent, uri).records
+    assert [r["val_samples"]["index"] for r in records] == [[0.0, 1.0, 2.0, 3.0]] * 2
 
 
 def test_epochs_sweep_continues_from_the_shorter_run(tiny_cfg, caplog):

@@ -52,7 +52,7 @@ def test_every_key_a_stage_reads_is_in_its_cache_key(tiny_cfg, accessed):
     assert set(accessed) == set(STAGES)
     undeclared = {}
     for name, spec in STAGES.items():
-        declared = set(spec.reads + spec.grows_with) | set(NOT_OUTPUT_SETTINGS) | NOT_FINGERPRINTED
+        declared = set(spec.reads + spec.grows_with + spec.when_set) | set(NOT_OUTPUT_SETTINGS) | NOT_FINGERPRINTED
         undeclared[name] = sorted(k for k in _leaves(accessed[name]) if not _covered(k, declared))
     assert not any(undeclared.values()), f"keys read but missing from StageSpec.reads: {undeclared}"
 

@@ -319,10 +319,11 @@ def test_max_steps_replaces_epochs_and_eval_every_sets_validation(tmp_path):
 
 
 def test_early_stopping_starts_the_wsd_decay_then_stops(tmp_path):
-    # min_delta 0.9: no pass after the first is a material improvement, so the plateau comes at the 3rd pass
+    # the delta test, min_delta 0.9: no pass after the first is a material improvement: the plateau at the 3rd pass
     rep = RecordingReporter()
     source = FakeSource(n_train=24, n_val=8)
     s = _settings(max_steps=100, eval_every=3, early_stop_patience=2, early_stop_min_delta=0.9, schedule="wsd",
+                  plateau_test="delta",
                   decay_ratio=0.5, warmup_ratio=0.0, batch_tokens=100, log_every=1)
     trainer = Trainer(_model(source), source, source.lm_head, s, tmp_path / "c", rep)
     result = trainer.run()
@@ -331,16 +332,30 @@ def test_early_stopping_starts_the_wsd_decay_then_stops(tmp_path):
     lrs = rep.series("lr")
     assert lrs[8] == pytest.approx(s.lr) and lrs[-1] < 0.5 * s.lr  # stable, then decayed
     # other schedules stop at the plateau itself
-    cosine, _ = _run(tmp_path / "cos", max_steps=100, eval_every=3, early_stop_patience=2, early_stop_min_delta=0.9)
+    cosine, _ = _run(tmp_path / "cos", max_steps=100, eval_every=3, early_stop_patience=2, early_stop_min_delta=0.9,
+                     plateau_test="delta")
     assert cosine.steps == 9 and cosine.final["train/stopped_early"] == 1.0
     # without early stopping the same run uses its whole budget
     full, _ = _run(tmp_path / "full", max_steps=20, eval_every=3, schedule="wsd")
     assert full.steps == 20 and full.final["train/stopped_early"] == 0.0
 
 
+def test_the_steps_probe_trains_on_past_the_plateau_then_decays(tmp_path):
+    """train.extend_steps: the plateau (step 9) is followed by 6 constant-lr steps, then the usual decay."""
+    kw = dict(max_steps=20, eval_every=3, early_stop_patience=2, early_stop_min_delta=0.9, schedule="wsd",
+              plateau_test="delta", decay_ratio=0.5, warmup_ratio=0.0)
+    probe, trainer = _run(tmp_path / "probe", extend_steps=6, **kw)
+    assert trainer.state["decay_start"] == 15 and probe.steps == 15 + round(0.5 * 15)  # past the 20-step cap
+    assert probe.final["train/plateau_step"] == 9.0 and probe.final["train/stopped_early"] == 1.0
+    assert {"train/final_slope", "train/final_slope_lo", "train/final_slope_hi"} <= set(probe.final)
+    plain, _ = _run(tmp_path / "plain", **kw)
+    assert plain.steps == 9 + round(0.5 * 9) and plain.history[:3] == probe.history[:3]  # the same run to the plateau
+
+
 @pytest.mark.parametrize("kill_at", [7, 11])  # before the plateau (step 9), and inside the decay it started
 def test_kill_and_resume_is_exact_with_step_budget_and_early_stopping(tmp_path, kill_at):
     kw = dict(max_steps=40, eval_every=3, early_stop_patience=2, early_stop_min_delta=0.9, schedule="wsd",
+              plateau_test="delta",
               decay_ratio=0.5, checkpoint_every=5)
     ref, ref_trainer = _run(tmp_path / "ref", **kw)
     assert ref.final["train/stopped_early"] == 1.0 and ref.steps < 40

@@ -75,6 +75,9 @@ class DataConfig:
     max_new_tokens: int = MISSING
     max_prompt_tokens: int = MISSING
     val_fraction: float = MISSING
+    # > 0: one validation set for every data.samples: the first val_samples held-out prompts, drawn before the
+    # training pool (data/prompts.pool_order); 0: each job's validation set is the held-out share of its samples
+    val_samples: int = MISSING
     seed: int = MISSING
     temperature: float = MISSING  # 0 = greedy
     batch_size: int = MISSING
@@ -111,8 +114,11 @@ class TrainConfig:
     epochs: Optional[int] = None  # the budget in passes over the data, when max_steps is None
     max_steps: Optional[int] = 60  # the budget in optimizer steps; replaces epochs and sizes the schedule
     eval_every: Optional[int] = None  # optimizer steps between validation passes; None = once per epoch
-    early_stop_patience: Optional[int] = 4  # validation passes without a material improvement; None = off
-    early_stop_min_delta: float = 0.005  # material = val/loss below the reference by this fraction of it
+    early_stop_patience: Optional[int] = 4  # the plateau test's look-ahead in validation passes; None = off
+    early_stop_min_delta: float = 0.005  # material: a val/loss gain of this fraction of it (train/schedule.py)
+    plateau_test: str = "slope"  # slope (the recent val/loss slope's interval) | delta (no min_delta gain)
+    early_stop_level: float = 0.9  # the slope interval's level
+    extend_steps: int = 0  # the steps probe: constant-lr steps past the plateau before the wsd decay; 0 = none
     lr: float = 1e-3
     schedule: str = "wsd"  # cosine | linear | constant | wsd (warmup-stable-decay)
     warmup_ratio: float = 0.05
@@ -258,6 +264,10 @@ def _check_values(c: DictConfig) -> None:
                           f"got {c.data.shard_size}")
     if not 0.0 <= c.data.val_fraction < 1.0:
         raise ConfigError(f"data.val_fraction: must be in [0, 1), got {c.data.val_fraction}")
+    _positive("data.val_samples", c.data.val_samples, allow_zero=True)
+    if c.data.val_samples and not c.data.val_fraction:
+        raise ConfigError("data.val_samples: the fixed validation set is drawn from the held-out prompts; "
+                          "data.val_fraction=0 holds out none")
     _positive("data.temperature", c.data.temperature, allow_zero=True)
     _choice("data.generator", c.data.generator, ("plain", "static", "graphs", "continuous"))
     if c.data.generator == "graphs" and c.target.device_map:  # one static KV cache, one graph, one device
@@ -292,6 +302,12 @@ def _check_values(c: DictConfig) -> None:
     if not 0.0 <= c.train.early_stop_min_delta < 1.0:
         raise ConfigError(f"train.early_stop_min_delta: must be in [0, 1) (a fraction of val/loss), "
                           f"got {c.train.early_stop_min_delta}")
+    _choice("train.plateau_test", c.train.plateau_test, ("slope", "delta"))
+    if not 0.0 < c.train.early_stop_level < 1.0:
+        raise ConfigError(f"train.early_stop_level: must be in (0, 1), got {c.train.early_stop_level}")
+    if c.train.extend_steps < 0 or (c.train.extend_steps and not c.train.early_stop_patience):
+        raise ConfigError(f"train.extend_steps: {c.train.extend_steps}; must be >= 0, and continues past the "
+                          "plateau, so it needs train.early_stop_patience")
     if not 0.0 < c.train.decay_ratio <= 1.0:
         raise ConfigError(f"train.decay_ratio: must be in (0, 1], got {c.train.decay_ratio}")
     _positive("train.lr", c.train.lr)

@@ -9,7 +9,7 @@ import argparse
 import json
 from pathlib import Path
 
-from draftlab.tracking import create_run, end_run, import_job, open_client
+from draftlab.tracking import create_run, end_run, import_job, log_analysis, open_client
 
 
 def import_runs(folder: Path, experiment: str, uri: str | None = None) -> str:
@@ -33,7 +33,9 @@ def import_runs(folder: Path, experiment: str, uri: str | None = None) -> str:
         for file, record in records:
             tags = {**{k: str(v) for k, v in record.get("tags", {}).items()}, "mlflow.parentRunId": parent,
                     "draftlab.imported_from": str(file.parent)}
-            import_job(client, experiment, file.parent.name, record["params"], record["metrics"], tags)
+            run_id = import_job(client, experiment, file.parent.name, record["params"], record["metrics"], tags)
+            if record.get("val_samples"):  # as the tracked train stage logs them: an artifact of the run
+                log_analysis(client, run_id, {}, {}, {"val_samples.json": json.dumps(record["val_samples"])}, [])
     except BaseException:
         end_run(client, parent, failed=True)
         raise

@@ -54,7 +54,7 @@ def run_stages(cfg, reporter: Reporter, names: list[str] | None = None) -> dict[
             if name == "generate" and warmup is not None:
                 warmup.generate_done()
             tags.update({f"fingerprint.{name}": stage.key, f"folder.{name}": str(stage.folder),
-                         f"{name}/produced_by": produced_by})
+                         f"{name}/produced_by": produced_by, f"code.{name}": stage.code})
             results.update(metrics)
     finally:
         if warmup is not None:  # a stage before train failed, or the job has no train stage

@@ -167,11 +167,12 @@ def check_server(cfg) -> None:
 
 def _pool_holds(cfg) -> bool:
     """The generate pool already holds data.samples samples: its prompts were checked when it was made."""
+    from draftlab.data.samples import pool_size
     from draftlab.stage_keys import plan
 
     try:  # planning hashes the prompt file: a missing one is check_prompts' to report
         manifest = plan(cfg)["generate"].folder / "manifest.json"
-        return json.loads(manifest.read_text())["num_samples"] >= cfg.data.samples
+        return json.loads(manifest.read_text())["num_samples"] >= pool_size(cfg.data)
     except (OSError, ValueError, KeyError, TypeError):
         return False
 
@@ -183,6 +184,7 @@ def check_prompts(cfg) -> None:
     when it is cheap; otherwise the count is conservative (every prompt counts) and generate refuses the rest.
     """
     from draftlab.data.prompts import load_prompts
+    from draftlab.data.samples import pool_size
 
     data = cfg.data
     try:
@@ -191,7 +193,7 @@ def check_prompts(cfg) -> None:
         key = "data.path" if data.path else "data.source"
         raise ConfigError(f"{key}: {str(err).splitlines()[0]}") from err
     chosen, exact = _first_usable(cfg, prompts.prompts)
-    if len(chosen) < data.samples:
+    if len(chosen) < pool_size(data):
         within = f" within data.max_prompt_tokens={data.max_prompt_tokens}" if exact else ""
         raise ConfigError(f"data.samples: {data.samples} asked, but {prompts.source} has only {len(chosen)} "
                           f"unique prompts{within}")
@@ -209,10 +211,13 @@ def check_prompts(cfg) -> None:
 
 def _first_usable(cfg, prompts: list) -> tuple[list, bool]:
     """The first data.samples prompts generate would answer, and whether their lengths were checked."""
-    from draftlab.target import load_tokenizer, usable_prompts
+    from draftlab.data.prompts import pool_order, usable_pool
+    from draftlab.data.samples import pool_size
+    from draftlab.target import load_tokenizer
 
+    data = cfg.data
     tokenizer = load_tokenizer(cfg.target, Path(cfg.paths.root) / "models")
     if tokenizer is None:
-        return prompts[:cfg.data.samples], False
-    chosen = [p for p, _ in usable_prompts(tokenizer, prompts, cfg.data.max_prompt_tokens, cfg.data.samples)]
+        return pool_order(prompts, data.val_fraction, data.val_samples)[:pool_size(data)], False
+    chosen = [p for p, _ in usable_pool(tokenizer, prompts, data, pool_size(data))]
     return chosen, True

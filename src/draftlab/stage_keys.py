@@ -24,6 +24,9 @@ class StageSpec:
     reads: tuple[str, ...]  # config keys (or whole sections) that determine the output
     needs: tuple[str, ...] = ()  # upstream stages, in order
     grows_with: tuple[str, ...] = ()  # keys an incremental pool serves from the same folder
+    # keys that join the folder key only when set (not 0, None or empty): a setting added later keeps the
+    # folders made without it, as SERVER_LAUNCH_READS do
+    when_set: tuple[str, ...] = ()
 
     @property
     def incremental(self) -> bool:
@@ -32,19 +35,21 @@ class StageSpec:
 
 _TARGET = ("target.name", "target.path", "target.gguf_file", "target.dtype", "target.tiny")
 _PROMPTS = ("data.source", "data.path", "data.seed", "data.val_fraction", "data.max_prompt_tokens")
+_FIXED_VAL = ("data.val_samples",)  # a fixed validation set made first: another pool order, another pool
 
 STAGES: dict[str, StageSpec] = {
     "generate": StageSpec("generate", _TARGET + _PROMPTS + (
         "data.max_new_tokens", "data.temperature", "data.batch_size", "data.generator", "data.compile_decode",
         "data.engine"),
-        grows_with=("data.samples",)),
+        grows_with=("data.samples",), when_set=_FIXED_VAL),
     "extract": StageSpec("extract", _TARGET + ("extract.layers", "extract.dtype", "extract.mode"),
-                         needs=("generate",), grows_with=("data.samples", "draft.vocab_size")),
+                         needs=("generate",), grows_with=("data.samples", "draft.vocab_size"), when_set=_FIXED_VAL),
     "train": StageSpec("train", ("data.samples", "extract.mode", "draft", "train", "serve.num_steps"),
-                       needs=("generate", "extract")),
+                       needs=("generate", "extract"), when_set=_FIXED_VAL),
     # bench reads data.samples to pick the same held-out prompts whatever else the shared pool holds; the
     # prompts themselves come from generate's samples, whose key is one of bench's inputs.
-    "bench": StageSpec("bench", _TARGET + ("data.samples", "serve", "bench"), needs=("generate", "train")),
+    "bench": StageSpec("bench", _TARGET + ("data.samples", "serve", "bench"), needs=("generate", "train"),
+                       when_set=_FIXED_VAL),
 }
 # Settings that change how fast, where, or how files are cut, not what they hold: they never split a cache, and
 # a sweep's analysis never compares runs on them (`fingerprinted`). tests/test_stage_reads.py checks that every key
@@ -78,7 +83,8 @@ def fingerprinted(key: str) -> bool:
     `hardware.name`) only changes how fast, where or how it is tracked: the one list the analysis uses too."""
     if any(_covers(skip, key) for skip in NOT_FINGERPRINTED):
         return False
-    return any(_covers(read, key) for spec in STAGES.values() for read in spec.reads + spec.grows_with)
+    return any(_covers(read, key) for spec in STAGES.values()
+               for read in spec.reads + spec.grows_with + spec.when_set)
 
 
 # When generate starts SGLang itself (data.engine=server, no data.server.url), the serve.* launch settings that can
@@ -97,6 +103,7 @@ class PlannedStage:
     folder: Path
     folder_key: str  # what the folder holds: the stage's settings, code, data and its inputs' folders
     key: str  # full key: folder key + grows_with values + inputs' full keys
+    code: str = ""  # the stage's code hash (draftlab.code_version): runs compared in one analysis must share it
 
     @property
     def done_record(self) -> Path:
@@ -156,11 +163,15 @@ def plan(cfg, package_root: Path | None = None) -> dict[str, PlannedStage]:
                  "code": cached_code_version(name, root / ".cache", package_root)}
         if "data.path" in spec.reads:
             reads["data.sha256"] = data_sha
+        chosen = {k: v for k, v in _values(cfg, spec.when_set).items() if v}
+        if chosen:
+            reads["when_set"] = chosen
         if name == "generate" and _starts_its_own_server(cfg):
             reads["server_launch"] = _values(cfg, SERVER_LAUNCH_READS)
         folder_key = fingerprint(reads)
         full_key = fingerprint({"folder": folder_key, "grows": _values(cfg, spec.grows_with), "inputs": upstream_full})
-        planned[name] = PlannedStage(spec, _stage_root(cfg, name) / name / folder_key[:16], folder_key[:16], full_key)
+        planned[name] = PlannedStage(spec, _stage_root(cfg, name) / name / folder_key[:16], folder_key[:16], full_key,
+                                     reads["code"])
     return planned
 
 

@@ -6,6 +6,7 @@ composed config.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -37,6 +38,15 @@ def run_task(cfg, parent_run_id: str | None = None, output_dir: Path | None = No
     return _run_task(cfg, parent_run_id, output_dir)
 
 
+def _val_samples(tags: dict[str, str]) -> dict:
+    """The train stage's per-sample validation results, carried in results.json so that import-runs brings them
+    along with the job (the sweep analysis bootstraps over them); {} when the job trained nothing."""
+    file = Path(tags.get("folder.train", "")) / "val_samples.json"  # train/per_sample.FILE
+    if not tags.get("folder.train") or not file.is_file():
+        return {}
+    return {"val_samples": json.loads(file.read_text())}
+
+
 def _run_task(cfg, parent_run_id: str | None = None, output_dir: Path | None = None) -> dict[str, float]:
     conf = validate(cfg)
     preflight(conf)
@@ -54,7 +64,7 @@ def _run_task(cfg, parent_run_id: str | None = None, output_dir: Path | None = N
         results_file = Path(output_dir) / "results.json"
         atomic_write_json(results_file, {"params": flatten(conf), "metrics": {k: v for k, v in results.items()
                                                                               if isinstance(v, (int, float))},
-                                         "tags": tags})
+                                         "tags": tags, **_val_samples(tags)})
     uri = tracking_uri(conf.tracking.uri) if conf.tracking.enabled else None
     log.info("\n%s", job_summary(results, getattr(reporter, "tags", {}), warnings.messages, uri,
                                  run_id=getattr(reporter, "run_id", None),

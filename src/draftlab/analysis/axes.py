@@ -3,13 +3,17 @@
 Per-axis fits with the other axis fixed (the grid of `experiment=steps_vs_data` gives both):
   - steps axis:          at the largest N that has two or more step budgets, the metric against S;
   - data at equal steps: at the largest step budget that has two or more data sizes, the metric against N;
-  - data at convergence: runs whose early stopping fired (`train/stopped_early` = 1), against N.
+  - data at convergence: runs whose early stopping fired (`train/stopped_early` = 1), against N;
+  - steps probe:         where no step budgets vary, at the largest N holding both, converged runs against their
+                         steps probes (`train.extend_steps`: on past the plateau at constant lr, then decayed).
 Each is a power law (`fit.fit_power_law`, parametric bootstrap) when it has `min_points` values, else the
 model-free gain per doubling between its two largest values, with a parametric bootstrap of the cell means.
 A run that hit its step budget is a point on the steps axis; a converged run is not (its S was not chosen).
 
 The noise is the pooled seed-to-seed sd of the cells; with no replicates at all it is an assumed sd
-(`Thresholds.assumed_noise_rel` of the loss, `assumed_noise_tau` of tau), and the report says so.
+(`Thresholds.assumed_noise_rel` of the loss, `assumed_noise_tau` of tau), and the report says so. Where the runs
+hold per-sample validation results, each bootstrap replicate adds the paired validation-sample shifts
+(valnoise.py) as well.
 
 Prices come from the runs' own `<stage>/seconds`: the next doubling of steps costs a run at twice the steps,
 the next doubling of data costs generating and extracting as many new samples again plus a run at the same
@@ -27,13 +31,14 @@ import numpy as np
 from draftlab.analysis.fit import PowerLawFit, fit_power_law
 from draftlab.analysis.records import Run, by_group, direction, step_clusters, values
 from draftlab.analysis.stats import NAN, Estimate, percentile_estimate, pooled_sd
+from draftlab.analysis.valnoise import ValNoise
 
 ASSUMED_DF = 1000  # an assumed sd is taken as known: normal rather than Student-t intervals
 
 
 @dataclass
 class Axis:
-    name: str  # steps | data@steps | data@convergence | data (steps unknown)
+    name: str  # steps | steps probe | data@steps | data@convergence
     metric: str
     held: str  # what is held fixed, in words
     x: np.ndarray  # the axis values (S or N), ascending
@@ -60,6 +65,9 @@ class Axes:
     confound: str = ""  # non-empty: the data series also changed the steps, and nothing separates them
     costs: dict[str, float] = field(default_factory=dict)
     capped: list[float] = field(default_factory=list)  # N whose early-stopping runs all hit train.max_steps
+    # loss a doubling of steps would still buy at the val/loss slope left when early stopping fired (largest N)
+    remaining: Estimate | None = None
+    remaining_at: float = NAN  # the N it was read at
 
     @property
     def data(self) -> Axis | None:
@@ -67,34 +75,45 @@ class Axes:
         return self.data_at_convergence or self.data_at_steps
 
 
-def _gain_boot(x, mean, counts, sign, sigma, df, level, n_boot, seed) -> Estimate:
-    """Improvement per doubling between the two largest x, with a parametric bootstrap of the two means."""
+def _gain_boot(x, mean, counts, sign, sigma, df, level, n_boot, seed, shifts=None) -> Estimate:
+    """Improvement per doubling between the two largest x, with a parametric bootstrap of the two means (plus
+    their validation-sample shifts [n_boot, 2], when given)."""
     doublings = math.log2(x[-1] / x[-2])
     value = sign * (mean[-1] - mean[-2]) / doublings
-    if not (math.isfinite(sigma) and df > 0) or n_boot <= 0:
+    have_sigma = math.isfinite(sigma) and df > 0
+    if not (have_sigma or shifts is not None) or n_boot <= 0:
         return Estimate(value)
     rng = np.random.default_rng(seed)
-    sigmas = sigma * np.sqrt(df / rng.chisquare(df, size=n_boot))
-    draws = mean[-2:][None, :] + rng.standard_normal((n_boot, 2)) * sigmas[:, None] / np.sqrt(counts[-2:])
+    draws = np.repeat(mean[-2:][None, :], n_boot, axis=0)
+    if have_sigma:
+        sigmas = sigma * np.sqrt(df / rng.chisquare(df, size=n_boot))
+        draws = draws + rng.standard_normal((n_boot, 2)) * sigmas[:, None] / np.sqrt(counts[-2:])
+    if shifts is not None:
+        draws = draws + shifts[:, -2:]
     return percentile_estimate(value, sign * (draws[:, 1] - draws[:, 0]) / doublings, level)
 
 
 def _axis(name, metric, held, points: list[tuple[float, list[Run]]], sigma, df, level, n_boot, seed,
-          min_points) -> Axis | None:
+          min_points, vnoise: ValNoise | None = None) -> Axis | None:
     """points: [(x, runs)] -> an Axis, or None with fewer than two x values holding the metric."""
-    pts = sorted((x, values(rs, metric)) for x, rs in points)
-    pts = [(x, v) for x, v in pts if v.size]
+    pts = sorted(((x, values(rs, metric), [r for r in rs if math.isfinite(r.value(metric))]) for x, rs in points),
+                 key=lambda p: p[0])
+    pts = [p for p in pts if p[1].size]
     if len(pts) < 2:
         return None
     x = np.array([p[0] for p in pts], dtype=float)
     mean = np.array([p[1].mean() for p in pts])
     counts = np.array([p[1].size for p in pts], dtype=float)
+    shifts = None
+    if vnoise is not None and vnoise.shifts and n_boot > 0:
+        shifts = np.stack([vnoise.group_shift(p[2], n_boot) for p in pts], axis=1)
     sign = direction(metric)
     fit = None
-    gain = _gain_boot(x, mean, counts, sign, sigma, df, level, n_boot, seed)
+    gain = _gain_boot(x, mean, counts, sign, sigma, df, level, n_boot, seed, shifts)
     if len(pts) >= min_points:
-        fit = fit_power_law(metric, pts, sign=-sign, lower=1.0 if sign > 0 else 0.0, seed_sigma=sigma,
-                            seed_df=df, level=level, n_boot=n_boot, seed=seed, min_points=min_points)
+        fit = fit_power_law(metric, [(p[0], p[1]) for p in pts], sign=-sign, lower=1.0 if sign > 0 else 0.0,
+                            seed_sigma=sigma, seed_df=df, level=level, n_boot=n_boot, seed=seed,
+                            min_points=min_points, shifts=shifts)
         if fit.ok and fit.gain_per_doubling.known:
             gain = fit.gain_per_doubling
     return Axis(name, metric, held, x, mean, counts, gain, fit, float(x[-1]))
@@ -103,7 +122,7 @@ def _axis(name, metric, held, points: list[tuple[float, list[Run]]], sigma, df, 
 def _noise(runs: list[Run], metric: str, clusters: dict, th) -> tuple[float, int, str]:
     cells: dict[tuple, list[Run]] = defaultdict(list)
     for r in runs:
-        cells[(r.config, r.group, "c" if r.converged else clusters.get(r.run_id, NAN))].append(r)
+        cells[(r.config, r.group, "p" if r.probe else "c" if r.converged else clusters.get(r.run_id, NAN))].append(r)
     sigma, df = pooled_sd(values(c, metric) for c in cells.values())
     if df > 0:
         return sigma, df, "seeds"
@@ -113,12 +132,13 @@ def _noise(runs: list[Run], metric: str, clusters: dict, th) -> tuple[float, int
     return th.assumed_noise_rel * abs(level), ASSUMED_DF, "assumed"
 
 
-def measure_axes(runs: list[Run], metric: str, th, level: float, n_boot: int, seed: int) -> Axes:
+def measure_axes(runs: list[Run], metric: str, th, level: float, n_boot: int, seed: int,
+                 vnoise: ValNoise | None = None) -> Axes:
     """Both axes of one metric over the runs of one config (the baseline's)."""
     clusters = step_clusters(runs)
     sigma, df, source = _noise(runs, metric, clusters, th)
     out = Axes(metric, sigma, df, source, costs=stage_costs(runs))
-    args = (sigma, df, level, n_boot, seed, th.min_points)
+    args = (sigma, df, level, n_boot, seed, th.min_points, vnoise)
     budget = [r for r in runs if r.run_id in clusters]
     # steps axis at the largest N with two or more budgets
     for n, group in reversed(by_group(budget)):
@@ -142,17 +162,57 @@ def measure_axes(runs: list[Run], metric: str, th, level: float, n_boot: int, se
             axis.samples_at, axis.steps_at = _samples(by_group(by_s[s])[-1][1]), s
             out.data_at_steps = axis
             break
-    converged = [r for r in runs if r.converged]
+    if out.steps is None:
+        out.steps = _probe_axis(runs, metric, args)
+    converged = [r for r in runs if r.converged and not r.probe]
     groups = by_group(converged)
     axis = _axis("data@convergence", metric, "each N trained to convergence", groups, *args)
     if axis is not None:
         axis.samples_at = _samples(groups[-1][1])
         axis.steps_at = float(np.nanmean([r.steps for r in groups[-1][1]]))
         out.data_at_convergence = axis
+    if direction(metric) < 0:
+        out.remaining, out.remaining_at = remaining_gain(converged)
     out.confound = _confound(runs, out)
     out.capped = capped_sizes(runs)
     _price(out)
     return out
+
+
+SLOPE_KEY = "train/final_slope"  # val/loss per 1000 steps over the last passes, with _lo and _hi
+
+
+def remaining_gain(converged: list[Run]) -> tuple[Estimate | None, float]:
+    """At the largest N whose converged runs recorded it: -slope x steps at the plateau, the loss a doubling of
+    steps would buy if val/loss kept falling as it did when early stopping fired (an upper bound: curves
+    flatten). Records without `train/plateau_step` count their final steps."""
+    for n, group in reversed(by_group(converged)):
+        rows = [(r.value(SLOPE_KEY), r.value(SLOPE_KEY + "_lo"), r.value(SLOPE_KEY + "_hi"),
+                 r.value("train/plateau_step") if math.isfinite(r.value("train/plateau_step")) else r.steps)
+                for r in group]
+        rows = [row for row in rows if all(math.isfinite(v) for v in row)]
+        if rows:
+            slope, lo, hi, steps = (np.array(c) for c in zip(*rows))
+            scale = steps / 1000.0
+            return Estimate(float(np.mean(-slope * scale)), float(np.mean(-hi * scale)),
+                            float(np.mean(-lo * scale))), n
+    return None, NAN
+
+
+def _probe_axis(runs: list[Run], metric: str, args) -> Axis | None:
+    """At the largest N with both, the converged runs and their steps probes: the steps a plateau left unused."""
+    for n, group in reversed(by_group([r for r in runs if r.converged])):
+        base, probes = [r for r in group if not r.probe], [r for r in group if r.probe]
+        s0, s1 = _median_steps(base), _median_steps(probes)
+        if not (base and probes and math.isfinite(s0) and math.isfinite(s1) and s1 > s0):
+            continue
+        extend = float(np.median([r.params["train.extend_steps"] for r in probes]))
+        held = f"N={n:.4g}, plateau + {extend:.4g} steps at constant lr"
+        axis = _axis("steps probe", metric, held, [(s0, base), (s1, probes)], *args)
+        if axis is not None:
+            axis.samples_at, axis.steps_at = _samples(group), s1
+            return axis
+    return None
 
 
 def _samples(runs: list[Run]) -> float:

@@ -4,7 +4,8 @@ train/validation gap. (Whether training converged is the steps axis: see axes.py
 A comparison for factor k uses only runs whose config equals the baseline's except for k, at the largest data
 size where two or more settings of k exist, so nothing else differs. Differences use the pooled seed sigma
 (see stats.py) with a Student-t interval; with no replicates anywhere the interval is unknown and the
-comparison cannot count as evidence.
+comparison cannot count as evidence. Where the runs hold per-sample validation results, the half-width of the
+paired validation-sample bootstrap of the difference (valnoise.py) is added to it in quadrature.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 
 from draftlab.analysis.records import Run, by_group, differs_only_in, direction, values
 from draftlab.analysis.stats import NAN, Estimate, mean_diff, t_quantile
+from draftlab.analysis.valnoise import ValNoise
 
 CATEGORIES = {"extract.": "features", "draft.": "capacity", "train.": "optimisation"}
 
@@ -59,11 +61,25 @@ def _factor_keys(runs: list[Run]) -> list[str]:
     return sorted(k for k, vs in seen.items() if len(vs) > 1)
 
 
+def _with_val_noise(d: Estimate, a: list[Run], b: list[Run], vnoise: ValNoise | None, level: float) -> Estimate:
+    """The seed interval of mean(a) - mean(b) widened by the validation-sample bootstrap of that difference."""
+    if not d.known or vnoise is None or not vnoise.shifts:
+        return d
+    n_boot = min(len(v) for v in vnoise.shifts.values())
+    diff = vnoise.group_shift(a, n_boot) - vnoise.group_shift(b, n_boot)
+    tail = (1.0 - level) / 2.0 * 100.0
+    lo, hi = np.percentile(diff, [tail, 100.0 - tail])
+    half = math.hypot((d.hi - d.lo) / 2.0, (hi - lo) / 2.0)
+    return Estimate(d.value, d.value - half, d.value + half)
+
+
 def compare_factor(runs: list[Run], baseline: tuple, key: str, metric: str, sigma: float, df: int,
-                   level: float) -> Comparison | None:
+                   level: float, vnoise: ValNoise | None = None) -> Comparison | None:
     """Settings of `key` at equal data, everything else at the baseline; None if not comparable."""
     base_value = dict(baseline).get(key, "None")
-    pool = [r for r in runs if differs_only_in(r.config, baseline, key) and math.isfinite(r.value(metric))]
+    # steps probes trained past their plateau: not the recipe the settings are compared under
+    pool = [r for r in runs if differs_only_in(r.config, baseline, key) and math.isfinite(r.value(metric))
+            and not r.probe]
     for n, group in reversed(by_group(pool)):
         cells: dict[str, list[Run]] = defaultdict(list)
         for r in group:
@@ -78,6 +94,7 @@ def compare_factor(runs: list[Run], baseline: tuple, key: str, metric: str, sigm
 
         def improvement(a: str, b: str) -> Estimate:
             d = mean_diff(values(cells[a], metric), values(cells[b], metric), sigma, df, level)
+            d = _with_val_noise(d, cells[a], cells[b], vnoise, level)
             if sign > 0:
                 return d
             return Estimate(0.0 - d.value, 0.0 - d.hi, 0.0 - d.lo) if d.known else Estimate(0.0 - d.value)
@@ -88,12 +105,12 @@ def compare_factor(runs: list[Run], baseline: tuple, key: str, metric: str, sigm
 
 
 def compare_all(runs: list[Run], baseline: tuple, metrics: list[str], noise: dict[str, tuple[float, int]],
-                level: float) -> list[Comparison]:
+                level: float, vnoise: dict[str, ValNoise] | None = None) -> list[Comparison]:
     out = []
     for key in _factor_keys(runs):
         for metric in metrics:
             sigma, df = noise.get(metric, (NAN, 0))
-            c = compare_factor(runs, baseline, key, metric, sigma, df, level)
+            c = compare_factor(runs, baseline, key, metric, sigma, df, level, (vnoise or {}).get(metric))
             if c is not None:
                 out.append(c)
     return out

@@ -10,11 +10,13 @@ import numpy as np
 
 from draftlab.analysis import plots
 from draftlab.analysis.axes import Axes, measure_axes
+from draftlab.analysis.codecheck import mixed_code
 from draftlab.analysis.compare import Comparison, compare_all, train_val_gap
 from draftlab.analysis.fit import PowerLawFit, fit_power_law
 from draftlab.analysis.records import (TAU_KEY, baseline_config, by_group, direction, loss_key, metric_noise,
                                        normalise, step_clusters, values)
 from draftlab.analysis.report import render
+from draftlab.analysis.valnoise import ValNoise, val_noise
 from draftlab.analysis.verdict import Thresholds, Verdict, decide
 
 PREDICTED_TAU_KEY = "val/predicted_tau"
@@ -37,6 +39,7 @@ class AnalysisResult:
     comparisons: list[Comparison] = field(default_factory=list)
     details: Verdict | None = None
     parent_run_id: str | None = None  # set when the records came from an MLflow sweep
+    mixed_code: str = ""  # names the runs on other code versions; '' when they share one
 
     @property
     def tag(self) -> str:
@@ -68,8 +71,15 @@ def _numbers(runs, n_sizes, fits, comparisons, gap, axes, verdict) -> dict[str, 
         if fit.ok:
             out.update(fit.gain_per_doubling.as_metrics(f"{p}_gain_per_doubling"))
             out.update(fit.projections["2x"].as_metrics(f"{p}_at_2x"))
-            out.update(fit.projections["4x"].as_metrics(f"{p}_at_4x"))
             out.update(fit.params["y_inf"].as_metrics(f"{p}_inf"))
+            for family in fit.families[1:]:
+                out.update(family.gain.as_metrics(f"{p}_logquad_gain_per_doubling"))
+                out.update(family.at_2x.as_metrics(f"{p}_logquad_at_2x"))
+            out[f"{p}_family_gain_spread"] = fit.gain_spread
+            out[f"{p}_family_at_2x_spread"] = fit.at_2x_spread
+            out[f"{p}_has_ceiling"] = float(fit.ceiling is not None)
+            if fit.ceiling is not None:
+                out.update(fit.ceiling.as_metrics(f"{p}_ceiling"))
             out.update(fit.params["alpha"].as_metrics(f"{p}_alpha"))
             out.update(fit.fitted_nmax.as_metrics(f"{p}_fit_nmax"))
         if math.isfinite(fit.sigma):
@@ -106,25 +116,33 @@ def _plots(fits, series, base_runs, comparisons, axes, out: Path, level: float) 
     return paths
 
 
-def _other_series(runs, baseline, lk, noise, th, level, n_boot, seed) -> dict[str, PowerLawFit]:
+def _shifts(vn: ValNoise | None, groups, n_boot: int) -> np.ndarray | None:
+    """[n_boot, groups] validation-sample shifts of each group's mean, None without per-sample results."""
+    if vn is None or not vn.shifts or n_boot <= 0:
+        return None
+    return np.stack([vn.group_shift(g, n_boot) for _, g in groups], axis=1)
+
+
+def _other_series(runs, baseline, lk, noise, th, level, n_boot, seed, vn=None) -> dict[str, PowerLawFit]:
     """Loss fits of every other config swept over enough data sizes (e.g. a layer x data grid), labelled by
     how the config differs from the baseline: shown next to the baseline's (EAGLE-2-like flat vs rising)."""
     base = dict(baseline)
     out = {}
     for config in sorted({r.config for r in runs} - {baseline}):
-        groups = by_group([r for r in runs if r.config == config])
+        groups = by_group([r for r in runs if r.config == config and not r.probe])
         if len(groups) >= th.min_points:
             name = ", ".join(f"{k}={v}" for k, v in config if base.get(k) != v) or "(same)"
-            out[name] = fit_power_law(lk, [(n, values(g, lk)) for n, g in groups], sign=1, seed_sigma=noise[0],
+            have = [(n, [r for r in g if math.isfinite(r.value(lk))]) for n, g in groups]
+            out[name] = fit_power_law(lk, [(n, values(g, lk)) for n, g in have], sign=1, seed_sigma=noise[0],
                                       seed_df=noise[1], level=level, n_boot=n_boot, seed=seed,
-                                      min_points=th.min_points)
+                                      min_points=th.min_points, shifts=_shifts(vn, have, n_boot))
     return out
 
 
 def _data_series(base_runs):
     """The runs the data-scaling curve is drawn from: the converged ones when there are any; else, on a
     steps x data grid, the largest step budget; else every run (one per N: a fixed-epoch sweep)."""
-    converged = [r for r in base_runs if r.converged]
+    converged = [r for r in base_runs if r.converged and not r.probe]
     if len({r.group for r in converged}) >= 2:
         return converged
     clusters = step_clusters(base_runs)
@@ -150,11 +168,18 @@ def _nothing(reason: str, out_dir) -> AnalysisResult:
 
 
 def analyze(records: list[dict], out_dir: str | Path | None = None, thresholds: Thresholds = Thresholds(),
-            level: float = 0.9, n_boot: int = 400, seed: int = 0) -> AnalysisResult:
+            level: float = 0.9, n_boot: int = 400, seed: int = 0, allow_mixed_code: bool = False,
+            report_path: str | Path | None = None, command: str = "") -> AnalysisResult:
     """Fits, comparisons and the verdict for one sweep's job records (format: `draftlab.analysis.records`).
 
-    With `out_dir`, writes `report.md` and the PNG plots there. Deterministic for a given `seed`.
+    With `out_dir`, writes `report.md` and the PNG plots there; with `report_path` (docs/<name>.md), the report
+    goes there instead and the plots into `<name>_figures/` beside it, linked relatively; `command` is what
+    the report says generated it. Deterministic for a given `seed`. Runs on more than one code version make
+    the verdict undetermined unless `allow_mixed_code`.
     """
+    if report_path is not None:
+        report_path = Path(report_path)
+        out_dir = report_path.parent / f"{report_path.stem}_figures"
     if not records:
         return _nothing("no finished job records (did the sweep run any job to the end?)", out_dir)
     try:
@@ -170,32 +195,44 @@ def analyze(records: list[dict], out_dir: str | Path | None = None, thresholds: 
     # the loss, deployed tau (bench) and the tau training predicts: each answers the question on its own scale
     metrics = [lk] + [k for k in (TAU_KEY, PREDICTED_TAU_KEY) if any(math.isfinite(r.value(k)) for r in runs)]
     noise = {m: metric_noise(runs, m) for m in metrics}
-    axes = {m: measure_axes(base_runs, m, thresholds, level, n_boot, seed + 10 * i) for i, m in enumerate(metrics)}
+    vnoise = {m: val_noise(runs, m, n_boot, seed + 1000 + i) for i, m in enumerate(metrics)}
+    axes = {m: measure_axes(base_runs, m, thresholds, level, n_boot, seed + 10 * i, vnoise[m])
+            for i, m in enumerate(metrics)}
     series = _data_series(base_runs)
     groups = by_group(series)
     fits = {}
     for i, m in enumerate(metrics):
         sigma, df = axes[m].sigma, axes[m].df
-        fits[m] = fit_power_law(m, [(n, values(g, m)) for n, g in groups], sign=-direction(m),
+        have = [(n, [r for r in g if math.isfinite(r.value(m))]) for n, g in groups]
+        fits[m] = fit_power_law(m, [(n, values(g, m)) for n, g in have], sign=-direction(m),
                                 lower=1.0 if direction(m) > 0 else 0.0, seed_sigma=sigma, seed_df=df, level=level,
-                                n_boot=n_boot, seed=seed + i, min_points=thresholds.min_points)
+                                n_boot=n_boot, seed=seed + i, min_points=thresholds.min_points,
+                                shifts=_shifts(vnoise[m], have, n_boot))
     nmax_runs = groups[-1][1]
     val_nmax = float(np.mean(values(nmax_runs, lk))) if values(nmax_runs, lk).size else math.nan
     gap = train_val_gap(nmax_runs, lk, level)
-    comparisons = compare_all(runs, baseline, metrics, noise, level)
-    others = _other_series(runs, baseline, lk, noise[lk], thresholds, level, n_boot, seed)
-    verdict = decide(axes, comparisons, val_nmax, gap, thresholds)
+    comparisons = compare_all(runs, baseline, metrics, noise, level, vnoise)
+    others = _other_series(runs, baseline, lk, noise[lk], thresholds, level, n_boot, seed, vnoise[lk])
+    mixed = mixed_code(runs)
+    verdict = decide(axes, comparisons, val_nmax, gap, thresholds, "" if allow_mixed_code else mixed)
+    if mixed and allow_mixed_code:
+        verdict.evidence.insert(0, f"{mixed}: compared anyway (--allow-mixed-code)")
     paths: dict[str, Path] = {}
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         paths = _plots(fits, series, base_runs, comparisons, axes, out, level)
+    links = f"{Path(out_dir).name}/" if report_path is not None else ""
     report = render(verdict, fits, comparisons, runs, series, baseline, lk, n_source, gap, paths,
-                    thresholds, level, others, axes)
+                    thresholds, level, others, axes, vnoise[lk], links, command)
     if out_dir is not None:
-        paths["report"] = Path(out_dir) / "report.md"
+        paths["report"] = report_path or Path(out_dir) / "report.md"
         paths["report"].write_text(report)
-    return AnalysisResult(verdict.kind, verdict.bottleneck, verdict.headline, verdict.evidence,
-                          verdict.next_steps, _numbers(runs, len(groups), fits, comparisons, gap, axes, verdict),
-                          report, paths, fits, axes, comparisons, verdict)
+    numbers = _numbers(runs, len(groups), fits, comparisons, gap, axes, verdict)
+    numbers["analysis/mixed_code"] = float(bool(mixed))
+    numbers["analysis/val_noise_in_intervals"] = float(vnoise[lk].known)
+    result = AnalysisResult(verdict.kind, verdict.bottleneck, verdict.headline, verdict.evidence,
+                            verdict.next_steps, numbers, report, paths, fits, axes, comparisons, verdict)
+    result.mixed_code = mixed
+    return result
 

@@ -11,6 +11,11 @@ Gaussian noise of the estimated run-to-run sigma (divided by sqrt(seeds at that 
 larger of the seed-to-seed sd (model-free, when seeds exist) and the fit's residual sd (catches lack of fit,
 needs more N values than parameters). With few degrees of freedom sigma itself is uncertain, so each replicate
 draws its own sigma from sigma^2 * df / chi2(df): the intervals then widen like Student-t ones, as they should.
+Where the runs hold per-sample validation results, each replicate also adds the per-N shift of a paired
+bootstrap over the validation samples (valnoise.py), so the intervals hold validation-sample noise too.
+
+A log-quadratic is fitted beside it (families.py): the report gives both, their spread, and a ceiling only
+when the rule there allows one. Nothing is projected past 2x the largest size.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.optimize import least_squares
 
+from draftlab.analysis.families import (MAX_PROJECTION, FamilyFit, ceiling, log_quadratic, noise_draws,
+                                        spread)
 from draftlab.analysis.stats import NAN, Estimate, percentile_estimate, t_quantile
 
 ALPHA_BOUNDS = (0.05, 3.0)
@@ -38,12 +45,25 @@ class PowerLawFit:
     gain_per_doubling: Estimate = Estimate(NAN)  # improvement N_max -> 2 N_max (>= 0 = better)
     local_gain: Estimate = Estimate(NAN)  # model-free: improvement per doubling between the two largest N
     fitted_nmax: Estimate = Estimate(NAN)
-    projections: dict[str, Estimate] = field(default_factory=dict)  # "2x", "4x" of N_max
+    projections: dict[str, Estimate] = field(default_factory=dict)  # "2x" of N_max (never further)
     sigma: float = NAN
     sigma_df: int = 0
     sigma_source: str = "none"
     band: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None  # grid N, mid, lo, hi
     note: str = ""
+    families: list[FamilyFit] = field(default_factory=list)  # power law first, then log-quadratic
+    ceiling: Estimate | None = None  # only where families.ceiling's rule allows one
+    ceiling_note: str = ""
+    val_noise: bool = False  # the intervals include validation-sample noise
+
+    @property
+    def gain_spread(self) -> float:
+        """Difference between the families' gains per doubling at N_max (NaN with one family)."""
+        return spread(self.families, "gain")
+
+    @property
+    def at_2x_spread(self) -> float:
+        return spread(self.families, "at_2x")
 
     @property
     def n_max(self) -> float:
@@ -93,7 +113,7 @@ def _fit(x, y, w, sign, lower) -> np.ndarray:
 def _derived(theta: np.ndarray, sign: int) -> dict[str, float]:
     y_inf, a, alpha = theta
     return {"gain": a * (1.0 - 2.0 ** (-alpha)), "fit_nmax": y_inf + sign * a,
-            "2x": y_inf + sign * a * 2.0 ** (-alpha), "4x": y_inf + sign * a * 4.0 ** (-alpha)}
+            "2x": y_inf + sign * a * MAX_PROJECTION ** (-alpha)}
 
 
 def local_gain(n, mean, counts, sign, sigma, df, level) -> Estimate:
@@ -110,17 +130,21 @@ def local_gain(n, mean, counts, sign, sigma, df, level) -> Estimate:
 
 def fit_power_law(metric: str, n_groups: list[tuple[float, np.ndarray]], sign: int, lower: float = 0.0,
                   seed_sigma: float = NAN, seed_df: int = 0, level: float = 0.9, n_boot: int = 400,
-                  seed: int = 0, min_points: int = 3) -> PowerLawFit:
+                  seed: int = 0, min_points: int = 3, shifts: np.ndarray | None = None) -> PowerLawFit:
     """Fits y(N) on per-N groups of replicate values [(N, values), ...]; intervals by the bootstrap above.
 
-    `lower` bounds y_inf from below (0 for a loss, 1 for tau). Deterministic for a given `seed`.
+    `lower` bounds y_inf from below (0 for a loss, 1 for tau). `shifts` [n_boot, groups]: the validation-sample
+    bootstrap's shift of each group's mean (valnoise.ValNoise.group_shift). Deterministic for a given `seed`.
     """
-    n_groups = [(n, v) for n, v in n_groups if len(v)]
+    keep = [i for i, (_, v) in enumerate(n_groups) if len(v)]
+    n_groups = [n_groups[i] for i in keep]
+    if shifts is not None:
+        shifts = shifts[:, keep]
     n = np.array([g[0] for g in n_groups], dtype=float)
     mean = np.array([np.mean(g[1]) for g in n_groups], dtype=float)
     counts = np.array([len(g[1]) for g in n_groups], dtype=float)
     fit = PowerLawFit(metric, sign, n, mean, counts, sigma=seed_sigma, sigma_df=seed_df,
-                      sigma_source="seeds" if seed_df > 0 else "none")
+                      sigma_source="seeds" if seed_df > 0 else "none", val_noise=shifts is not None)
     if len(n) < min_points:
         fit.local_gain = local_gain(n, mean, counts, sign, seed_sigma, seed_df, level)
         fit.note = f"{len(n)} data size(s): a power law needs at least {min_points}"
@@ -136,9 +160,9 @@ def fit_power_law(metric: str, n_groups: list[tuple[float, np.ndarray]], sign: i
             fit.sigma, fit.sigma_df, fit.sigma_source = resid_sigma, resid_df, "fit residuals"
     fit.local_gain = local_gain(n, mean, counts, sign, fit.sigma, fit.sigma_df, level)
     point = _derived(theta, sign)
-    grid = np.geomspace(n[0], 4.0 * n[-1], 60)
+    grid = np.geomspace(n[0], MAX_PROJECTION * n[-1], 60)
     curve = _model(theta, grid / n[-1], sign)
-    boot = _bootstrap(theta, x, counts, sign, lower, fit.sigma, fit.sigma_df, grid / n[-1], n_boot, seed)
+    boot = _bootstrap(theta, x, counts, sign, lower, fit.sigma, fit.sigma_df, grid / n[-1], n_boot, seed, shifts)
     if boot is None:
         fit.note = "no noise estimate (no seeds and no more data sizes than parameters): intervals unknown"
         thetas, derived, curves = np.empty((0, 3)), {k: np.empty(0) for k in point}, None
@@ -148,23 +172,25 @@ def fit_power_law(metric: str, n_groups: list[tuple[float, np.ndarray]], sign: i
     fit.params = {k: percentile_estimate(float(theta[i]), thetas[:, i], level) for i, k in enumerate(names)}
     fit.gain_per_doubling = percentile_estimate(point["gain"], derived["gain"], level)
     fit.fitted_nmax = percentile_estimate(point["fit_nmax"], derived["fit_nmax"], level)
-    fit.projections = {k: percentile_estimate(point[k], derived[k], level) for k in ("2x", "4x")}
+    fit.projections = {"2x": percentile_estimate(point["2x"], derived["2x"], level)}
     if curves is not None:
         tail = (1.0 - level) / 2.0 * 100.0
         lo, hi = np.nanpercentile(curves, [tail, 100.0 - tail], axis=0)
         fit.band = (grid, curve, lo, hi)
     else:
         fit.band = (grid, curve, curve, curve)
+    power = FamilyFit("power law", fit.gain_per_doubling, fit.projections["2x"], fit.params["y_inf"],
+                      fit.fitted_nmax, fit.band)
+    quad = log_quadratic(n, mean, counts, sign, fit.sigma, fit.sigma_df, shifts, level, n_boot, seed + 1)
+    fit.families = [power] + ([quad] if quad is not None else [])
+    fit.ceiling, fit.ceiling_note = ceiling(n, fit.families)
     return fit
 
 
-def _bootstrap(theta, x, counts, sign, lower, sigma, df, grid_x, n_boot, seed):
-    if not (math.isfinite(sigma) and df > 0) or n_boot <= 0:
+def _bootstrap(theta, x, counts, sign, lower, sigma, df, grid_x, n_boot, seed, shifts=None):
+    ys = noise_draws(_model(theta, x, sign), counts, sigma, df, shifts, n_boot, seed)
+    if ys is None:
         return None
-    rng = np.random.default_rng(seed)
-    fitted = _model(theta, x, sign)
-    sigmas = sigma * np.sqrt(df / rng.chisquare(df, size=n_boot))
-    ys = fitted[None, :] + rng.standard_normal((n_boot, x.size)) * (sigmas[:, None] / np.sqrt(counts))
     thetas = _profile_fit(x, ys, counts, sign, lower)
     curves = _model(thetas.T[:, :, None], grid_x[None, :], sign)
     derived = _derived(thetas.T, sign)

@@ -6,9 +6,11 @@ The source is either that parent's run id, or an experiment name, meaning the la
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 from draftlab.tracking import find_experiment_id, get_run, log_analysis, metric_history, open_client, search_runs
 
@@ -16,6 +18,7 @@ PARENT_TAG = "mlflow.parentRunId"
 # Metric histories worth fetching (one call per run and key): the curves, for readers of the records. The
 # verdict reads convergence from train/steps and train/stopped_early instead (see analysis/axes.py).
 HISTORY_KEYS = ("train/loss", "val/loss")
+VAL_SAMPLES = "val_samples.json"  # the train stage's per-sample validation results (train/per_sample.py)
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
@@ -62,8 +65,21 @@ def load_records(source: str, uri: str | None = None, include_unfinished: bool =
         history = {k: metric_history(client, run.info.run_id, k) for k in history_keys if k in run.data.metrics}
         records.append({"run_id": run.info.run_id, "params": dict(run.data.params),
                         "metrics": dict(run.data.metrics), "history": history,
-                        "tags": {k: v for k, v in run.data.tags.items() if not k.startswith("mlflow.")}})
+                        "tags": {k: v for k, v in run.data.tags.items() if not k.startswith("mlflow.")},
+                        "val_samples": val_samples(run.data.tags.get("folder.train"), run.info.artifact_uri)})
     return Sweep(parent_id, experiment_id, records, skipped)
+
+
+def val_samples(train_folder: str | None, artifact_uri: str | None) -> dict | None:
+    """A run's per-sample validation results: from its train stage folder when it is on this machine, else from
+    its artifacts when they are local files (a file:// artifact store); None when neither holds them."""
+    places = [Path(train_folder)] if train_folder else []
+    if artifact_uri and urlparse(artifact_uri).scheme in ("", "file"):
+        places.append(Path(unquote(urlparse(artifact_uri).path)))
+    for folder in places:
+        if (folder / VAL_SAMPLES).is_file():
+            return json.loads((folder / VAL_SAMPLES).read_text())
+    return None
 
 
 def log_to_parent(parent_run_id: str, result, uri: str | None = None) -> None:

@@ -26,23 +26,24 @@ def _save(fig, path: Path) -> Path:
 
 
 def scaling_plot(fit: PowerLawFit, runs: list[Run], path: Path, level: float) -> Path:
-    """The metric against N on a log axis: each run, the per-N means, the fit, its band and the 2x/4x points."""
+    """The metric against N on a log axis: each run, the per-N means, each curve family with its band, and the
+    2x projection (the furthest the analysis projects)."""
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for n, group in by_group(runs):
         v = values(group, fit.metric)
         ax.scatter(np.full(v.size, n), v, s=12, color="0.6", zorder=2)
     ax.plot(fit.n, fit.mean, "o", color="C0", label="mean per N", zorder=3)
-    if fit.ok and fit.band is not None:
-        grid, mid, lo, hi = fit.band
-        ax.plot(grid, mid, "-", color="C1", label="power-law fit")
+    for i, family in enumerate(fit.families if fit.ok else []):
+        if family.band is None:
+            continue
+        grid, mid, lo, hi = family.band
+        color = f"C{i + 1}"
+        ax.plot(grid, mid, "-", color=color, label=family.name)
         if not np.allclose(lo, hi):
-            ax.fill_between(grid, lo, hi, color="C1", alpha=0.2, label=f"{level:.0%} band")
-        for key, mult in (("2x", 2.0), ("4x", 4.0)):
-            p = fit.projections.get(key)
-            if p is not None:
-                err = [[p.value - p.lo], [p.hi - p.value]] if p.known else None
-                ax.errorbar([mult * fit.n_max], [p.value], yerr=err, fmt="s", color="C3", capsize=3,
-                            label="projection" if key == "2x" else None)
+            ax.fill_between(grid, lo, hi, color=color, alpha=0.15, label=f"{family.name} {level:.0%} band")
+        p = family.at_2x
+        err = [[p.value - p.lo], [p.hi - p.value]] if p.known else None
+        ax.errorbar([2.0 * fit.n_max], [p.value], yerr=err, fmt="s", color=color, capsize=3)
     ax.set_xscale("log")
     ax.set_xlabel("training tokens N" if fit.n_max > 1e4 else "N")
     ax.set_ylabel(fit.metric)

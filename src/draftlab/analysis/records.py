@@ -7,12 +7,15 @@ A record is a plain dict (what `mlflow_source.load_records` returns, and what te
      "metrics": {"train/train_tokens": 2.1e7, "val/loss": 6.13, "train/loss": 6.0, "bench/tau": 2.9,
                  "val/acc_0": 0.745, "train/steps": 1520, "train/stopped_early": 1,
                  "generate/seconds": 98.8, ...},      # final values
-     "history": {"val/loss": [(step, value), ...], "train/loss": [...]}}  # optional, per epoch or step
+     "history": {"val/loss": [(step, value), ...], "train/loss": [...]},  # optional, per epoch or step
+     "tags": {"code.train": "...", "code.extract": "..."},  # optional: the stages' code hashes
+     "val_samples": {"index": [...], "loss": [...], "tau": [...], "tokens": [...]}}  # optional, per val sample
 
 Params may be strings (MLflow stores them so); they are parsed back to ints, floats, lists, None.
 N, the data size, is the first of `N_SOURCES` that every record has, so one sweep never mixes units.
 S, the optimizer steps a run took, is `train/steps`; a run converged when early stopping fired
-(`train/stopped_early` = 1). The budget keys (`BUDGET_KEYS`) are the steps axis, not factors.
+(`train/stopped_early` = 1). The budget keys (`BUDGET_KEYS`) are the steps axis, not factors; a run with
+`train.extend_steps` > 0 is a steps probe: it trained on past its plateau at constant learning rate.
 """
 
 from __future__ import annotations
@@ -35,8 +38,11 @@ REPLICATE_KEYS = ("train.seed", "data.seed", "bench.seed")
 # The steps axis: how long a run trains is read from its metrics (train/steps, train/stopped_early), so the keys
 # that set it are an axis, not a factor to compare configs on.
 BUDGET_KEYS = ("train.max_steps", "train.epochs", "train.eval_every", "train.early_stop_patience",
-               "train.early_stop_min_delta")
-STEPS_KEY, STOPPED_KEY = "train/steps", "train/stopped_early"
+               "train.early_stop_min_delta", "train.plateau_test", "train.early_stop_level", "train.extend_steps")
+STEPS_KEY, STOPPED_KEY, PROBE_KEY = "train/steps", "train/stopped_early", "train.extend_steps"
+# The code a run's numbers depend on: the train and extract stages' code hashes (pipeline tags `code.<stage>`);
+# records from before those tags fall back on the commit that produced each stage's output.
+CODE_TAGS = (("code.train", "train/produced_by"), ("code.extract", "extract/produced_by"))
 # Keys that change nothing a run measures (where and how fast it ran, how it was tracked) are not factors: the
 # stage registry's list decides it (`stage_keys.fingerprinted`), so a key added there is never a factor here.
 # Metric names: lower-is-better unless listed as higher-is-better.
@@ -85,6 +91,8 @@ class Run:
     n: float = math.nan  # data size on the chosen scale
     group: Any = None  # runs with the same group share a dataset (same data.samples, or same N)
     config: tuple = ()  # the factor settings: params minus N, replicate, budget and bookkeeping keys
+    tags: dict[str, str] = field(default_factory=dict)
+    val_samples: dict[str, np.ndarray] = field(default_factory=dict)  # index, loss, tau, tokens per val sample
 
     @property
     def steps(self) -> float:
@@ -95,6 +103,17 @@ class Run:
     def converged(self) -> bool:
         """Early stopping fired: more steps at this learning-rate schedule no longer helped."""
         return self.value(STOPPED_KEY) == 1.0
+
+    @property
+    def probe(self) -> bool:
+        """A steps probe: early stopping fired, then `train.extend_steps` more steps at constant learning rate."""
+        extend = self.params.get(PROBE_KEY)
+        return isinstance(extend, (int, float)) and extend > 0
+
+    @property
+    def code(self) -> tuple[str, ...]:
+        """The train and extract code the run's numbers come from ('?' where the record does not say)."""
+        return tuple(self.tags.get(tag) or self.tags.get(fallback) or "?" for tag, fallback in CODE_TAGS)
 
     def value(self, metric: str) -> float:
         v = self.metrics.get(metric)
@@ -146,8 +165,20 @@ def normalise(records: list[dict]) -> tuple[list[Run], str]:
         n = float(parse_param(r[kind][key]))
         # Same data.samples means the same dataset even if a token count differs by a rounding; else N itself.
         group = params.get("data.samples", n)
-        runs.append(Run(str(r.get("run_id", i)), params, metrics, history, n, group, _config(params, skip)))
+        runs.append(Run(str(r.get("run_id", i)), params, metrics, history, n, group, _config(params, skip),
+                        {k: str(v) for k, v in (r.get("tags") or {}).items()}, _val_samples(r.get("val_samples"))))
     return runs, source
+
+
+def _val_samples(raw: dict | None) -> dict[str, np.ndarray]:
+    """Per-sample validation results as arrays of one length (tokens weigh each sample as the totals do)."""
+    if not raw or not raw.get("index"):
+        return {}
+    out = {k: np.asarray(v, dtype=float) for k, v in raw.items() if k in ("index", "loss", "tau", "tokens")}
+    if len({a.size for a in out.values()}) != 1:
+        raise ValueError("val_samples: index, loss, tau and tokens must have one length")
+    out.setdefault("tokens", np.ones_like(out["index"]))
+    return out
 
 
 def by_group(runs: list[Run]) -> list[tuple[float, list[Run]]]:
@@ -199,7 +230,7 @@ def step_clusters(runs: list[Run], tolerance: float = 0.1) -> dict[str, float]:
 def cell_key(r: Run, clusters: dict[str, float]) -> tuple:
     """Runs in one cell differ only in their replicate keys: same config, dataset and step budget (or both
     converged)."""
-    return (r.config, r.group, "converged" if r.converged else clusters.get(r.run_id, math.nan))
+    return (r.config, r.group, "probe" if r.probe else "converged" if r.converged else clusters.get(r.run_id, math.nan))
 
 
 def metric_noise(runs: list[Run], metric: str) -> tuple[float, int]:

@@ -6,9 +6,14 @@ against a materiality threshold m (loss: `material_loss_rel` of the loss there; 
   - limited (helps):  g >= m and lo > `near_zero_fraction` * m (the interval excludes ~0, the gain is material)
   - flat:             hi < m (even the optimistic end of the interval is not worth a doubling)
   - unresolved:       otherwise, or no interval
+A data axis fitted on enough sizes is also judged by each curve family (power law, log-quadratic: families.py):
+flat only when every family says flat, and unresolved when one family says it helps and another says flat.
 Rules, first match wins (other findings are listed as "also"):
-  1. under-trained: the steps axis helps for some metric: more steps on the same data help materially. It
-     comes first because it confounds every other comparison, and it costs no new data.
+  0. undetermined (mixed code): the runs ran on more than one version of the train or extract code, and the
+     user did not pass --allow-mixed-code: no difference between them is called resolved.
+  1. under-trained: the steps axis helps for some metric: more steps on the same data help materially (a step
+     budget grid, or the steps probe `train.extend_steps` of converged runs). It comes first because it
+     confounds every other comparison, and it costs no new data.
   2. data-limited: the data axis helps, measured where training has converged (among runs whose early stopping
      fired, or at a step budget where the steps axis is flat) and fitted on `min_points` data sizes: data is
      dear, so the next doubling is projected from a curve, not read off the last one. (The steps axis may rest
@@ -18,7 +23,9 @@ Rules, first match wins (other findings are listed as "also"):
      two `extract.*` settings differ, a `draft.*` or `train.*` setting beats the baseline, at equal data.
   5. bottleneck (indirect): the converged data axis is flat and |val - train| < `small_gap_rel` of val
      (capacity: no overfitting, yet more data does not help), or train loss above val by > `train_above_val_rel`
-     (optimisation); flat with nothing isolating the cause is `bottleneck:unidentified`.
+     (optimisation); flat with nothing isolating the cause is `bottleneck:unidentified`. Capacity needs the
+     steps to be spent too: not when the val/loss slope left at the plateau (`train/final_slope`) would still
+     buy a material loss over a doubling of steps, nor when a steps axis is unresolved.
   6. undetermined, with what to run next.
 Convergence is read from the steps axis itself or from the early-stopping record (`train/stopped_early`), so
 it holds under any schedule (a cosine that ends at zero flattens every curve at its end, converged or not). A
@@ -89,18 +96,34 @@ def _resolved(e: Estimate, m: float, th: Thresholds) -> bool:
     return e.known and e.value >= m and e.lo > th.near_zero_fraction * m
 
 
+def _gain_state(g: Estimate, m: float, th: Thresholds) -> str:
+    if not g.known:
+        return "unknown"
+    return "limited" if _resolved(g, m, th) else "flat" if g.hi < m else "unresolved"
+
+
 def axis_state(axis: Axis, th: Thresholds) -> tuple[str, str]:
     """(limited | flat | unresolved, sentence) for one axis of one metric."""
     m = material(axis.metric, axis.mean[-1], th)
     g = axis.gain
-    what = "steps" if axis.name == "steps" else "data"
+    what = "steps" if axis.name.startswith("steps") else "data"
     where = (f"{axis.metric}: next doubling of {what} ({axis.held}, from {axis.x_max:.4g}) gains {g.fmt()} "
              f"(material: {m:.3g})")
-    if not g.known:
+    state = _gain_state(g, m, th)
+    families = axis.fit.families if what == "data" and axis.fit is not None and axis.fit.ok else []
+    if len(families) > 1:
+        states = {f.name: _gain_state(f.gain, m, th) for f in families}
+        said = "; ".join(f"{f.name} {f.gain.fmt()}" for f in families)
+        where += f" (families: {said}; spread {axis.fit.gain_spread:.3g})"
+        if {"limited", "flat"} <= set(states.values()):
+            return "unresolved", f"{where}: the curve families disagree (one says it helps, one says flat)"
+        if state == "flat" and set(states.values()) != {"flat"}:
+            return "unresolved", f"{where}: flat by the power law only, not by every curve family"
+    if state == "unknown":
         return "unresolved", f"{where}: no interval"
-    if _resolved(g, m, th):
+    if state == "limited":
         return "limited", f"{where}: more {what} clearly helps"
-    if g.hi < m:
+    if state == "flat":
         return "flat", f"{where}: even the upper bound is below material"
     return "unresolved", f"{where}: the interval straddles the threshold"
 
@@ -149,10 +172,32 @@ def _comparison_finding(c: Comparison, m: float, th: Thresholds) -> Finding | No
     return Finding(c.category, True, e.value / m, f"{text} {e.fmt()} {at} (material: {m:.3g}){advice}")
 
 
+def _steps_spent(axes: dict[str, Axes], steps_state: str, th: Thresholds, evidence: list[str]) -> bool:
+    """False when something says more steps might still help: a steps axis that is not flat, or (with no steps
+    axis measured) a material loss left in the slope at the plateau (its interval's lower end above near-zero).
+    A measured steps axis (a budget grid, the steps probe) outranks the slope, which only extrapolates."""
+    if steps_state != "insufficient":
+        return steps_state == "flat"
+    first = next(iter(axes.values()), None)
+    r = first.remaining if first is not None else None
+    if r is None or not r.known:
+        return True
+    m = material(first.metric, first.data.mean[-1] if first.data is not None else math.nan, th)
+    text = (f"at N={first.remaining_at:.4g} val/loss was still falling when early stopping fired: at that slope "
+            f"a doubling of steps would buy up to {r.fmt()} (material: {m:.3g})")
+    if r.value >= m and r.lo > th.near_zero_fraction * m:
+        evidence.append(text + ": not converged in the sense that matters; a steps probe (train.extend_steps) "
+                        "would say how much")
+        return False
+    evidence.append(text.replace("was still falling", "had flattened"))
+    return True
+
+
 def decide(axes: dict[str, Axes], comparisons: list[Comparison], val_at_nmax: float,
-           gap: Estimate | None, th: Thresholds = Thresholds()) -> Verdict:
+           gap: Estimate | None, th: Thresholds = Thresholds(), mixed_code: str = "") -> Verdict:
     """Applies the rules in the module docstring. `axes` maps metric -> both axes of the baseline config;
-    `val_at_nmax` is the baseline validation loss at the largest N (the scale of the loss thresholds)."""
+    `val_at_nmax` is the baseline validation loss at the largest N (the scale of the loss thresholds);
+    `mixed_code` names the runs whose code differs (rule 0), '' when they share it or mixing is allowed."""
     evidence, steps_states, data_states, confounds = [], [], [], []
     for ax in axes.values():
         steps = axis_state(ax.steps, th) if ax.steps is not None else ("insufficient", "")
@@ -178,6 +223,7 @@ def decide(axes: dict[str, Axes], comparisons: list[Comparison], val_at_nmax: fl
         evidence.append(text)
         data_states.append(state)
     steps_state, state = _combine(steps_states), _combine(data_states)
+    spent = _steps_spent(axes, steps_state, th, evidence)
 
     findings: list[Finding] = []
     for c in comparisons:
@@ -195,13 +241,18 @@ def decide(axes: dict[str, Axes], comparisons: list[Comparison], val_at_nmax: fl
         if -rel > th.train_above_val_rel:
             findings.append(Finding("optimisation", False, -rel / th.train_above_val_rel,
                                     f"{text}: train loss above val loss, the optimiser has not fit the data"))
-        elif state == "flat" and abs(rel) < th.small_gap_rel:
+        elif state == "flat" and abs(rel) < th.small_gap_rel and spent:
             findings.append(Finding("capacity", False, 1.0, f"{text}: no overfitting while more data does not "
                                     "help, so the draft cannot represent more (or its features carry no more)"))
         else:
             evidence.append(text)
     prices = [p for p in (pricing(a) for a in list(axes.values())[:2]) if p]  # the loss and the first tau
-    v = _verdict(state, steps_state, findings, evidence, axes, confounds, th)
+    if mixed_code:
+        return Verdict("undetermined", None, f"Undetermined: {mixed_code}. No difference between runs on other "
+                       "code is called resolved (--allow-mixed-code overrides).", state, evidence, findings,
+                       ["rerun the differing runs on one code version (or pass --allow-mixed-code, knowingly)"],
+                       steps_state)
+    v = _verdict(state, steps_state, findings, evidence, axes, confounds, th, spent)
     v.steps_state = steps_state
     if prices:
         v.headline += " Next doubling: " + " | ".join(prices) + "."
@@ -223,7 +274,7 @@ def _gains(axes: dict[str, Axes], which: str) -> str:
     return "; ".join(out)
 
 
-def _verdict(state, steps_state, findings, evidence, axes, confounds, th) -> Verdict:
+def _verdict(state, steps_state, findings, evidence, axes, confounds, th, spent=True) -> Verdict:
     ranked = sorted(findings, key=lambda f: (f.direct, f.effect), reverse=True)
     primary = next((f for f in ranked if f.category != "other"), None)
     also = [f"also: {f.category} ({f.text})" for f in ranked]
@@ -252,13 +303,16 @@ def _verdict(state, steps_state, findings, evidence, axes, confounds, th) -> Ver
                     f"{why[state]}.", state, evidence, ranked)
         v.next_steps += [f"also: {f.category} ({f.text})" for f in ranked if f is not primary]
         return v
-    if state == "flat":
+    if state == "flat" and spent:
         return Verdict("bottleneck", "unidentified", f"At a bottleneck, not identified: at convergence more data "
                        f"is not helping materially ({_gains(axes, 'data')}) and no sweep isolates the cause.",
                        state, evidence, ranked,
                        ["run the layer sweep (extract.layers auto vs last) and a capacity sweep "
                         "(draft.num_layers, draft.hidden_size) at the largest N"])
     nxt = _cap_advice(axes)
+    if not spent:
+        nxt.append("run the steps probe at the largest sizes (train.extend_steps: on from the plateau at constant "
+                   "lr, then the decay): the slope left at the plateau says steps may still pay")
     if state == "insufficient":
         nxt.append(f"run at least 2 data sizes ({th.min_points}+ spaced by doublings is better), each trained to "
                    "convergence")

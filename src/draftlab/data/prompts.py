@@ -1,8 +1,9 @@
 """Prompts for the target to answer: ShareGPT (embedded), or the user's JSONL / Parquet files.
 
 The order is deterministic for a given source and `data.seed` and does not depend on `data.samples`, so a
-larger run extends a smaller one. The train/val split is decided per conversation by a hash of its id, so a
-conversation never straddles the split and a prompt keeps its split when the data grows.
+larger run extends a smaller one; `data.val_samples` puts a fixed validation set first (`pool_order`). The
+train/val split is decided per conversation by a hash of its id, so a conversation never straddles the split
+and a prompt keeps its split when the data grows.
 """
 
 from __future__ import annotations
@@ -34,6 +35,36 @@ class PromptSet:
 
     def split_of(self, prompt: Prompt, val_fraction: float) -> str:
         return split_for(prompt.conversation_id, val_fraction)
+
+
+def by_split(prompts: list[Prompt], val_fraction: float) -> tuple[list[Prompt], list[Prompt]]:
+    """(held-out prompts, training prompts), each in the shuffled order."""
+    splits = [split_for(p.conversation_id, val_fraction) for p in prompts]
+    return ([p for p, s in zip(prompts, splits) if s == "val"], [p for p, s in zip(prompts, splits) if s == "train"])
+
+
+def pool_order(prompts: list[Prompt], val_fraction: float, val_samples: int) -> list[Prompt]:
+    """The order the pool's samples are made in. val_samples = 0: the shuffled order, each prompt in its hash
+    split, so a job's validation set is the held-out share of its own first data.samples and grows with it.
+    val_samples > 0: the held-out prompts first, then the training prompts alone; generate takes the first
+    val_samples usable held-out ones (usable_pool), so every job of a sweep is scored on the same
+    validation set whatever its data.samples, drawn before the training pool."""
+    if not val_samples:
+        return prompts
+    val, train = by_split(prompts, val_fraction)
+    return val + train
+
+
+def usable_pool(tokenizer, prompts: list[Prompt], data, limit: int) -> list[tuple]:
+    """`target.usable_prompts` in the pool's order: with data.val_samples, exactly that many usable held-out
+    prompts (the fixed validation set), then training prompts up to `limit` in all."""
+    from draftlab.target import usable_prompts
+
+    if not data.val_samples:
+        return usable_prompts(tokenizer, prompts, data.max_prompt_tokens, limit)
+    val, train = by_split(prompts, data.val_fraction)
+    first = usable_prompts(tokenizer, val, data.max_prompt_tokens, min(limit, data.val_samples))
+    return first + usable_prompts(tokenizer, train, data.max_prompt_tokens, limit - len(first))
 
 
 def split_for(conversation_id: str, val_fraction: float) -> str:

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from draftlab.data.features import (FORMAT, HEAD_FILE, SMALL_TENSORS, WIDE_TENSORS, Entry, HiddenTap, model_mask,
                                     offline_entries, pad_batch, read_manifest, stored_top1, target_head, target_info)
-from draftlab.data.samples import SPLITS, read_samples
+from draftlab.data.samples import SPLITS, pool_size, read_samples
 from draftlab.data.vocab import read_vocab, vocab_path
 
 PLAN_WINDOW = 256  # samples sorted by length together: little padding, still a shuffled order
@@ -266,11 +266,12 @@ def online_entries(samples_folder: Path, limit: int) -> list[Entry]:
 
 
 def open_source(cfg, inputs: dict[str, Path], target=None) -> FeatureSource:
-    """Offline: reads `inputs["extract"]` (first cfg.data.samples samples). Online: runs the target (loaded from
-    cfg.target unless given) on `inputs["generate"]`; the extract folder, when given, supplies head and vocab."""
+    """Offline: reads `inputs["extract"]` (its first data.samples + data.val_samples samples). Online: runs the
+    target (loaded from cfg.target unless given) on `inputs["generate"]`; the extract folder, when given, supplies
+    head and vocab."""
     from draftlab.data.layers import capture_points, resolve_layers, target_capture
 
-    n = int(cfg.data.samples)
+    n = pool_size(cfg.data)
     folder = Path(inputs["extract"]) if "extract" in inputs else None
     manifest = read_manifest(folder) if folder is not None else None
     if cfg.extract.mode == "offline":

@@ -101,6 +101,12 @@ class SampleWriter:
         atomic_write_json(self.folder / "manifest.json", self.manifest)
 
 
+def pool_size(data) -> int:
+    """Samples a job reads from the shared pool: data.samples to train on, plus the fixed validation set
+    (data.val_samples, made first: data/prompts.pool_order)."""
+    return int(data.samples) + int(data.val_samples or 0)
+
+
 def read_manifest(folder: Path) -> dict | None:
     manifest = read_json(Path(folder) / "manifest.json")
     if manifest is not None and manifest.get("format") != FORMAT:

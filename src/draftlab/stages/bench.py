@@ -197,7 +197,9 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter: Reporter) -> dict[str
     if not (draft_dir / "config.json").exists():
         raise FileNotFoundError(f"{draft_dir}: no exported draft (did the train stage finish?)")
     predicted, predicted_key = alarm.read_predicted_tau(train_dir)
-    prompts = held_out_prompts(inputs["generate"], cfg.bench.prompts, limit=cfg.data.samples)
+    from draftlab.data.samples import pool_size
+
+    prompts = held_out_prompts(inputs["generate"], cfg.bench.prompts, limit=pool_size(cfg.data))
 
     run = None
     if cfg.serve.backend == "sglang":

@@ -200,10 +200,10 @@ def _empty_pool(out: Path) -> None:
 
 def run(cfg, out: Path, inputs: dict[str, Path], reporter) -> dict:
     out, samples_dir = Path(out), Path(inputs["generate"])
-    n = int(cfg.data.samples)
+    n = samples_fmt.pool_size(cfg.data)
     samples_manifest = samples_fmt.read_manifest(samples_dir)
     if samples_manifest is None or samples_manifest["num_samples"] < n:
-        raise FileNotFoundError(f"{samples_dir}: fewer than data.samples={n} generated samples")
+        raise FileNotFoundError(f"{samples_dir}: fewer than {n} generated samples (data.samples + data.val_samples)")
     # Resolved from config.json / GGUF header: a bad extract.layers fails before any weights are read.
     num_layers = num_target_layers(cfg.target, Path(cfg.paths.root) / "models")
     capture = target_capture(cfg.target)

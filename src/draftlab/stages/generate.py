@@ -1,6 +1,7 @@
 """Stage `generate`: the target answers the prompts; its answers are the draft's training data.
 
-The output folder is a pool shared by every `data.samples`: a run makes sure the first N samples exist and
+The output folder is a pool shared by every `data.samples`: a run makes sure the first N samples (plus
+`data.val_samples`, the fixed validation set made first) exist and
 generates only the missing ones, shard by shard. Batches always start at multiples of `data.batch_size` and are
 seeded by their first index, so a resumed or extended run writes exactly what an uninterrupted one would (the
 pool may hold up to one batch more than asked for).
@@ -16,12 +17,12 @@ from pathlib import Path
 
 import torch
 
-from draftlab.data.prompts import Prompt, load_prompts, split_for
-from draftlab.data.samples import Sample, SampleWriter, count_samples, read_manifest, read_samples
+from draftlab.data.prompts import Prompt, load_prompts, split_for, usable_pool
+from draftlab.data.samples import Sample, SampleWriter, count_samples, pool_size, read_manifest, read_samples
 from draftlab.progress import bar
 from draftlab.provenance import file_sha256
 from draftlab.stage_keys import data_sha256, plan
-from draftlab.target import Target, load_target, usable_prompts
+from draftlab.target import Target, load_target
 
 log = logging.getLogger("draftlab.generate")
 WHOLE_SHARD = ("continuous", "graphs")  # generators that take a whole shard and keep batch_size rows in flight
@@ -31,7 +32,7 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter) -> dict[str, float]:
     data = cfg.data
     fingerprint = plan(cfg)["generate"].folder_key  # names the settings, code and prompt file of the pool
     _reset_if_foreign(out, fingerprint)
-    have, need = count_samples(out), data.samples
+    have, need = count_samples(out), pool_size(data)
     if have >= need:
         log.info("generate: %d samples already in %s, nothing to do", have, out)
         return _summary(out, need, new=0, seconds=0.0)
@@ -78,10 +79,10 @@ def _generate(cfg, out: Path, target, engine, prompts, fingerprint: str, have: i
     goal = -(-need // data.batch_size) * data.batch_size  # whole batches only
     # every prompt of the pool tokenised before any is answered, so that a file with too few usable prompts is
     # refused now, not after the shards before the shortfall (on the H200: 50,000 asked of 49,916, after 80 s)
-    usable = usable_prompts(target.tokenizer, prompts.prompts, data.max_prompt_tokens, goal)
+    usable = usable_pool(target.tokenizer, prompts.prompts, data, goal)
     if len(usable) < need:
-        raise ValueError(f"data.samples: {need} asked, but {prompts.source} has only {len(usable)} prompts within "
-                         f"data.max_prompt_tokens={data.max_prompt_tokens}")
+        raise ValueError(f"data.samples: {need} asked (data.val_samples included), but {prompts.source} has only "
+                         f"{len(usable)} prompts within data.max_prompt_tokens={data.max_prompt_tokens}")
     tokenized = iter(usable[have:])  # the first samples exist: their prompts are skipped
     started, new_tokens, first = time.perf_counter(), 0, have
     progress = bar(goal - have, "generate", "sample")  # moves per batch, not per shard

@@ -2,7 +2,9 @@
 
 Reads `train.*`, `draft.*` and `serve.num_steps` (plus whatever `open_source` reads to open the extract folder).
 Writes `out/checkpoints/` (resumable), `out/draft/` (the SGLang folder of the best epoch, tagged `draft_dir`),
-`out/curves.png`, `out/metrics.json` and finally `out/manifest.json`.
+`out/curves.png`, `out/val_samples.json` (each validation sample's loss and predicted tau under the exported
+weights, for the sweep analysis' bootstrap; single-process runs), `out/metrics.json` and finally
+`out/manifest.json`.
 """
 
 from __future__ import annotations
@@ -184,12 +186,20 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter: Reporter) -> dict[str
     reporter.tag("draft_dir", str(draft_dir))
     curves = plot_curves(recorder.history, result.history, out / "curves.png", settings.ttt_steps)
     reporter.artifact(curves)
+    by_sample = {}
+    if distributed.world_size() <= 1:  # a sharded model's forward needs every rank; rank 0 alone runs this
+        from draftlab.train.per_sample import FILE, per_sample_validation
+
+        by_sample = per_sample_validation(trainer)
+        fsutil.atomic_write_json(out / FILE, by_sample)
+        reporter.artifact(out / FILE)
 
     metrics = {**result.final, **result.best, **convergence(cfg.train, result.final),
                "train/steps": float(result.steps),
                # the data axis of a scaling sweep: tokens (prompt and answer) of the training split
                "train/train_tokens": float(source.num_tokens("train")),
                "train/train_samples": float(source.num_samples_in("train")),
+               **({"val/samples": float(len(by_sample["index"]))} if by_sample else {}),
                # the loop's mean rate over this job's steps, validation, checkpoints, waits and graph loads included
                # (train/tokens_per_s is the last log window's: one window's snapshot)
                "train/mean_tokens_per_s": _steps_tokens(result, source) / max(loop_seconds, 1e-9),

@@ -3,10 +3,10 @@ validation per epoch or every `eval_every` steps, best-checkpoint tracking, earl
 checkpoints.
 
 Budget: `max_steps` optimizer steps when set, else `epochs` passes over the data; the schedule is sized to it.
-Early stopping (`early_stop_patience`): after that many validation passes without a material val/loss
-improvement (`early_stop_min_delta`, a fraction of the reference loss) the run stops. Under `wsd` the plateau
-starts the decay instead: the learning rate falls linearly to zero over `decay_ratio` x the steps so far, then
-the run stops; other schedules stop at once. The best validation pass is what the stage exports.
+Early stopping (`early_stop_patience`): the run stops when even the hopeful end of the recent val/loss slope's
+interval gains under `early_stop_min_delta` of the loss in that many passes (train/schedule.py). Under `wsd` the
+plateau starts the decay instead (after `extend_steps` more at constant lr: the steps probe): the learning rate
+falls to zero over `decay_ratio` x the steps so far, then the run stops; other schedules stop at once.
 
 Resume contract: a killed run restarted on the same folder continues from its last checkpoint and ends where an
 uninterrupted run would (bit-identical on CPU). A checkpoint holds the trainable weights and the AdamW state
@@ -53,7 +53,7 @@ from draftlab.train.device_batch import attach_plan, padding_for, to_device, wid
 from draftlab.train.file_queue import FileQueue
 from draftlab.train.optim import autocast_dtype, build_optimizer
 from draftlab.train.packed import PackedPlan, packed_unroll
-from draftlab.train.schedule import batches_per_epoch, budget_steps, lr_factor, watch_plateau
+from draftlab.train.schedule import batches_per_epoch, budget_steps, lr_factor, slope_metrics, watch_plateau
 from draftlab.train.ttt import STATS, soft_ce_for, summarize, target_distribution, ttt_unroll
 from draftlab.train.val_cache import ValidationCache
 from draftlab.train.window import PendingSums
@@ -119,8 +119,8 @@ class Trainer:
     @staticmethod
     def _fresh_horizon() -> dict[str, Any]:
         """The state that belongs to one budget: reset when train.init_from continues with a new one."""
-        return {"epoch_batches": None, "stop_at": None, "decay_start": None, "plateau": None,
-                "stopped_early": False, "last_eval_step": None}
+        return {"epoch_batches": None, "stop_at": None, "decay_start": None, "plateau": None, "stopped_early": False,
+                "last_eval_step": None, "final_slope": None, "plateau_step": None}
 
     # ------------------------------------------------------------------ one batch
     def _to_device(self, batch: dict) -> tuple[dict, PackedPlan | None]:  # widened, with its plan
@@ -393,7 +393,7 @@ class Trainer:
         epochs_seen = self.state["step"] / max(1, self.state["epoch_batches"] or 1)
         budget = {"train/steps": float(self.state["step"]), "train/epochs_seen": epochs_seen,
                   "train/stopped_early": float(bool(self.state["stopped_early"])),
-                  "train/new_steps": float(self.state["step"] - self.start_step)}
+                  "train/new_steps": float(self.state["step"] - self.start_step), **slope_metrics(self.state, self.s)}
         final.update(budget)
         self.reporter.metrics({**best_metrics, **budget}, step=self.state["step"])
         return TrainResult(final=final, best=best_metrics, history=list(self.state["history"]),

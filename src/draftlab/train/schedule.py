@@ -9,7 +9,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from scipy import stats
+
 from draftlab.config import TrainConfig
+
+MIN_SLOPE_PASSES = 4  # a slope interval from fewer validation passes has df < 2: too wide to read
 
 
 def wsd_decay_start(total: int, decay_ratio: float) -> int:
@@ -60,29 +64,81 @@ def budget_steps(epoch_batches: int, s: TrainConfig) -> int:
     return int(s.max_steps) if s.max_steps else max(1, epoch_batches * s.epochs)
 
 
+def slope_window(s: TrainConfig) -> int:
+    """Validation passes the slope is read over: twice the look-ahead (`early_stop_patience`) and one, so that
+    pass-to-pass noise of the size of a pass's gain still leaves a slope to read."""
+    return max(2 * (s.early_stop_patience or 0) + 1, MIN_SLOPE_PASSES)
+
+
+def recent_slope(passes: list[list[float]], level: float) -> list[float] | None:
+    """[slope, lo, hi] of val/loss per 1000 optimizer steps over (step, loss) passes, a Student-t interval at
+    `level` (scipy.stats.linregress); None with fewer than 3 passes."""
+    if len(passes) < 3:
+        return None
+    steps, losses = zip(*passes)
+    fit = stats.linregress(steps, losses)
+    half = float(stats.t.ppf(0.5 + level / 2.0, len(passes) - 2)) * fit.stderr
+    return [1000.0 * fit.slope, 1000.0 * (fit.slope - half), 1000.0 * (fit.slope + half)]
+
+
+def _plateaued(watch: dict, score: float, s: TrainConfig) -> bool:
+    """The plateau test. slope: the last `slope_window(s)` passes' val/loss slope, at the
+    optimistic end of its interval, would gain less than `early_stop_min_delta` of the loss over the next
+    `early_stop_patience` passes: early stopping fires when even the hopeful reading of the curve says little is
+    left, and a noisy curve keeps training. delta: `early_stop_patience` passes without an improvement of
+    `early_stop_min_delta` over the reference."""
+    if s.plateau_test == "delta":
+        if watch["ref"] is None or score < watch["ref"] * (1.0 - s.early_stop_min_delta):
+            watch.update(ref=score, bad=0)
+        else:
+            watch["bad"] += 1
+        return watch["bad"] >= s.early_stop_patience
+    window = slope_window(s)
+    watch["passes"] = (watch.get("passes") or [])[-(window - 1):] + [[float(watch["step"]), float(score)]]
+    watch["slope"] = recent_slope(watch["passes"], s.early_stop_level)
+    if len(watch["passes"]) < window or watch["slope"] is None:
+        return False
+    spacing = (watch["passes"][-1][0] - watch["passes"][0][0]) / (window - 1)
+    left = -watch["slope"][1] / 1000.0 * spacing * s.early_stop_patience  # at the interval's optimistic end
+    return left < s.early_stop_min_delta * abs(score)
+
+
 def watch_plateau(state: dict[str, Any], score: float, s: TrainConfig) -> int | None:
-    """Counts validation passes since the last material improvement (below the reference by
-    `early_stop_min_delta` of it); at `early_stop_patience` the stable phase ends. Updates `state` in place and
-    returns the new stop step when the plateau fires now, else None.
+    """Watches for the plateau (`_plateaued`). Updates `state` in place and returns the new stop step when the
+    plateau fires now, else None. The slope at the plateau is kept (`final_slope`).
 
     wsd: the plateau starts the decay, `decay_ratio` x the steps so far, capped by the budget; a plateau inside
-    the budget's own decay changes nothing. Other schedules stop at the plateau.
+    the budget's own decay changes nothing. With `extend_steps` (the steps probe) the learning rate stays
+    constant that many steps past the plateau before the decay starts, past the budget if need be: the probe
+    measures what steps beyond the plateau still buy. Other schedules stop at the plateau (plus extend_steps).
     """
     watch = state["plateau"] or {"ref": None, "bad": 0}
-    if watch["ref"] is None or score < watch["ref"] * (1.0 - s.early_stop_min_delta):
-        watch = {"ref": score, "bad": 0}
-    else:
-        watch["bad"] += 1
+    watch["step"] = state["step"]
+    fired = _plateaued(watch, score, s)
     state["plateau"] = watch
-    if watch["bad"] < s.early_stop_patience or state["stopped_early"]:
+    if not fired or state["stopped_early"]:
         return None
-    step, budget = state["step"], state["total_steps"]
+    step, budget, extend = state["step"], state["total_steps"], int(s.extend_steps or 0)
     if s.schedule != "wsd":
-        state["stop_at"], state["stopped_early"] = step, True
-        return step
+        state.update(stop_at=step + extend, stopped_early=True, plateau_step=step, final_slope=watch.get("slope"))
+        return state["stop_at"]
     if state["decay_start"] is not None or step >= wsd_decay_start(budget, s.decay_ratio):
         return None
-    state["decay_start"] = step
-    state["stop_at"] = min(budget, step + max(1, round(s.decay_ratio * step)))
-    state["stopped_early"] = True
+    start = step + extend
+    decay = max(1, round(s.decay_ratio * start))
+    state.update(decay_start=start, stop_at=start + decay if extend else min(budget, start + decay),
+                 stopped_early=True, plateau_step=step, final_slope=watch.get("slope"))
     return state["stop_at"]
+
+
+def slope_metrics(state: dict[str, Any], s: TrainConfig) -> dict[str, float]:
+    """`train/final_slope` (+ _lo, _hi): val/loss per 1000 steps when the run stopped: at the plateau when early
+    stopping fired, else over its last passes. NaN-free: absent with fewer than 3 validation passes."""
+    slope = state.get("final_slope")
+    if slope is None:
+        passes = [[h["step"], h["val/loss"]] for h in state["history"] if "val/loss" in h]
+        slope = recent_slope(passes[-slope_window(s):], s.early_stop_level)
+    out = dict(zip(("train/final_slope", "train/final_slope_lo", "train/final_slope_hi"), slope or ()))
+    if state.get("plateau_step") is not None:
+        out["train/plateau_step"] = float(state["plateau_step"])
+    return {k: float(v) for k, v in out.items() if math.isfinite(v)}
