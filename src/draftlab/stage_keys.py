@@ -155,12 +155,21 @@ def plan(cfg, package_root: Path | None = None) -> dict[str, PlannedStage]:
                  "code": cached_code_version(name, root / ".cache", package_root)}
         if "data.path" in spec.reads:
             reads["data.sha256"] = data_sha
+        if name == "bench" and bench_files(cfg):
+            reads["bench.sets.sha256"] = [content_sha256(f, root / ".cache") for f in bench_files(cfg)]
         if name == "generate" and _starts_its_own_server(cfg):
             reads["server_launch"] = _values(cfg, SERVER_LAUNCH_READS)
         folder_key = fingerprint(reads)
         full_key = fingerprint({"folder": folder_key, "grows": _values(cfg, spec.grows_with), "inputs": upstream_full})
         planned[name] = PlannedStage(spec, _stage_root(cfg, name) / name / folder_key[:16], folder_key[:16], full_key)
     return planned
+
+
+def bench_files(cfg) -> list[Path]:
+    """The prompt files of bench.sets: an edit in place must not leave the bench stage cached."""
+    from draftlab.data.bench_sets import set_files
+
+    return set_files(list(cfg.bench.sets))
 
 
 def data_sha256(cfg) -> str:

@@ -96,11 +96,6 @@ def set_texts(bench_set: BenchSet, seed: int) -> list[str]:
 
 
 def set_files(entries) -> list[Path]:
-    """The files whose contents a set's prompts come from (the stage key hashes them)."""
-    files = []
-    for s in parse_sets(entries):
-        if s.kind == HUMANEVAL:
-            files.append(humaneval_file())
-        elif s.path:
-            files.append(Path(s.path))
-    return files
+    """The user files the sets read, whose contents the bench stage's key hashes (humaneval's contents are
+    pinned by the package's version)."""
+    return [Path(s.path) for s in parse_sets(entries) if s.path]
