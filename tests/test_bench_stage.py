@@ -167,6 +167,10 @@ def test_healthy_draft_reports_tau_speed_and_histogram(target, samples, tmp_path
                                                         metrics[f"{p}/baseline_tokens_per_s"])
         assert metrics[f"{p}/tau_decidable"] == 0.0  # 3 prompts decide nothing
         assert metrics[f"{p}/greedy_match_frac"] == 1.0
+        # the same prompts and positions counted both ways: deployment's count over the teacher-forced chains is
+        # the engine's tau in fp32; training's count is another number
+        assert metrics[f"{p}/walk_tau"] == pytest.approx(metrics[f"{p}/tau"])
+        assert metrics[f"{p}/tf_tau"] != pytest.approx(metrics[f"{p}/tau"])
     assert metrics["bench/sharegpt_val/tau"] == metrics["bench/tau"]
     assert metrics["bench/humaneval/tau"] != metrics["bench/tau"]  # another set, other prompts
     assert metrics["bench/bs1/speedup"] == metrics["bench/speedup"]
@@ -176,6 +180,7 @@ def test_healthy_draft_reports_tau_speed_and_histogram(target, samples, tmp_path
     table = json.loads((out / "per_prompt.json").read_text())
     assert table["sets"] == ["sharegpt_val", "humaneval"] and len(table["rows"]) == 6
     assert sum(r["verify_steps"] for r in table["rows"][:3]) == metrics["bench/verify_steps"]
+    assert [r["walk_steps"] for r in table["rows"]] == [r["verify_steps"] for r in table["rows"]]
 
 
 def test_user_file_set_and_a_bad_one(target, samples, tmp_path, make_train):

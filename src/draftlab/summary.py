@@ -162,6 +162,9 @@ def bench_rows(metrics: dict) -> list[tuple[str, str]]:
             line += (f"; speed-up {metrics[f'{p}/speedup']:.3g}x (95% {metrics.get(f'{p}/speedup_lo', float('nan')):.3g}"
                      f"-{metrics.get(f'{p}/speedup_hi', float('nan')):.3g})")
         rows.append((f"bench {name}", line))
+        if f"{p}/tf_tau" in metrics:
+            rows.append(("  same answers", f"training's count {metrics[f'{p}/tf_tau']:.3g}, deployment's "
+                                            f"{metrics[f'{p}/walk_tau']:.3g} (teacher-forced)"))
     sizes = sorted(int(k.split("/")[1][2:]) for k in metrics
                    if k.startswith("bench/bs") and k.endswith("/speedup") and k.split("/")[1][2:].isdigit())
     if sizes:

@@ -204,6 +204,9 @@ def _run_local(cfg, sets, texts, samples: Path, draft_dir: Path, out: Path):
         set_rows = bench_sets.per_prompt_rows(name, part.spec, part.base)
         metrics.update(bench_sets.metrics_of_set(name, set_rows, summarize(part, k, bench.temperature), k,
                                                  bench.seed))
+        if bench.temperature <= 0:  # the same prompts and positions, by training's count and by deployment's
+            metrics.update(bench_sets.teacher_forced(name, set_rows, prompts[name], part.base, target.model,
+                                                     drafter, k))
         rows += set_rows
     metrics.update(batch_one_metrics(metrics, names[0]))
     larger = [b for b in bench.batch_sizes if b > 1]

@@ -81,3 +81,14 @@ def warn_if_undecidable(names: list[str], metrics: dict) -> None:
         if why:
             log.warning("bench: set %s: tau %.3g (95%% %.3g-%.3g) is %s", name, metrics[f"{p}/tau"],
                         metrics[f"{p}/tau_lo"], metrics[f"{p}/tau_hi"], why)
+
+
+def teacher_forced(name: str, rows: list[dict], prompts: list[list[int]], base: list, target_model, drafter,
+                   k: int) -> dict[str, float]:
+    """bench/<set>/tf_tau (training's predicted tau on these prompts and answer positions) and walk_tau
+    (deployment's count over the same teacher-forced chains), serve/teacher_forced.py; rows get their parts."""
+    from draftlab.serve.teacher_forced import pooled, prompt_row
+
+    for row, prompt, plain in zip(rows, prompts, base):
+        row.update(prompt_row(target_model, drafter.model, drafter.feature_layers, prompt, plain.tokens, k))
+    return {f"bench/{name}/{key}": value for key, value in pooled(rows, k).items()}
