@@ -58,10 +58,13 @@ def tau_by_set(metrics: dict, sets: list[str], predicted: float | None, out: Pat
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.5))
     points, err = _errors(metrics, [f"bench/{s}/tau" for s in sets])
-    ax.errorbar(range(len(sets)), points, yerr=err, fmt="o", capsize=5)
+    ax.errorbar(range(len(sets)), points, yerr=err, fmt="o", capsize=5, label="deployed")
+    tf = [(i, metrics[f"bench/{s}/tf_tau"]) for i, s in enumerate(sets) if f"bench/{s}/tf_tau" in metrics]
+    if tf:  # training's count on the same answers: the gap to it is the definition (serve/teacher_forced.py)
+        ax.plot([i for i, _ in tf], [v for _, v in tf], "x", markersize=9, label="training's count, same answers")
     if predicted is not None:
         ax.axhline(predicted, linestyle="--", color="gray", label=f"predicted (train) {predicted:.2f}")
-        ax.legend()
+    ax.legend()
     ax.set_xticks(range(len(sets)), sets)
     ax.set_xlim(-0.5, len(sets) - 0.5)
     ax.set_ylabel("tau (tokens per verify step)")

@@ -14,7 +14,7 @@ from draftlab.data.bench_sets import HELD_OUT, BenchSet, parse_sets, set_texts
 from draftlab.serve.intervals import set_metrics, why_undecidable
 
 log = logging.getLogger("draftlab")
-# per-prompt table columns that the set's summary keys take from the engine's summarize()
+# the engine's own per-set numbers (its summarize() of the set), copied under bench/<set>/
 SUMMARY_KEYS = ("accept_length", "mean_accepted", "greedy_match_frac")
 
 
