@@ -149,10 +149,55 @@ def test_healthy_draft_reports_tau_speed_and_histogram(target, samples, tmp_path
     hist = json.loads((out / "accept_hist.json").read_text())
     assert hist["accept_length"] == [1, 2, 3, 4, 5] and sum(hist["count"]) == metrics["bench/verify_steps"]
     assert (out / "accept_hist.png").stat().st_size > 0
-    assert {p.name for p, _ in reporter.artifacts} == {"accept_hist.json", "accept_hist.png"}
+    assert {p.name for p, _ in reporter.artifacts} == {
+        "accept_hist.json", "accept_hist.png", "per_prompt.json", "accept_by_position.png", "tau_by_set.png",
+        "speedup_by_batch.png"}
     assert reporter.last("bench/tau") == metrics["bench/tau"]
     assert json.loads((out / "manifest.json").read_text())["complete"]
     assert "bench.alarm" not in reporter.tags
+    # every set: tau with its interval, acceptance by position, speed-up; the first set's are the bench/* ones
+    for name in ("sharegpt_val", "humaneval"):
+        p = f"bench/{name}"
+        assert metrics[f"{p}/prompts"] == 3
+        assert metrics[f"{p}/tau_lo"] <= metrics[f"{p}/tau"] <= metrics[f"{p}/tau_hi"]
+        for j in range(4):
+            assert metrics[f"{p}/accept_rate_{j}_lo"] <= metrics[f"{p}/accept_rate_{j}"] <= \
+                metrics[f"{p}/accept_rate_{j}_hi"]
+        assert metrics[f"{p}/speedup"] == pytest.approx(metrics[f"{p}/tokens_per_s"] /
+                                                        metrics[f"{p}/baseline_tokens_per_s"])
+        assert metrics[f"{p}/tau_decidable"] == 0.0  # 3 prompts decide nothing
+        assert metrics[f"{p}/greedy_match_frac"] == 1.0
+        # the same prompts and positions counted both ways: deployment's count over the teacher-forced chains is
+        # the engine's tau in fp32; training's count is another number
+        assert metrics[f"{p}/walk_tau"] == pytest.approx(metrics[f"{p}/tau"])
+        assert metrics[f"{p}/tf_tau"] != pytest.approx(metrics[f"{p}/tau"])
+    assert metrics["bench/sharegpt_val/tau"] == metrics["bench/tau"]
+    assert metrics["bench/humaneval/tau"] != metrics["bench/tau"]  # another set, other prompts
+    assert metrics["bench/bs1/speedup"] == metrics["bench/speedup"]
+    assert metrics["bench/bs4/greedy_match_frac"] == 1.0 and metrics["bench/bs4/rows"] == 4
+    assert metrics["bench/bs4/speedup"] == pytest.approx(
+        metrics["bench/bs4/tokens_per_s"] / metrics["bench/bs4/baseline_tokens_per_s"])
+    table = json.loads((out / "per_prompt.json").read_text())
+    assert table["sets"] == ["sharegpt_val", "humaneval"] and len(table["rows"]) == 6
+    assert sum(r["verify_steps"] for r in table["rows"][:3]) == metrics["bench/verify_steps"]
+    assert [r["walk_steps"] for r in table["rows"]] == [r["verify_steps"] for r in table["rows"]]
+
+
+def test_user_file_set_and_a_bad_one(target, samples, tmp_path, make_train):
+    prompts = tmp_path / "my prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": t}) for t in ("Count to ten", "Name a colour")) + "\n")
+    metrics = bench.run(config(tmp_path, prompts=2, sets=[str(prompts)], batch_sizes=[1]), tmp_path / "bench",
+                        {"generate": samples, "train": make_train()}, RecordingReporter())
+    assert metrics["bench/my_prompts/prompts"] == 2 and metrics["bench/tau"] == metrics["bench/my_prompts/tau"]
+    assert not any(k.startswith("bench/bs4/") for k in metrics)
+    prompts.write_text('{"prompt": "fine"}\nnot json\n')
+    with pytest.raises(ValueError, match="my prompts.jsonl:2"):
+        bench.run(config(tmp_path, sets=[str(prompts)]), tmp_path / "bench2",
+                  {"generate": samples, "train": make_train()}, RecordingReporter())
+    with pytest.raises(ValueError, match="bench.sets"):
+        config(tmp_path, sets=[str(tmp_path / "missing.jsonl")])
+    with pytest.raises(ValueError, match="bench.batch_sizes"):
+        config(tmp_path, batch_sizes=[0])
 
 
 def test_held_out_prompts_are_the_val_split(target, samples):
@@ -215,15 +260,21 @@ def test_sampling_bench_runs(target, samples, tmp_path, make_train):
 
 def test_sglang_backend_delegates_then_alarms(target, samples, tmp_path, make_train, monkeypatch):
     import draftlab.sglang.bench as sglang_bench
+    from draftlab.serve.intervals import set_metrics
 
     calls = []
 
-    def fake(cfg, target_path, draft_dir, prompts, out, reporter):
-        calls.append((target_path, Path(draft_dir), prompts))
-        return {"bench/tau": 1.01, "bench/tokens_per_s": 10.0, "bench/baseline_tokens_per_s": 10.0,
-                "bench/speedup": 1.0}
+    def fake(cfg, target_path, draft_dir, sets, out, reporter):
+        calls.append((target_path, Path(draft_dir), sets))
+        rows = [{"tokens": 8, "verify_steps": 8, "spec_s": 1.0, "baseline_tokens": 8, "base_s": 1.0}] * 2
+        metrics = {"bench/tau": 1.01, "bench/tokens_per_s": 10.0, "bench/baseline_tokens_per_s": 10.0,
+                   "bench/speedup": 1.0}
+        for name in sets:
+            metrics.update(set_metrics(f"bench/{name}", rows, 4, 0))
+        return metrics, rows
 
     monkeypatch.setattr(sglang_bench, "run_sglang_bench", fake)
+    monkeypatch.setattr("draftlab.target.load_tokenizer", lambda *a: target.tokenizer)
     train = make_train(breakage="misnamed_fc")
     cfg = default_config({"target": {"name": "hf", "path": "/models/some-target"},
                           "paths": {"root": str(tmp_path / "out")},
@@ -231,7 +282,9 @@ def test_sglang_backend_delegates_then_alarms(target, samples, tmp_path, make_tr
     with pytest.raises(DraftAlarm, match="dropped silently"):
         bench.run(cfg, tmp_path / "bench", {"generate": samples, "train": train}, RecordingReporter())
     assert calls and calls[0][0] == "/models/some-target" and calls[0][1] == train / "draft"
-    assert calls[0][2] == [target.chat_ids(TEXTS[i]) for i in sorted(VAL)[:2]]
+    assert list(calls[0][2]) == ["sharegpt_val", "humaneval"]
+    assert calls[0][2]["sharegpt_val"] == [target.chat_ids(TEXTS[i]) for i in sorted(VAL)[:2]]
+    assert len(calls[0][2]["humaneval"]) == 2
 
 
 def test_alarm_tells_a_weak_draft_from_a_broken_one():
@@ -245,3 +298,18 @@ def test_alarm_tells_a_weak_draft_from_a_broken_one():
         check(1.02, 1.8, cfg)  # training predicted 1.8: a serving failure
     with pytest.raises(DraftAlarm, match="d2t"):
         check(1.02, 1.08, cfg, draft_problems=["d2t missing"])  # weak or not, a broken load is loud
+
+
+def test_ratio_alarm_reads_the_interval_not_the_point():
+    from types import SimpleNamespace
+
+    from draftlab.serve.alarm import check
+
+    cfg = SimpleNamespace(tau_fail=1.05, tau_ratio_warn=0.6)
+    # point 1.5 / 3.0 = 50% but the interval reaches 2.0 (67%): the sample cannot tell, no warning
+    result = check(1.5, 3.0, cfg, tau_hi=2.0)
+    assert not result.warnings and result.metrics["bench/tau_ratio"] == 0.5
+    assert result.metrics["bench/tau_ratio_hi"] == pytest.approx(2 / 3)
+    # even the interval's upper end is below 60% of the prediction: warned
+    assert "up to 1.70" in check(1.5, 3.0, cfg, tau_hi=1.7).warnings[0]
+    assert check(1.5, 3.0, cfg).warnings  # no interval: the point value decides

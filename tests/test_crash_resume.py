@@ -88,6 +88,9 @@ def test_kill_9_anywhere_then_rerun_equals_uninterrupted(tmp_path, monkeypatch, 
         want = outputs(plan(reference)[stage].folder, tmp_path / "reference")
         got = outputs(plan(crashed)[stage].folder, tmp_path / "crashed")
         assert sorted(got) == sorted(want), (stage, kill_at)
+        if stage == "bench":  # the kill also lands among the sets' and batch sizes' outputs
+            assert want["per_prompt.json"]["sets"] == ["sharegpt_val", "humaneval"]
+            assert "bench/bs4/greedy_match_frac" in want["metrics.json"]
         for name in want:
             assert got[name] == want[name], f"{stage}/{name} differs after a kill at replacement {kill_at}"
         leftovers = [p for p in plan(crashed)[stage].folder.rglob("*.tmp")]

@@ -56,3 +56,15 @@ def test_the_content_hash_is_remembered_until_the_file_changes(tmp_path, monkeyp
     path.write_text("b")
     os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 1000))
     assert content_sha256(path, tmp_path / "cache") != first and len(calls) == 2
+
+
+def test_an_edited_bench_set_file_changes_the_bench_key_only(tiny_cfg, tmp_path):
+    path = tmp_path / "mine.jsonl"
+    _write_prompts(path, "old", 4)
+    args = (f"bench.sets=[sharegpt_val,{path}]",)
+    before = plan(validate(tiny_cfg(*args)))
+    _write_prompts(path, "new", 4)  # same size, new contents
+    os.utime(path, ns=(1, 1))  # and an old mtime: the contents, not the stamp, must tell
+    after = plan(validate(tiny_cfg(*args)))
+    assert after["bench"].key != before["bench"].key
+    assert all(after[s].key == before[s].key for s in ("generate", "extract", "train"))

@@ -33,6 +33,25 @@ def test_job_summary_names_results_costs_warnings_and_where_to_look():
     assert "http://127.0.0.1:5000/#/experiments/7/runs/r123?workflowType=machine_learning" in text
 
 
+def test_job_summary_shows_each_bench_set_with_its_interval():
+    sets = {"bench/sharegpt_val/tau": 2.61, "bench/sharegpt_val/tau_lo": 2.55, "bench/sharegpt_val/tau_hi": 2.68,
+            "bench/sharegpt_val/prompts": 80.0, "bench/sharegpt_val/speedup": 1.4,
+            "bench/sharegpt_val/speedup_lo": 1.3, "bench/sharegpt_val/speedup_hi": 1.5,
+            "bench/humaneval/tau": 1.9, "bench/humaneval/tau_lo": 1.5, "bench/humaneval/tau_hi": 2.3,
+            "bench/humaneval/prompts": 80.0, "bench/bs1/speedup": 1.4, "bench/bs16/speedup": 0.9,
+            "bench/bs4/speedup": 1.1, "bench/bs4/tau": 2.0, "bench/sharegpt_val/tf_tau": 3.05,
+            "bench/sharegpt_val/walk_tau": 2.7}
+    text = job_summary({**METRICS, **sets}, {}, [], None)
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in text.splitlines()
+            if line.count("│") == 3 and line.split("│")[1].strip()}
+    assert rows["bench sharegpt_val"] == "tau 2.61 (95% 2.55-2.68, 80 prompts); speed-up 1.4x (95% 1.3-1.5)"
+    # 0.8 wide at tau 1.9: more than 10% of it
+    assert rows["bench humaneval"].startswith("tau 1.9 (95% 1.5-2.3, 80 prompts); too wide to decide anything")
+    assert rows["speed-up by batch"] == "bs1 1.4x, bs4 1.1x, bs16 0.9x"
+    assert "training's count 3.05, deployment's 2.7 (teacher-forced)" in text
+    assert "bench bs4" not in rows  # a batch size is not a set
+
+
 def test_sweep_summary_has_a_row_per_job_and_the_verdict():
     jobs = [("samples=800 seed=0", {**METRICS, "bench/tau": 2.1}), ("samples=400 seed=0", METRICS)]
     text = sweep_summary(jobs, "data-limited: more data will help", "sqlite:////x/mlflow.db", "p1", "3")

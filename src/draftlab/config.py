@@ -180,6 +180,8 @@ class BenchConfig:
     seed: int = MISSING
     static_cache: bool = MISSING  # local engine: preallocated KV caches, fixed-shape steps (false = dynamic)
     cuda_graphs: str = MISSING  # auto | true | false: those steps as CUDA graphs (auto = on for a CUDA target)
+    sets: list = MISSING  # sharegpt_val | humaneval | a .jsonl/.parquet prompt file (data/bench_sets.py)
+    batch_sizes: list = MISSING  # rows decoded at once, each reported as bench/bs<B>/... (local engine)
 
 
 @dataclass
@@ -340,10 +342,27 @@ def _check_values(c: DictConfig) -> None:
     _choice("bench.cuda_graphs", str(c.bench.cuda_graphs).lower(), ("auto", "true", "false"))
     if str(c.bench.cuda_graphs).lower() == "true" and not c.bench.static_cache:
         raise ConfigError("bench.cuda_graphs: true needs fixed shapes, i.e. bench.static_cache=true")
+    _check_bench_lists(c.bench)
     if not c.stages:
         raise ConfigError("stages: at least one stage is needed")
     for name in c.stages:
         _choice("stages", name, STAGE_NAMES)
+
+
+def _check_bench_lists(bench) -> None:
+    from draftlab.data.bench_sets import parse_sets
+
+    try:
+        parse_sets(list(bench.sets) if isinstance(bench.sets, ListConfig) else bench.sets)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    sizes = bench.batch_sizes
+    if not isinstance(sizes, (list, ListConfig)) or not sizes:
+        raise ConfigError(f"bench.batch_sizes: expected a non-empty list of batch sizes, got {sizes!r}")
+    if not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in sizes):
+        raise ConfigError(f"bench.batch_sizes: batch sizes must be integers > 0, got {list(sizes)}")
+    if len(set(sizes)) != len(sizes):
+        raise ConfigError(f"bench.batch_sizes: batch sizes must be unique, got {list(sizes)}")
 
 
 def validate(cfg: DictConfig | dict) -> DictConfig:

@@ -166,6 +166,8 @@ def plan(cfg, package_root: Path | None = None) -> dict[str, PlannedStage]:
         chosen = {k: v for k, v in _values(cfg, spec.when_set).items() if v}
         if chosen:
             reads["when_set"] = chosen
+        if name == "bench" and bench_files(cfg):
+            reads["bench.sets.sha256"] = [content_sha256(f, root / ".cache") for f in bench_files(cfg)]
         if name == "generate" and _starts_its_own_server(cfg):
             reads["server_launch"] = _values(cfg, SERVER_LAUNCH_READS)
         folder_key = fingerprint(reads)
@@ -173,6 +175,13 @@ def plan(cfg, package_root: Path | None = None) -> dict[str, PlannedStage]:
         planned[name] = PlannedStage(spec, _stage_root(cfg, name) / name / folder_key[:16], folder_key[:16], full_key,
                                      reads["code"])
     return planned
+
+
+def bench_files(cfg) -> list[Path]:
+    """The prompt files of bench.sets: an edit in place must not leave the bench stage cached."""
+    from draftlab.data.bench_sets import set_files
+
+    return set_files(list(cfg.bench.sets))
 
 
 def data_sha256(cfg) -> str:

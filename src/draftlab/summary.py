@@ -144,6 +144,34 @@ def _steps_cell(metrics: dict) -> str:
     return f"{metrics['train/steps']:.0f}" + (" cap" if metrics.get("train/converged") == 0.0 else "")
 
 
+def bench_set_names(metrics: dict) -> list[str]:
+    """The bench sets a run measured, in the order it logged them (each has bench/<set>/tau_lo)."""
+    return [k.split("/")[1] for k in metrics if k.startswith("bench/") and k.endswith("/tau_lo") and k.count("/") == 2]
+
+
+def bench_rows(metrics: dict) -> list[tuple[str, str]]:
+    """Each set's tau with its interval (and whether it decides anything) and speed-up; the speed-up per batch
+    size."""
+    from draftlab.serve.intervals import tau_line
+
+    rows = []
+    for name in bench_set_names(metrics):
+        line = tau_line(name, metrics)
+        p = f"bench/{name}"
+        if f"{p}/speedup" in metrics:
+            line += (f"; speed-up {metrics[f'{p}/speedup']:.3g}x (95% {metrics.get(f'{p}/speedup_lo', float('nan')):.3g}"
+                     f"-{metrics.get(f'{p}/speedup_hi', float('nan')):.3g})")
+        rows.append((f"bench {name}", line))
+        if f"{p}/tf_tau" in metrics:
+            rows.append(("  same answers", f"training's count {metrics[f'{p}/tf_tau']:.3g}, deployment's "
+                                            f"{metrics[f'{p}/walk_tau']:.3g} (teacher-forced)"))
+    sizes = sorted(int(k.split("/")[1][2:]) for k in metrics
+                   if k.startswith("bench/bs") and k.endswith("/speedup") and k.split("/")[1][2:].isdigit())
+    if sizes:
+        rows.append(("speed-up by batch", ", ".join(f"bs{b} {metrics[f'bench/bs{b}/speedup']:.3g}x" for b in sizes)))
+    return rows
+
+
 def job_summary(metrics: dict, tags: dict, warnings: list[str], uri: str | None, run_id: str | None = None,
                 experiment_id: str | None = None, results_file: Path | None = None, stages=STAGE_NAMES) -> str:
     """The end-of-job table: key metrics, stages, warnings, where the draft and the run are."""
@@ -155,6 +183,8 @@ def job_summary(metrics: dict, tags: dict, warnings: list[str], uri: str | None,
     table.add_column("value", overflow="fold")
     for label, names in KEY_METRICS:
         table.add_row(label, _fmt(_first(metrics, names)))
+    for label, value in bench_rows(metrics):
+        table.add_row(label, value)
     if "train/steps" in metrics:
         table.add_row("training", training_state(metrics))
     for stage in stages:

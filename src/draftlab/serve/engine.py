@@ -233,23 +233,27 @@ class SpecEngine:
             last = tokens_t[m: m + 1]
 
     def _take(self, committed: list[int], gen: Generation, max_new_tokens: int) -> bool:
-        """Appends committed tokens, stopping exactly where greedy decode would (EOS kept, length limit);
-        True when the request is finished."""
-        stopped = False
-        for taken, token in enumerate(committed, 1):
-            gen.tokens.append(token)
-            if token in self.eos or len(gen.tokens) >= max_new_tokens:
-                gen.stop = "eos" if token in self.eos else "length"
-                stopped = True
-                break
-        if gen.verify_steps:  # the prefill's token is not a verify step
-            gen.committed.append(taken)
-        return stopped
+        return take(self.eos, committed, gen, max_new_tokens)
 
     def _done(self, gen: Generation, started: float) -> Generation:
         _sync(self.target.device)
         gen.seconds = time.perf_counter() - started
         return gen
+
+
+def take(eos: set[int], committed: list[int], gen: Generation, max_new_tokens: int) -> bool:
+    """Appends committed tokens, stopping exactly where greedy decode would (EOS kept, length limit);
+    True when the request is finished."""
+    stopped = False
+    for taken, token in enumerate(committed, 1):
+        gen.tokens.append(token)
+        if token in eos or len(gen.tokens) >= max_new_tokens:
+            gen.stop = "eos" if token in eos else "length"
+            stopped = True
+            break
+    if gen.verify_steps:  # the prefill's token is not a verify step
+        gen.committed.append(taken)
+    return stopped
 
 
 def _sync(device: torch.device) -> None:

@@ -6,11 +6,17 @@ local engine, on static KV caches with CUDA graphs or not as `bench.static_cache
 (serve/modes.py); with `sglang` the work goes to `draftlab.sglang.bench.run_sglang_bench`. Either way the
 predicted-vs-deployed alarm (serve/alarm.py) runs last and may raise `DraftAlarm`.
 
-Metrics: `bench/tau` (completion tokens / verify steps, SGLang's count), `bench/accept_rate_{j}`
-(P(at least j+1 drafts accepted) per step, comparable to train's full_acc_j), `bench/tokens_per_s` and
-`bench/baseline_tokens_per_s` measured alternately prompt by prompt (spec first on even prompts, baseline
-first on odd ones, so drift and warm-up hit both equally), `bench/speedup`, `bench/tau_ratio`.
-Files: `accept_hist.json`, `accept_hist.png`, `generations.jsonl`, `metrics.json`, then `manifest.json`.
+Sets (`bench.sets`, stages/bench_sets.py): every set is measured in one engine, one prompt at a time, and reports
+`bench/<set>/tau` with `tau_lo`/`tau_hi` (95% bootstrap over prompts, serve/intervals.py), `accept_rate_{j}`,
+`speedup` (each with _lo/_hi), `tokens_per_s`, `baseline_tokens_per_s`, `prompts`. The first set also keeps the
+older names: `bench/tau` (completion tokens / verify steps, SGLang's count), `bench/accept_rate_{j}` (P(at least
+j+1 drafts accepted) per step, comparable to train's full_acc_j), `bench/tokens_per_s` and
+`bench/baseline_tokens_per_s` measured alternately prompt by prompt (spec first on even prompts, baseline first on
+odd ones, so drift and warm-up hit both equally), `bench/speedup`, `bench/tau_ratio`.
+Batch sizes (`bench.batch_sizes`): `bench/bs<B>/tokens_per_s`, `baseline_tokens_per_s`, `speedup` on the first
+set's prompts; B = 1 is the measurement above, larger B the batched engine (serve/batch_bench.py).
+Files: `accept_hist.json`, `accept_hist.png`, `accept_by_position.png`, `tau_by_set.png`, `speedup_by_batch.png`,
+`per_prompt.json` (the per-prompt table), `generations.jsonl`, `metrics.json`, then `manifest.json`.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from draftlab.reporting import Reporter
 from draftlab.serve import alarm
 from draftlab.serve.engine import Generation, SpecEngine, target_decode
 from draftlab.serve.modes import DYNAMIC, EngineMode, engine_mode, graph_report, load_drafter, target_runner
+from draftlab.stages import bench_sets
 
 log = logging.getLogger("draftlab")
 FORMAT = "draftlab.bench/1"
@@ -167,26 +174,76 @@ def serve_dtype(spec: str, target_dtype: torch.dtype) -> torch.dtype:
     return target_dtype if spec == "auto" else getattr(torch, spec)
 
 
-def _run_local(cfg, prompts, draft_dir: Path, out: Path) -> tuple[dict, list[str], BenchRun]:
+def _run_local(cfg, sets, texts, samples: Path, draft_dir: Path, out: Path):
+    """(metrics, draft problems, per-prompt rows, set names): every set measured in one engine (one warm-up,
+    one set of graph captures), then each batch size above 1 on the first set's prompts."""
+    from draftlab.serve.batch_bench import batch_one_metrics, measure_batch_size
     from draftlab.target import load_target
 
     target = load_target(cfg.target, Path(cfg.paths.root) / "models")
+    prompts = bench_sets.tokenize(cfg, sets, texts, samples, target.tokenizer, held_out_prompts)
     if cfg.serve.topk != 1:
         log.warning("bench: the local engine drafts a chain (topk 1); serve.topk=%d is ignored", cfg.serve.topk)
     mode = engine_mode(cfg.bench.static_cache, cfg.bench.cuda_graphs, target.device, target.model)
     drafter, loaded = load_drafter(draft_dir, target.model, mode, cfg.serve.sglang_rules,
                                    serve_dtype(cfg.serve.dtype, target.dtype))
     problems = loaded.problems()
-    torch.manual_seed(cfg.bench.seed)
-    run = measure(target.model, drafter, prompts, cfg.serve.num_steps, cfg.bench.max_new_tokens,
-                  cfg.bench.temperature, target.eos_token_ids, cfg.bench.seed, mode=mode)
+    k, bench = cfg.serve.num_steps, cfg.bench
+    torch.manual_seed(bench.seed)
+    names = list(prompts)
+    run = measure(target.model, drafter, [p for n in names for p in prompts[n]], k, bench.max_new_tokens,
+                  bench.temperature, target.eos_token_ids, bench.seed, mode=mode)
     if mode.cuda_graphs:
         log.info("bench: engine steps (%s): %s", mode.name, run.graphs)
-    lines = [json.dumps({"prompt": i, "tau": s.tau, "accepted": s.accepted, "tokens": s.tokens,
-                         "baseline_tokens": b.tokens, "spec_s": s.seconds, "base_s": b.seconds})
-             for i, (s, b) in enumerate(zip(run.spec, run.base))]
+    sizes = [len(prompts[n]) for n in names]
+    runs = [BenchRun(spec, base) for spec, base in zip(bench_sets.split(run.spec, sizes),
+                                                       bench_sets.split(run.base, sizes))]
+    metrics = summarize(runs[0], k, bench.temperature)  # bench/tau, bench/speedup, ...: the first set's
+    rows = []
+    for name, part in zip(names, runs):
+        set_rows = bench_sets.per_prompt_rows(name, part.spec, part.base)
+        metrics.update(bench_sets.metrics_of_set(name, set_rows, summarize(part, k, bench.temperature), k,
+                                                 bench.seed))
+        if bench.temperature <= 0:  # the same prompts and positions, by training's count and by deployment's
+            metrics.update(bench_sets.teacher_forced(name, set_rows, prompts[name], part.base, target.model,
+                                                     drafter, k))
+        rows += set_rows
+    metrics.update(batch_one_metrics(metrics, names[0]))
+    larger = [b for b in bench.batch_sizes if b > 1]
+    if larger and mode.cuda_graphs:
+        log.info("bench: batch sizes %s run eagerly (the batched engine has no CUDA graphs yet); batch size 1 "
+                 "keeps them", larger)
+    for size in larger:
+        metrics.update(measure_batch_size(target.model, drafter, prompts[names[0]], size, k, bench.max_new_tokens,
+                                          bench.temperature, target.eos_token_ids, bench.seed))
+    lines = [json.dumps({"set": r["set"], "prompt": r["prompt"], "tau": s.tau, "accepted": s.accepted,
+                         "tokens": s.tokens, "baseline_tokens": b.tokens, "spec_s": s.seconds, "base_s": b.seconds})
+             for r, s, b in zip(rows, run.spec, run.base)]
     fsutil.atomic_write_text(out / "generations.jsonl", "\n".join(lines) + "\n")  # for eyeballing
-    return summarize(run, cfg.serve.num_steps, cfg.bench.temperature), problems, run
+    return metrics, problems, rows, names, runs[0]  # the histogram is the first set's, as bench/tau is
+
+
+def _run_sglang(cfg, sets, texts, samples: Path, draft_dir: Path, out: Path, reporter):
+    from draftlab.sglang.bench import run_sglang_bench
+    from draftlab.sglang.keymap import load_like_sglang
+    from draftlab.target import load_target, load_tokenizer, serving_path
+
+    models = Path(cfg.paths.root) / "models"
+    tokenizer = load_tokenizer(cfg.target, models) or load_target(cfg.target, models).tokenizer
+    prompts = bench_sets.tokenize(cfg, sets, texts, samples, tokenizer, held_out_prompts)
+    target_path = serving_path(cfg.target, models)
+    metrics, rows = run_sglang_bench(cfg, target_path, draft_dir, prompts, out, reporter)
+    problems = load_like_sglang(draft_dir, cfg.serve.sglang_rules)[1].lines()
+    return dict(metrics), problems, rows, list(prompts)
+
+
+def _figures(metrics: dict, names: list[str], predicted, cfg, out: Path) -> list[Path]:
+    from draftlab.serve import bench_plots
+
+    paths = [bench_plots.acceptance_by_position(metrics, names, cfg.serve.num_steps, out),
+             bench_plots.tau_by_set(metrics, names, predicted, out),
+             bench_plots.speedup_by_batch(metrics, list(cfg.bench.batch_sizes), out)]
+    return [p for p in paths if p is not None]
 
 
 def run(cfg, out: Path, inputs: dict[str, Path], reporter: Reporter) -> dict[str, float]:
@@ -197,28 +254,21 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter: Reporter) -> dict[str
     if not (draft_dir / "config.json").exists():
         raise FileNotFoundError(f"{draft_dir}: no exported draft (did the train stage finish?)")
     predicted, predicted_key = alarm.read_predicted_tau(train_dir)
-    from draftlab.data.samples import pool_size
-
-    prompts = held_out_prompts(inputs["generate"], cfg.bench.prompts, limit=pool_size(cfg.data))
+    sets, texts = bench_sets.read_texts(cfg)  # a bad prompt file fails here, before any model loads
 
     run = None
     if cfg.serve.backend == "sglang":
-        from draftlab.sglang.bench import run_sglang_bench
-        from draftlab.sglang.keymap import load_like_sglang
-
-        from draftlab.target import serving_path
-
-        target_path = serving_path(cfg.target, Path(cfg.paths.root) / "models")
-        metrics = dict(run_sglang_bench(cfg, target_path, draft_dir, prompts, out, reporter))
-        problems = load_like_sglang(draft_dir, cfg.serve.sglang_rules)[1].lines()
+        metrics, problems, rows, names = _run_sglang(cfg, sets, texts, inputs["generate"], draft_dir, out, reporter)
     else:
-        metrics, problems, run = _run_local(cfg, prompts, draft_dir, out)
+        metrics, problems, rows, names, run = _run_local(cfg, sets, texts, inputs["generate"], draft_dir, out)
+    bench_sets.warn_if_undecidable(names, metrics)
 
     context = {"draft_dir": str(draft_dir), "backend": cfg.serve.backend, "predicted_key": predicted_key,
                "metrics": metrics}
     try:
         accept_length = metrics.get("bench/accept_length", metrics.get("bench/server_accept_length"))
-        result = alarm.check(metrics["bench/tau"], predicted, cfg.bench, problems, context, accept_length)
+        result = alarm.check(metrics["bench/tau"], predicted, cfg.bench, problems, context, accept_length,
+                             tau_hi=metrics.get(f"bench/{names[0]}/tau_hi"))
     except alarm.DraftAlarm as err:
         # the evidence stays on disk; no manifest, so the pipeline never treats the stage as done
         fsutil.atomic_write_json(out / "alarm.json", {"error": str(err), **err.details})
@@ -234,9 +284,14 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter: Reporter) -> dict[str
     if run is not None:
         for path in write_histogram(run, cfg.serve.num_steps, out):
             reporter.artifact(path)
+    table = out / "per_prompt.json"
+    fsutil.atomic_write_json(table, {"sets": names, "rows": rows})
+    for path in [table, *_figures(metrics, names, predicted, cfg, out)]:
+        reporter.artifact(path)
     reporter.metrics(metrics)
     fsutil.atomic_write_json(out / "metrics.json", metrics)
     fsutil.atomic_write_json(out / "manifest.json", {
-        "format": FORMAT, "backend": cfg.serve.backend, "draft_dir": str(draft_dir),
-        "predicted_key": predicted_key, "prompts": len(prompts), "metrics": metrics, "complete": True})
+        "format": FORMAT, "backend": cfg.serve.backend, "draft_dir": str(draft_dir), "sets": names,
+        "predicted_key": predicted_key, "prompts": {n: metrics[f"bench/{n}/prompts"] for n in names},
+        "metrics": metrics, "complete": True})
     return metrics
