@@ -36,8 +36,8 @@ def sync(device: torch.device) -> None:
 
 def runner(path: str, target, prompts: list[list[int]], args, variant):
     """A zero-argument function answering all prompts the way `data.generator=<path>` does."""
-    from draftlab.fastgen import generate_continuous, generate_static
-    from draftlab.graphgen import generate_graphs
+    from draftlab.generation.fastgen import generate_continuous, generate_static
+    from draftlab.generation.graphgen import generate_graphs
     from draftlab.stages.generate import generate_batch
 
     size, new, width = args.batch_size, args.max_new_tokens, args.cache_width
@@ -137,7 +137,7 @@ def main() -> None:
                 record.update({"answer_tokens": tokens, "seconds": round(seconds, 2),
                                "tokens_per_s": round(tokens / seconds, 1), **compare(answers, reference)})
                 if path.startswith("graphs"):
-                    from draftlab.graphgen import decode_mode
+                    from draftlab.generation.graphgen import decode_mode
 
                     record["decode"] = decode_mode()  # graph, graph+compiled, or eager (capture failed)
                 emit(args.json, record)

@@ -11,9 +11,9 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from draftlab.config import ConfigError
-from draftlab.run_names import job_run_name
+from draftlab.tracking.run_names import job_run_name
 from draftlab.task import run_task
-from draftlab.run_context import parent_run_id_for
+from draftlab.tracking.run_context import parent_run_id_for
 
 log = logging.getLogger("draftlab")
 # (module, class) of the errors besides ConfigError that refuse input: see _refusals

@@ -8,7 +8,7 @@ from conftest import compose_config
 from draftlab.analysis.axes import stage_costs
 from draftlab.analysis.records import normalise
 from draftlab.config import validate
-from draftlab.run_context import flatten
+from draftlab.tracking.run_context import flatten
 from draftlab.stage_keys import NOT_FINGERPRINTED, fingerprinted
 
 

@@ -1,5 +1,5 @@
 """train.compile_warmup: the compiled unroll's graphs built in background processes while generate and extract run, and
-loaded from torch.compile's cache by the train stage (draftlab/warmup.py, train/compile_warmup.py)."""
+loaded from torch.compile's cache by the train stage (draftlab/warmup/launch.py, warmup/compile.py)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ import pytest
 from conftest import REPO, tiny_overrides
 from draftlab.config import validate
 from draftlab.pipeline import plan
-from draftlab.train.compile_warmup import warm_batch
+from draftlab.warmup.compile import warm_batch
 from draftlab.train.device_batch import attach_plan
-from draftlab import warmup as warmup_module
+from draftlab.warmup.launch import launch as warmup_module
 from draftlab.reporting import RecordingReporter
-from draftlab.warmup import Warmup, wanted
+from draftlab.warmup.launch import Warmup, wanted
 
 STAGES = ["generate", "extract", "train"]
 

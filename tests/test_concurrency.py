@@ -59,7 +59,7 @@ def test_hydra_folders_are_unique_per_process(tmp_path):
 
 OPEN_AT = """
 import sys, time
-from draftlab.tracking import open_store
+from draftlab.tracking.runs import open_store
 from mlflow.tracking import MlflowClient  # imported before the start line, so all four open at once
 while time.time() < float(sys.argv[2]):
     time.sleep(0.001)

@@ -1,4 +1,4 @@
-"""The decode step's compile built ahead (draftlab/decode_warmup.py): when a job starts it, and that the generate
+"""The decode step's compile built ahead (draftlab/warmup/decode.py): when a job starts it, and that the generate
 stage then loads the graph from torch.compile's cache instead of compiling it."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from conftest import REPO, compose_config, tiny_overrides
 from draftlab import target as target_module
 from draftlab.config import validate
 from draftlab.pipeline import plan
-from draftlab.warmup import Warmup, wanted
+from draftlab.warmup.launch import Warmup, wanted
 
 GRAPHS = ("data.generator=graphs", "data.compile_decode=true")
 
@@ -55,6 +55,7 @@ def test_the_generate_stage_loads_the_step_the_warm_up_compiled(tmp_path):
         """The generate stage alone, in a process of its own with the given compile cache."""
         env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / cache))
         job = tmp_path / name
+        job.mkdir()  # paths.root's parent: draftlab makes paths.root only where its parent exists
         proc = subprocess.run([sys.executable, str(REPO / "src" / "run.py"), *tiny_overrides(tmp_path / name),
                                *settings, f"hydra.run.dir={job}"], cwd=REPO, env=env, capture_output=True, text=True,
                               timeout=900)
@@ -64,7 +65,7 @@ def test_the_generate_stage_loads_the_step_the_warm_up_compiled(tmp_path):
         return json.loads((job / "results.json").read_text())["metrics"]
 
     assert generate("cold", "cache-a")["generate/decode_compile_cached"] == 0.0  # a fresh cache: compiled
-    # the warm-up, into another fresh cache, on the job's resolved config, as draftlab/warmup.py starts it
+    # the warm-up, into another fresh cache, on the job's resolved config, as draftlab/warmup/launch.py starts it
     cfg = validate(compose_config([*tiny_overrides(tmp_path / "warm"), *settings]))
     OmegaConf.save(cfg, tmp_path / "config.yaml", resolve=True)
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cache-b"),

@@ -10,10 +10,10 @@ import torch
 
 from draftlab.config import ConfigError, validate
 from draftlab.data.samples import read_samples
-import draftlab.graphgen as graphgen
-from draftlab.decode_slots import slot_attention
-from draftlab.fastgen import generate_continuous, generate_static
-from draftlab.graphgen import generate_graphs
+import draftlab.generation.graphgen as graphgen
+from draftlab.generation.decode_slots import slot_attention
+from draftlab.generation.fastgen import generate_continuous, generate_static
+from draftlab.generation.graphgen import generate_graphs
 from draftlab.reporting import RecordingReporter
 from draftlab.stages import generate
 from draftlab.stages.generate import generate_batch
@@ -232,7 +232,7 @@ def test_hardware_presets_compose():
 
 def _capture_cpu_slots_as_if_on_a_gpu(monkeypatch) -> None:
     """DecodeSlots.capture runs its GPU path (under FakeCuda) on slots that live on the CPU."""
-    from draftlab.decode_slots import DecodeSlots
+    from draftlab.generation.decode_slots import DecodeSlots
 
     capture_on_gpu = DecodeSlots.capture
 
@@ -249,7 +249,7 @@ def _capture_cpu_slots_as_if_on_a_gpu(monkeypatch) -> None:
 def test_graphs_failed_capture_decodes_eagerly_on_the_callers_stream(monkeypatch, caplog):
     """A capture that fails (a host sync inside it) leaves torch.cuda.graph's capture stream current, since its
     exit raises before restoring it: the fallback must put the caller's stream back and still give plain's answers."""
-    from draftlab.decode_slots import DecodeSlots
+    from draftlab.generation.decode_slots import DecodeSlots
 
     target = tiny_target()
     prompts = _prompts(6, seed=3)

@@ -4,7 +4,7 @@ import pytest
 
 from conftest import compose_config
 from draftlab.config import validate
-from draftlab.stages.generate import generate_batch
+from draftlab.generation.plain import generate_batch
 from draftlab.target import SMOLLM2_SHAPE, load_target
 
 pytestmark = pytest.mark.smollm2

@@ -4,8 +4,8 @@ import logging
 
 import pytest
 
-from draftlab.run_names import job_run_name, run_name, sweep_keys, write_sweep_keys
-from draftlab.summary import job_summary, mlflow_ui_command, sweep_summary
+from draftlab.tracking.run_names import job_run_name, run_name, sweep_keys, write_sweep_keys
+from draftlab.tracking.summary import job_summary, mlflow_ui_command, sweep_summary
 from draftlab.task import run_task
 
 METRICS = {"best/val_loss": 2.5, "val/loss": 2.7, "best/val_acc_0": 0.41, "best/predicted_tau": 1.9,
@@ -98,10 +98,10 @@ def test_a_job_that_reuses_a_stage_repeats_its_warnings(tiny_cfg, caplog, tmp_pa
 
 def test_a_stage_record_keeps_the_stages_warnings_not_the_stores():
 
-    from draftlab.summary import STAGE_WARNINGS_EXCLUDE, collect_warnings, repeat_stage_warnings, stage_warnings
+    from draftlab.tracking.summary import STAGE_WARNINGS_EXCLUDE, collect_warnings, repeat_stage_warnings, stage_warnings
 
     with collect_warnings(exclude=STAGE_WARNINGS_EXCLUDE) as warned:
-        logging.getLogger("draftlab.tracking").warning("tracking: could not log to run r1")
+        logging.getLogger("draftlab.tracking.runs").warning("tracking: could not log to run r1")
         for i in range(25):
             logging.getLogger("draftlab").warning("bench: weak draft %d", i)
     kept = stage_warnings(warned)

@@ -9,7 +9,7 @@ from mlflow.tracking import MlflowClient
 
 from conftest import REPO
 from draftlab.config import validate
-from draftlab.tracking import start_parent_run
+from draftlab.tracking.runs import start_parent_run
 
 # A sweep's first process: it opens the parent run, then dies without reaching on_multirun_end.
 KILLED_SWEEP = """
@@ -17,7 +17,7 @@ import os, signal
 from conftest import compose_config, tiny_overrides
 from pathlib import Path
 from draftlab.config import validate
-from draftlab.tracking import start_parent_run
+from draftlab.tracking.runs import start_parent_run
 cfg = validate(compose_config(tiny_overrides(Path({tmp!r}))))
 start_parent_run(cfg, Path({tmp!r}) / "sweep0", "killed sweep")
 os.kill(os.getpid(), signal.SIGKILL)

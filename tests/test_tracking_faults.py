@@ -16,10 +16,10 @@ from mlflow.tracking import MlflowClient
 from conftest import REPO
 from draftlab.config import ConfigError, validate
 from draftlab.fsutil import read_json
-from draftlab.store import StoreError
-from draftlab.tracking import open_store
+from draftlab.tracking.store import StoreError
+from draftlab.tracking.runs import open_store
 from draftlab.task import run_task
-from draftlab.tracking import tracked_run
+from draftlab.tracking.runs import tracked_run
 
 
 def _runs(uri, experiment="draftlab"):
@@ -91,8 +91,8 @@ def test_sqlite_store_in_a_missing_folder_is_refused_not_made(tiny_cfg, tmp_path
 
 
 def test_the_default_store_folder_is_still_made(tmp_path, monkeypatch):
-    from draftlab.run_context import tracking_uri
-    from draftlab.store import check_reachable
+    from draftlab.tracking.run_context import tracking_uri
+    from draftlab.tracking.store import check_reachable
 
     (tmp_path / "conf").mkdir()
     (tmp_path / "conf" / "config.yaml").write_text("")
@@ -124,7 +124,7 @@ class FlakyClient:
 
 
 def test_metric_logging_failures_during_training_cost_nothing(tiny_cfg, monkeypatch, caplog):
-    import draftlab.tracking as tracking
+    import draftlab.tracking.runs as tracking
 
     cfg = tiny_cfg("stages=[generate,extract,train]", "train.epochs=2", "train.log_every=1")
     uri = str(cfg.tracking.uri)
@@ -143,7 +143,7 @@ def test_metric_logging_failures_during_training_cost_nothing(tiny_cfg, monkeypa
 
 
 def test_a_store_that_never_recovers_still_finishes_the_job(tiny_cfg, monkeypatch, tmp_path):
-    import draftlab.tracking as tracking
+    import draftlab.tracking.runs as tracking
 
     cfg = tiny_cfg("stages=[generate]")
     flaky = FlakyClient(open_store(str(cfg.tracking.uri)), fail_calls=range(1, 10**6))
@@ -158,7 +158,7 @@ import os, signal, sys
 sys.path.insert(0, {src!r})
 from conftest import compose_config, tiny_overrides
 from draftlab.config import validate
-from draftlab.tracking import tracked_run
+from draftlab.tracking.runs import tracked_run
 from pathlib import Path
 cfg = validate(compose_config(tiny_overrides(Path({tmp!r}), "stages=[generate]")))
 with tracked_run(cfg) as reporter:
@@ -227,7 +227,7 @@ def test_experiments_open_on_training_runs_in_the_ui(tiny_cfg):
 
 
 def test_a_failing_store_is_retried_with_backoff_not_at_every_log_point(monkeypatch):
-    import draftlab.tracking as tracking
+    import draftlab.tracking.runs as tracking
 
     class Dead:
         calls = 0

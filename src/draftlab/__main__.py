@@ -12,8 +12,8 @@ COMMANDS = {
     "capture-contract": ("draftlab.sglang.capture_reader", "regenerate SGLang's EAGLE-3 capture contract"),
     "plan": ("draftlab.plan", "what a run takes (storage, memory, SGLang flags), from config.json alone"),
     "import-runs": ("draftlab.import_runs", "log jobs run without a tracking store (results.json) into MLflow"),
-    "warm-compile": ("draftlab.train.compile_warmup", "build the train stage's compiled graphs ahead"),
-    "warm-decode": ("draftlab.decode_warmup", "build the generate stage's compiled decode step ahead"),
+    "warm-compile": ("draftlab.warmup.compile", "build the train stage's compiled graphs ahead"),
+    "warm-decode": ("draftlab.warmup.decode", "build the generate stage's compiled decode step ahead"),
     "benchmark": ("draftlab.benchmarks.cli", "run a declared benchmark (conf/benchmark/; --list shows them)"),
     "bundle": ("draftlab.offline.bundle", "write what an offline GPU machine needs into one folder"),
 }

@@ -144,7 +144,7 @@ class TrainConfig:
     # under compile_cuda_graphs: the plan's counts padded to a multiple of this; None = batch_tokens / 8
     graph_count_bucket: Optional[int] = None
     # auto (= when the unroll is compiled and generate or extract run first) | true | false: build its graphs in
-    # background processes while they run (draftlab/warmup.py)
+    # background processes while they run (draftlab/warmup/launch.py)
     compile_warmup: str = "auto"
 
 
@@ -350,12 +350,7 @@ def _check_values(c: DictConfig) -> None:
 
 
 def _check_bench_lists(bench) -> None:
-    from draftlab.data.bench_sets import parse_sets
-
-    try:
-        parse_sets(list(bench.sets) if isinstance(bench.sets, ListConfig) else bench.sets)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
+    """bench.batch_sizes; bench.sets names files, so preflight checks it (data/bench_sets.py)."""
     sizes = bench.batch_sizes
     if not isinstance(sizes, (list, ListConfig)) or not sizes:
         raise ConfigError(f"bench.batch_sizes: expected a non-empty list of batch sizes, got {sizes!r}")

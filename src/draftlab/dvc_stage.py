@@ -78,7 +78,7 @@ def run_dvc_stage(name: str, params: Path, out: Path, inputs: dict[str, Path]) -
         from draftlab.reporting import NullReporter
 
         return work(NullReporter())
-    from draftlab.tracking import find_run, reopened_run, tracked_run
+    from draftlab.tracking.runs import find_run, reopened_run, tracked_run
 
     tags = {INVOCATION_TAG: dvc_invocation(), "draftlab.dvc_key": file_sha256(params)[:16]}
     run_id = find_run(cfg, tags)

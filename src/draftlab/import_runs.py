@@ -9,7 +9,7 @@ import argparse
 import json
 from pathlib import Path
 
-from draftlab.tracking import create_run, end_run, import_job, log_analysis, open_client
+from draftlab.tracking.runs import create_run, end_run, import_job, log_analysis, open_client
 
 
 def import_runs(folder: Path, experiment: str, uri: str | None = None) -> str:

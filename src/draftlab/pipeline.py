@@ -19,8 +19,8 @@ from draftlab.provenance import git_state
 from draftlab.reporting import Reporter
 from draftlab.stage_keys import NOT_FINGERPRINTED, STAGES, PlannedStage, StageSpec, plan  # noqa: F401 (re-exported)
 from draftlab.stages import final_step, invoke  # noqa: F401 (final_step re-exported)
-from draftlab.summary import STAGE_WARNINGS_EXCLUDE, collect_warnings, repeat_stage_warnings, stage_warnings
-from draftlab.warmup import Warmup, wanted as warmup_wanted
+from draftlab.tracking.summary import STAGE_WARNINGS_EXCLUDE, collect_warnings, repeat_stage_warnings, stage_warnings
+from draftlab.warmup.launch import Warmup, wanted as warmup_wanted
 
 log = logging.getLogger("draftlab.pipeline")
 PRODUCED_BY = "draftlab/produced_by"  # key of the producing commit inside a completion record
@@ -34,7 +34,7 @@ def run_stages(cfg, reporter: Reporter, names: list[str] | None = None) -> dict[
     results: dict[str, float] = {}
     tags: dict[str, str] = {}
     # the train stage's compiled graphs, built while generate and extract run, and generate's compiled decode step,
-    # built while it converts and tokenises (draftlab/warmup.py)
+    # built while it converts and tokenises (draftlab/warmup/launch.py)
     graphs = warmup_wanted(cfg, planned, wanted)
     warmup = Warmup.start(cfg, graphs) if graphs else None
     try:  # the stages that finished are tagged even when a later one fails
@@ -65,7 +65,7 @@ def run_stages(cfg, reporter: Reporter, names: list[str] | None = None) -> dict[
 
 def _current_commit() -> str:
     """The commit a stage run now is produced by; a dirty tree is not its commit, so it says so."""
-    from draftlab.run_context import repo_root
+    from draftlab.tracking.run_context import repo_root
 
     state = git_state(repo_root())
     return state["git.commit"] + ("+dirty" if state["git.dirty"] == "true" else "")

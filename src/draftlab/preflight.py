@@ -25,6 +25,7 @@ def preflight(cfg) -> None:
     check_target_shape(cfg)
     check_devices(cfg)
     check_val_fraction(cfg)
+    check_bench_sets(cfg)
     check_pool_root(cfg)
     if "generate" in cfg.stages and not _pool_holds(cfg):
         check_server(cfg)
@@ -126,6 +127,16 @@ def check_devices(cfg) -> None:
         if (device.index or 0) >= count:
             seen = f"{count} CUDA device(s)" if count else "no CUDA device"
             raise ConfigError(f"{key}: {value}, but torch sees {seen} here; use {key}=auto or cpu")
+
+
+def check_bench_sets(cfg) -> None:
+    """Every bench.sets entry is a built-in set or a prompt file that exists (no file is read yet)."""
+    from draftlab.data.bench_sets import parse_sets
+
+    try:
+        parse_sets(list(cfg.bench.sets))
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 def check_val_fraction(cfg) -> None:

@@ -1,6 +1,6 @@
 """How stage code reports metrics and artifacts without knowing about MLflow.
 
-The pipeline hands each stage a Reporter; `draftlab.tracking.MlflowReporter` sends to the active MLflow run,
+The pipeline hands each stage a Reporter; `draftlab.tracking.runs.MlflowReporter` sends to the active MLflow run,
 tests use `RecordingReporter`.
 """
 

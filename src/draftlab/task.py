@@ -18,9 +18,9 @@ from draftlab.plan import log_plan
 from draftlab.preflight import preflight
 from draftlab.provenance import git_state
 from draftlab.reporting import RecordingReporter
-from draftlab.summary import collect_warnings, job_summary
-from draftlab.run_context import flatten, repo_root, tracking_uri
-from draftlab.tracking import tracked_run
+from draftlab.tracking.summary import collect_warnings, job_summary
+from draftlab.tracking.run_context import flatten, repo_root, tracking_uri
+from draftlab.tracking.runs import tracked_run
 
 log = logging.getLogger("draftlab")
 
@@ -29,12 +29,13 @@ def run_task(cfg, parent_run_id: str | None = None, output_dir: Path | None = No
     """Runs the configured stages; returns every stage's metrics. With `output_dir` (the Hydra job folder) the
     job also leaves `results.json` there: params, tags and metrics, importable later with
     `python -m draftlab import-runs` when the job ran where no tracking store was reachable.
-    The job ends with a summary table on the console (draftlab.summary)."""
+    The job ends with a summary table on the console (draftlab.tracking.summary)."""
     if "WORLD_SIZE" in os.environ or "SUBMITIT_EXECUTOR" in os.environ:  # torch only when it may be distributed
         from draftlab.train import distributed
 
         if distributed.world_size() > 1:  # under torchrun: rank 0 runs the job, the others join its training
-            return distributed.run_task(cfg, _run_task, parent_run_id=parent_run_id, output_dir=output_dir)
+            return distributed.run_task(cfg, _run_task, _follow_train, parent_run_id=parent_run_id,
+                                        output_dir=output_dir)
     return _run_task(cfg, parent_run_id, output_dir)
 
 
@@ -45,6 +46,14 @@ def _val_samples(tags: dict[str, str]) -> dict:
     if not tags.get("folder.train") or not file.is_file():
         return {}
     return {"val_samples": json.loads(file.read_text())}
+
+
+def _follow_train(cfg, out: Path, inputs: dict[str, Path]) -> None:
+    """A torchrun rank other than 0: its share of the train stage rank 0 runs (train/distributed.py)."""
+    from draftlab.reporting import NullReporter
+    from draftlab.stages import train
+
+    train.run(cfg, out, inputs, NullReporter())
 
 
 def _run_task(cfg, parent_run_id: str | None = None, output_dir: Path | None = None) -> dict[str, float]:

@@ -4,7 +4,7 @@
 from the records, so that no number in it is typed by hand. `--records FILE` reads the records from a JSON or
 JSON-lines file (the format of `draftlab.analysis.records`) instead of MLflow.
 
-`analyze_parent` is the entry the sweep callback (draftlab.sweep) calls when a multirun ends.
+`analyze_parent` is the entry the sweep callback (draftlab.tracking.sweep) calls when a multirun ends.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import shlex
 
 from draftlab.analysis.core import AnalysisResult, analyze
 from draftlab.analysis.mlflow_source import load_records, log_to_parent
-from draftlab.run_context import repo_root
+from draftlab.tracking.run_context import repo_root
 
 
 def default_out(parent_run_id: str) -> Path:

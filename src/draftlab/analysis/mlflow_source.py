@@ -1,6 +1,6 @@
 """Sweep records from MLflow, and the analysis logged back onto the sweep's parent run.
 
-A sweep is a parent run whose children carry the tag `mlflow.parentRunId` (draftlab.tracking writes both).
+A sweep is a parent run whose children carry the tag `mlflow.parentRunId` (draftlab.tracking.runs writes both).
 The source is either that parent's run id, or an experiment name, meaning the latest parent in it.
 """
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from draftlab.tracking import find_experiment_id, get_run, log_analysis, metric_history, open_client, search_runs
+from draftlab.tracking.runs import find_experiment_id, get_run, log_analysis, metric_history, open_client, search_runs
 
 PARENT_TAG = "mlflow.parentRunId"
 # Metric histories worth fetching (one call per run and key): the curves, for readers of the records. The

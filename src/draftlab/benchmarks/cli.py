@@ -14,7 +14,7 @@ from pathlib import Path
 
 from draftlab.benchmarks import declarations, record
 from draftlab.benchmarks.measure import BenchmarkFailed, measure
-from draftlab.run_context import repo_root
+from draftlab.tracking.run_context import repo_root
 
 
 def list_benchmarks(root: Path) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from draftlab.run_context import repo_root
+from draftlab.tracking.run_context import repo_root
 
 READ_KINDS = ("json_lines", "run_results")
 REQUIRED = "{required}"

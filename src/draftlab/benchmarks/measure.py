@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftlab.benchmarks.declarations import Benchmark, commands, fill, main_command
-from draftlab.run_context import repo_root
+from draftlab.tracking.run_context import repo_root
 
 
 class BenchmarkFailed(RuntimeError):

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from draftlab.offline.closure import DATA_PACKAGES, closure, project_requirements
 from draftlab.provenance import git_state
-from draftlab.run_context import repo_root
+from draftlab.tracking.run_context import repo_root
 
 PLATFORM = "manylinux_2_28_x86_64"
 MANYLINUX = re.compile(r"^manylinux_2_(\d+)_(\w+)$")

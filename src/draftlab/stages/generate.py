@@ -22,6 +22,7 @@ from draftlab.data.samples import Sample, SampleWriter, count_samples, pool_size
 from draftlab.progress import bar
 from draftlab.provenance import file_sha256
 from draftlab.stage_keys import data_sha256, plan
+from draftlab.generation.plain import generate_batch
 from draftlab.target import Target, load_target
 
 log = logging.getLogger("draftlab.generate")
@@ -60,7 +61,7 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter) -> dict[str, float]:
         if engine is not None:
             engine.close()
         if data.generator == "graphs":  # its KV cache and CUDA graph must not outlive the stage
-            from draftlab.graphgen import release
+            from draftlab.generation.graphgen import release
 
             release()
 
@@ -108,7 +109,7 @@ def _generate(cfg, out: Path, target, engine, prompts, fingerprint: str, have: i
     summary = _summary(out, min(need, writer.num_samples), new=writer.num_samples - have, seconds=seconds)
     summary["generate/tokens_per_s"] = new_tokens / max(seconds, 1e-9)
     if data.generator == "graphs":
-        from draftlab.graphgen import compile_metrics
+        from draftlab.generation.graphgen import compile_metrics
 
         summary.update(compile_metrics())  # data.compile_decode: the compile's seconds, and whether it was cached
     return summary
@@ -144,16 +145,16 @@ def _answer_shard(target: Target, data, first: int, items: list[tuple[Prompt, li
         chunk = items[start:start + step]
         torch.manual_seed(data.seed * 1_000_003 + first + start)  # sampling depends on the batch, not on history
         if whole_shard and data.generator == "graphs":
-            from draftlab.graphgen import generate_graphs
+            from draftlab.generation.graphgen import generate_graphs
 
             answers += generate_graphs(target, [ids for _, ids in chunk], data.max_new_tokens, data.batch_size,
                                        data.max_prompt_tokens, compile=data.compile_decode)
         elif whole_shard:
-            from draftlab.fastgen import generate_continuous
+            from draftlab.generation.fastgen import generate_continuous
 
             answers += generate_continuous(target, [ids for _, ids in chunk], data.max_new_tokens, data.batch_size)
         elif data.generator == "static":
-            from draftlab.fastgen import generate_static
+            from draftlab.generation.fastgen import generate_static
 
             answers += generate_static(target, [ids for _, ids in chunk], data.max_new_tokens, data.temperature,
                                        data.max_prompt_tokens)
@@ -177,37 +178,6 @@ def _samples(target: Target, data, first: int, items: list[tuple[Prompt, list[in
             prompt=prompt.text, response=text, conversation_id=prompt.conversation_id,
         ))
     return samples
-
-
-@torch.inference_mode()
-def generate_batch(target: Target, prompts: list[list[int]], max_new_tokens: int, temperature: float,
-                   width: int | None = None, **generate_kwargs) -> list[list[int]]:
-    """Answers a batch of tokenised prompts (left padded, to `width` if given); each answer ends at its first
-    end-of-turn token. `generate_kwargs` go to HF generate (draftlab/fastgen.py's static cache)."""
-    pad = target.tokenizer.pad_token_id
-    width = max([width or 0] + [len(p) for p in prompts])
-    input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    attention = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, ids in enumerate(prompts):
-        input_ids[row, width - len(ids):] = torch.tensor(ids)
-        attention[row, width - len(ids):] = 1
-    sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature > 0 else {
-        "do_sample": False}
-    output = target.model.generate(
-        input_ids=input_ids.to(target.device), attention_mask=attention.to(target.device),
-        max_new_tokens=max_new_tokens, eos_token_id=target.eos_token_ids, pad_token_id=pad, **sampling,
-        **generate_kwargs,
-    )
-    eos = set(target.eos_token_ids)
-    answers = []
-    for row in output[:, width:].tolist():
-        answer = []
-        for token in row:
-            answer.append(token)
-            if token in eos:
-                break
-        answers.append(answer)
-    return answers
 
 
 def _summary(out: Path, samples: int, new: int, seconds: float) -> dict[str, float]:

@@ -1,5 +1,5 @@
 """The train.compile_* settings. Apart from train/ttt.py so that the pipeline decides on the compile warm-up
-(draftlab/warmup.py) without importing the model code, and torch's compiler with it (1.7 s on the dev machine),
+(draftlab/warmup/launch.py) without importing the model code, and torch's compiler with it (1.7 s on the dev machine),
 before the generate stage starts."""
 
 from __future__ import annotations

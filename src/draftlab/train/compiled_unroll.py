@@ -41,7 +41,7 @@ the next replay. The C++ wrapper is then left out (a replay runs no wrapper; Ind
 Validation (no grad, the model in eval mode) is a graph of its own: a forward-only one. Eager, it took 86 of the
 headline's 366 training seconds (58 passes of 1.5 s; compiled, 2.5x faster), but its compile (73 s cold on the H200)
 would sit on the critical path. So it is compiled when the cache is warm, which training's graph tells: the compile
-warm-up (train/compile_warmup.py) builds both beside generate and extract, and an earlier run leaves both. After the
+warm-up (warmup/compile.py) builds both beside generate and extract, and an earlier run leaves both. After the
 first validation graph, a validation batch that would need another runs eager (`eager_on_recompile`): the passes read
 the same batches every time, and one odd batch must not cost a compile. Each compile is logged with its time, so a
 recompile in the middle of a run is seen, not guessed from a slow step.
@@ -120,7 +120,7 @@ class CompiledUnroll:
         self.mode_seconds = dict.fromkeys(self.MODES, 0.0)  # spent in calls that built a graph, by mode
         self.graphs = 0  # graphs built for the unroll: one for training, one for validation, more are recompiles
         self.built = dict.fromkeys(self.MODES, 0)
-        self.hits = dict.fromkeys(self.MODES, 0)  # of those, loaded from the compile cache (train/compile_warmup.py)
+        self.hits = dict.fromkeys(self.MODES, 0)  # of those, loaded from the compile cache (warmup/compile.py)
         self.phase_seconds = dict.fromkeys(PHASES, 0.0)  # the builds' seconds by phase (PHASES)
 
     @property

@@ -83,23 +83,21 @@ def broadcast_json(message: dict | None) -> dict:
     return json.loads(bytes(buf.tolist()).decode())
 
 
-def run_task(cfg, single, **kwargs) -> dict[str, float]:
-    """The job under torchrun: rank 0 runs `single(cfg, **kwargs)` (the one-process job); the others follow."""
+def run_task(cfg, single, follow, **kwargs) -> dict[str, float]:
+    """The job under torchrun: rank 0 runs `single(cfg, **kwargs)` (the one-process job); the others follow it
+    into the train stage, `follow(cfg, out, inputs)`, each time rank 0 runs one."""
     init()
     if is_main():
         try:
             return single(cfg, **kwargs)
         finally:
             broadcast_json({"op": "done"})
-    _follow()
+    _follow(follow)
     return {}
 
 
-def _follow() -> None:
+def _follow(follow) -> None:
     from omegaconf import OmegaConf
-
-    from draftlab.reporting import NullReporter
-    from draftlab.stages import train
 
     while True:
         message = broadcast_json(None)
@@ -107,7 +105,7 @@ def _follow() -> None:
             return
         cfg = OmegaConf.create(message["cfg"])
         OmegaConf.set_readonly(cfg, True)
-        train.run(cfg, Path(message["out"]), {k: Path(v) for k, v in message["inputs"].items()}, NullReporter())
+        follow(cfg, Path(message["out"]), {k: Path(v) for k, v in message["inputs"].items()})
 
 
 def announce_train(cfg, out: Path, inputs: dict[str, Path]) -> None:

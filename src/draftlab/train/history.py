@@ -1,6 +1,6 @@
 """A resumed training job logs the curve its killed predecessor had logged, so its MLflow run holds all of it.
 
-The killed job's points went to a run that is now KILLED (draftlab.tracking.close_orphans); the analysis reads
+The killed job's points went to a run that is now KILLED (draftlab.tracking.runs.close_orphans); the analysis reads
 the finished run's curves, which without this held only the epochs after the resume (val/loss 2 of 4 points).
 The checkpoint's `history` (one entry per finished epoch, as the loop logged it) is the record.
 """

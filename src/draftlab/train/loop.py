@@ -150,7 +150,7 @@ class Trainer:
 
     def build_graphs(self, batch: dict) -> None:
         """A training step's forward and backward on a batch as the source gives it, with no update: what the first
-        step compiles gets built (the compile warm-up: train/compile_warmup.py)."""
+        step compiles gets built (the compile warm-up: warmup/compile.py)."""
         self._forward(*self._to_device(batch))[0].backward()
 
     def evaluate(self, split: str = "val") -> dict[str, float] | None:

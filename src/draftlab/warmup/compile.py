@@ -1,5 +1,5 @@
 """The compile warm-up: the compiled unroll's graphs built on a synthetic batch, in processes of their own, while the
-job's generate and extract stages run (started and awaited by draftlab/warmup.py).
+job's generate and extract stages run (started and awaited by draftlab/warmup/launch.py).
 
 Compiling the unroll is the first training step's work, 157.5 s cold in the 50,000-sample headline run on the H200,
 and all of it sat on the critical path: training cannot start before extract ends. But the graph
@@ -43,7 +43,7 @@ from draftlab.data.layers import resolve_layers
 from draftlab.model.draft import Eagle3Draft
 from draftlab.stages.train import draft_config
 from draftlab.train.loop import LoopSettings, Trainer
-from draftlab.warmup import exit_with_parent, target_config
+from draftlab.warmup.launch import exit_with_parent, target_config
 
 log = logging.getLogger("draftlab")
 PROMPT_SHARE = 0.4  # of each synthetic row, outside the loss

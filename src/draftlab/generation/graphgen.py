@@ -1,5 +1,5 @@
 """`data.generator=graphs`: greedy answers from a batch of slots that stays full, with the decode step replayed as
-one CUDA graph (draftlab/decode_slots.py has the step and the cache).
+one CUDA graph (draftlab/generation/decode_slots.py has the step and the cache).
 
 The schedule: prompts are queued longest first (a prefill pads to its longest prompt, so neighbours of similar
 length waste little), the slots are filled, and the graph is replayed a few steps at a time. After each burst the
@@ -9,7 +9,7 @@ refilled once a quarter of them are free (`refill`), or all the queue fits, not 
 past the step at which the next slot reaches `max_new_tokens`, and is at most `check_every` steps long, so a slot
 ending at an end-of-turn token idles at most `check_every - 1` steps.
 
-Same answers as the plain path (stages/generate.py `generate_batch`): greedy decoding of a prompt does not depend
+Same answers as the plain path (generation/plain.py `generate_batch`): greedy decoding of a prompt does not depend
 on its neighbours, its padding or where its keys sit in the cache in exact arithmetic; in fp32 the answers are
 equal token for token (tests/test_fastgen.py). In bf16 they are not bit-equal (other reduction orders:
 BENCHMARKS.md "Generation throughput"), which is why `data.generator` is part of the generate stage's key.
@@ -26,7 +26,7 @@ from collections import deque
 
 import torch
 
-from draftlab.decode_slots import DecodeSlots, cache_columns, slot_attention
+from draftlab.generation.decode_slots import DecodeSlots, cache_columns, slot_attention
 
 log = logging.getLogger("draftlab.generate")
 

@@ -13,7 +13,7 @@ capture the decode step as a CUDA graph (with flash attention: see below), and r
 the next waiting prompt, so the batch stays full instead of idling until its longest answer ends. Up to
 `data.batch_size` answers are in flight at once.
 
-Same answers as the plain path (stages/generate.py `generate_batch`): greedy decoding of each prompt alone does not
+Same answers as the plain path (generation/plain.py `generate_batch`): greedy decoding of each prompt alone does not
 depend on its batch neighbours in exact arithmetic, so in fp32 the answers are equal token for token (tests/
 test_fastgen.py on the CPU). In bf16 they are not bit-equal: a row's matmuls and attention are reduced in another
 order (other batch shapes, paged attention instead of left-padded SDPA), and where two logits are closer than bf16's
@@ -38,8 +38,8 @@ log = logging.getLogger("draftlab.generate")
 
 def generate_static(target, prompts: list[list[int]], max_new_tokens: int, temperature: float,
                     width: int) -> list[list[int]]:
-    """The plain path's answers (stages/generate.py `generate_batch`) with a static cache, prompts padded to `width`."""
-    from draftlab.stages.generate import generate_batch
+    """The plain path's answers (generation/plain.py `generate_batch`) with a static cache, prompts padded to `width`."""
+    from draftlab.generation.plain import generate_batch
 
     return generate_batch(target, prompts, max_new_tokens, temperature, width=width, cache_implementation="static")
 

@@ -17,12 +17,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from draftlab.config import ConfigError, validate
 from draftlab.fsutil import read_json
-from draftlab.run_names import short_names, sweep_keys, write_sweep_keys
-from draftlab.summary import sweep_summary
-from draftlab.run_context import parent_run_id_for, tracking_uri
-from draftlab.tracking import end_parent_run, find_experiment_id, open_client, start_parent_run
+from draftlab.tracking.run_names import short_names, sweep_keys, write_sweep_keys
+from draftlab.tracking.summary import sweep_summary
+from draftlab.tracking.run_context import parent_run_id_for, tracking_uri
+from draftlab.tracking.runs import end_parent_run, find_experiment_id, open_client, start_parent_run
 
-log = logging.getLogger("draftlab.sweep")
+log = logging.getLogger("draftlab.tracking.sweep")
 
 
 class SweepCallback(Callback):
@@ -97,7 +97,7 @@ def _follower() -> bool:
 def _log_sweep_cost(cfg, parent_id: str, wall_seconds: float) -> None:
     """What sharing cached stages saved: the sweep's wall time against the sum of its jobs' own durations, and
     the samples generated against the samples the jobs asked for (generation runs once for the largest N)."""
-    from draftlab.tracking import child_runs, open_client
+    from draftlab.tracking.runs import child_runs, open_client
 
     client = open_client(cfg.tracking.uri)
     children = child_runs(client, parent_id)  # paged: a sweep may outgrow one page
@@ -109,7 +109,7 @@ def _log_sweep_cost(cfg, parent_id: str, wall_seconds: float) -> None:
     metrics = {"sweep/wall_seconds": wall_seconds, "sweep/jobs": len(children), "sweep/job_seconds_sum": job_seconds,
                "sweep/stage_seconds_sum": stage_seconds, "sweep/samples_asked_sum": asked,
                "sweep/samples_generated": generated}
-    from draftlab.tracking import log_metrics
+    from draftlab.tracking.runs import log_metrics
 
     log_metrics(client, parent_id, metrics)
     log.info("sweep cost: %s", ", ".join(f"{k.split('/')[1]}={v:.0f}" for k, v in metrics.items()))

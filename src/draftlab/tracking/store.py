@@ -98,7 +98,7 @@ def check_reachable(uri: str) -> None:
 
 def default_store_folder() -> Path:
     """mlruns/ in the project: the store used when neither tracking.uri nor MLFLOW_TRACKING_URI names one."""
-    from draftlab.run_context import repo_root
+    from draftlab.tracking.run_context import repo_root
 
     return (repo_root() / "mlruns").absolute()
 

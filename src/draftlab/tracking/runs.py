@@ -20,9 +20,9 @@ from typing import Iterator
 from omegaconf import OmegaConf
 
 from draftlab.provenance import git_state, package_versions
-from draftlab.run_context import PARENT_ID_FILE, flatten, job_key, process_identity, repo_root, tracking_uri
+from draftlab.tracking.run_context import PARENT_ID_FILE, flatten, job_key, process_identity, repo_root, tracking_uri
 
-log = logging.getLogger("draftlab.tracking")
+log = logging.getLogger("draftlab.tracking.runs")
 
 RETRY_EVERY_S = 30.0  # how often a run retries a failing store (MlflowReporter)
 
@@ -40,7 +40,7 @@ def open_store(uri: str, timeout: float | None = None):
     from mlflow.tracking import MlflowClient  # imported before any clock starts: the import alone takes seconds
 
     from draftlab.fsutil import file_lock
-    from draftlab.store import HINT, STORE_TIMEOUT_S, StoreError, call_with_timeout, check_reachable, sqlite_path
+    from draftlab.tracking.store import HINT, STORE_TIMEOUT_S, StoreError, call_with_timeout, check_reachable, sqlite_path
 
     check_reachable(uri)
 

@@ -1,6 +1,6 @@
 """The compile warm-up's processes (train.compile_warmup): started by the pipeline with generate, awaited before train.
 
-What they do and why: train/compile_warmup.py (the unroll's training and validation graphs) and decode_warmup.py
+What they do and why: warmup/compile.py (the unroll's training and validation graphs) and warmup/decode.py
 (generate's compiled decode step). Here: when to start them, and how the job waits for them.
 - The unroll's two start when the train stage will compile its unroll (train.compile_unroll, on CUDA by default) and
   have something to overlap with: a generate or extract stage that runs in this job (`auto`; `true` starts them even

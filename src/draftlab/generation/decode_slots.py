@@ -154,7 +154,7 @@ class DecodeSlots:
     def compile_step(self) -> None:
         """Compiles now (first call), so that a failure falls back to the plain step instead of failing the run.
         Sets `compile_seconds` and `compile_cached`: whether the graph came from torch.compile's on-disk cache (an
-        earlier run's, or the decode warm-up's: draftlab/decode_warmup.py)."""
+        earlier run's, or the decode warm-up's: draftlab/warmup/decode.py)."""
         started, before = time.perf_counter(), _compile_cache_counts()
         try:
             self.step()

@@ -57,7 +57,7 @@ def collect_warnings(logger_name: str = "draftlab", exclude: tuple[str, ...] = (
 
 
 # What a stage's completion record keeps of its warnings: the store's troubles are the job's, not the outputs'.
-STAGE_WARNINGS_EXCLUDE = ("draftlab.tracking",)
+STAGE_WARNINGS_EXCLUDE = ("draftlab.tracking.runs",)
 MAX_STAGE_WARNINGS = 20  # a flaky generation server's retries must not fill every later summary
 
 

@@ -1,6 +1,6 @@
 """Where a job's runs live and what names a job, with no MLflow import: the repository root, the tracking URI,
 a sweep's parent-run file, the config flattened to params, the job key and the identity of a process.
-draftlab.tracking (the only module that talks to MLflow) builds on these; so do the drivers that only need a
+draftlab.tracking.runs (the only module that talks to MLflow) builds on these; so do the drivers that only need a
 path or a name (src/run.py, the sweep callback, the pipeline).
 """
 
@@ -33,7 +33,7 @@ def tracking_uri(configured: str | None = None) -> str:
         return configured
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return os.environ["MLFLOW_TRACKING_URI"]
-    store = repo_root() / "mlruns"  # the one store folder draftlab makes (draftlab.store refuses others)
+    store = repo_root() / "mlruns"  # the one store folder draftlab makes (draftlab.tracking.store refuses others)
     store.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{store / 'mlflow.db'}"
 

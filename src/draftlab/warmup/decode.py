@@ -1,5 +1,5 @@
 """The decode step's compile built ahead (`data.compile_decode`), in a process of its own while the generate stage
-converts the target and tokenises its prompts (started by draftlab/warmup.py whenever generate will compile its step
+converts the target and tokenises its prompts (started by draftlab/warmup/launch.py whenever generate will compile its step
 on a GPU, stopped when generate ends).
 
 The graphs generator compiles one decoder layer and reuses it for every layer (decode_slots.py). That compile took
@@ -24,9 +24,9 @@ import torch
 from omegaconf import OmegaConf
 
 from draftlab import fsutil
-from draftlab.decode_slots import DecodeSlots, cache_columns, slot_attention
+from draftlab.generation.decode_slots import DecodeSlots, cache_columns, slot_attention
 from draftlab.target import resolve_device, resolve_dtype
-from draftlab.warmup import exit_with_parent, target_config
+from draftlab.warmup.launch import exit_with_parent, target_config
 
 log = logging.getLogger("draftlab")
 
