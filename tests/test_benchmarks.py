@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from draftlab.tracking.runs import runs as tracking
+from draftlab.tracking import runs as tracking
 from draftlab.__main__ import main as draftlab_main
 from draftlab.benchmarks import declarations
 from draftlab.benchmarks.declarations import Benchmark, fill, render_args

@@ -61,7 +61,8 @@ def test_whole_chain_then_check_draft_with_no_flags(family, tiny_cfg, tmp_path, 
     folder = save_family(family, tmp_path / family)
     cfg = tiny_cfg("target=hf", f"target.path={folder}", "target.dtype=float32", "target.device=cpu",
                    "extract.layers=[2,3,4]", "data.samples=12", "train.max_steps=2", "train.epochs=1",
-                   "bench.prompts=1", "bench.max_new_tokens=4", "tracking.enabled=false")
+                   "bench.prompts=1", "bench.max_new_tokens=4", "tracking.enabled=false",
+                   "bench.tau_fail=0")  # a draft trained 2 steps on a random target may well accept nothing
     metrics = run_task(cfg)
     assert metrics["train/steps"] >= 1 and "bench/tau" in metrics
     from draftlab.config import validate

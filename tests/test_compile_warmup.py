@@ -17,7 +17,7 @@ from draftlab.config import validate
 from draftlab.pipeline import plan
 from draftlab.warmup.compile import warm_batch
 from draftlab.train.device_batch import attach_plan
-from draftlab.warmup.launch import launch as warmup_module
+from draftlab.warmup import launch as warmup_module
 from draftlab.reporting import RecordingReporter
 from draftlab.warmup.launch import Warmup, wanted
 

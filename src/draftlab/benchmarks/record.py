@@ -82,7 +82,7 @@ def _metric_name(name: str) -> str:
 
 def log_mlflow(record: dict, uri: str | None = None) -> str:
     """One finished run in the `benchmarks` experiment; returns its id."""
-    from draftlab.tracking.runs import runs as tracking
+    from draftlab.tracking import runs as tracking
 
     client = tracking.open_client(uri)
     params = {"benchmark": record["benchmark"], "goal": record["goal"], "metric": record["metric"],

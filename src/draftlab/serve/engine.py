@@ -101,6 +101,9 @@ class TargetRunner:
         from transformers import DynamicCache
 
         self.cache = DynamicCache(config=self.model.config)
+        for layer in self.cache.layers:  # sliding-window layers keep what a rejected draft may need to crop back to
+            if hasattr(layer, "activate_past_recording"):
+                layer.activate_past_recording()
 
     def reserve(self, tokens: int) -> None:
         """A dynamic cache grows as it goes (serve/static_target.py preallocates instead)."""

@@ -36,6 +36,7 @@ from draftlab.reporting import Reporter
 from draftlab.serve import alarm
 from draftlab.serve.engine import Generation, SpecEngine, target_decode
 from draftlab.serve.modes import DYNAMIC, EngineMode, engine_mode, graph_report, load_drafter, target_runner
+from draftlab.serve.static_target import static_cache_obstacle
 from draftlab.stages import bench_sets
 
 log = logging.getLogger("draftlab")
@@ -210,6 +211,11 @@ def _run_local(cfg, sets, texts, samples: Path, draft_dir: Path, out: Path):
         rows += set_rows
     metrics.update(batch_one_metrics(metrics, names[0]))
     larger = [b for b in bench.batch_sizes if b > 1]
+    obstacle = static_cache_obstacle(target.model.config)
+    if larger and obstacle:  # the batched engine writes each row into a preallocated static cache
+        log.warning("bench: batch sizes %s skipped: %s, and the batched engine needs the static KV cache", larger,
+                    obstacle)
+        larger = []
     if larger and mode.cuda_graphs:
         log.info("bench: batch sizes %s run eagerly (the batched engine has no CUDA graphs yet); batch size 1 "
                  "keeps them", larger)
