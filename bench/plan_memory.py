@@ -6,7 +6,7 @@ teacher's soft targets, backward, gradient clipping and fused AdamW, with every 
 estimate sizes. The peak is torch.cuda.max_memory_allocated over three steps, the draft, its optimizer state, the
 target head and the batch included.
 
-    python bench/plan_memory.py tests/data/llama-3.1-8b --batch-tokens 4096 --rows 2
+    python bench/plan_memory.py --configs tests/data/llama-3.1-8b --batch-tokens 4096 --rows 2
 
 Prints one JSON line per config: estimate, measured, ratio (an H100's: bench/results/h100_plan_memory.jsonl).
 """
@@ -78,14 +78,14 @@ def measure(folder: Path, batch_tokens: int, rows: int, steps: int, draft_vocab:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("folders", nargs="+", type=Path)
+    ap.add_argument("--configs", nargs="+", type=Path, required=True, help="folders holding a config.json")
     ap.add_argument("--batch-tokens", type=int, default=4096)
     ap.add_argument("--rows", type=int, default=2)
     ap.add_argument("--ttt-steps", type=int, default=7)
     ap.add_argument("--draft-vocab", type=int, default=8192)
     ap.add_argument("--draft-layers", type=int, default=1)
     args = ap.parse_args()
-    for folder in args.folders:
+    for folder in args.configs:
         print(json.dumps(measure(folder, args.batch_tokens, args.rows, args.ttt_steps, args.draft_vocab,
                                  args.draft_layers)), flush=True)
 
