@@ -11,7 +11,7 @@ from draftlab.config import ConfigError, validate
 from draftlab.task import preflight
 
 GROUP_OPTIONS = [f"{group.name}={option.stem}" for group in sorted(CONF.iterdir()) if group.is_dir()
-                 for option in sorted(group.glob("*.yaml")) if group.name not in ("experiment",)]
+                 for option in sorted(group.glob("*.yaml")) if group.name not in ("experiment", "benchmark")]
 
 
 @pytest.mark.parametrize("override", GROUP_OPTIONS)

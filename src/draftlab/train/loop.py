@@ -41,7 +41,7 @@ from omegaconf import OmegaConf
 
 from draftlab import fsutil
 from draftlab.attention import variable_shape_attention
-from draftlab.config import TrainConfig
+from draftlab.config_schema import TrainConfig
 from draftlab.model.draft import Eagle3Draft
 from draftlab.reporting import NullReporter, Reporter
 from draftlab.target import resolve_device

@@ -11,7 +11,7 @@ from typing import Any
 
 from scipy import stats
 
-from draftlab.config import TrainConfig
+from draftlab.config_schema import TrainConfig
 
 MIN_SLOPE_PASSES = 4  # a slope interval from fewer validation passes has df < 2: too wide to read
 
