@@ -26,6 +26,7 @@ from draftlab.data.samples import Sample, write_samples
 from draftlab.data.vocab import build_vocab
 from draftlab.export import export_draft
 from draftlab.model.draft import DraftModelConfig, Eagle3Draft
+from draftlab.preflight import check_bench_sets
 from draftlab.reporting import RecordingReporter
 from draftlab.serve.alarm import DraftAlarm
 from draftlab.serve.engine import target_decode
@@ -194,8 +195,11 @@ def test_user_file_set_and_a_bad_one(target, samples, tmp_path, make_train):
     with pytest.raises(ValueError, match="my prompts.jsonl:2"):
         bench.run(config(tmp_path, sets=[str(prompts)]), tmp_path / "bench2",
                   {"generate": samples, "train": make_train()}, RecordingReporter())
-    with pytest.raises(ValueError, match="bench.sets"):
-        config(tmp_path, sets=[str(tmp_path / "missing.jsonl")])
+    missing = config(tmp_path, sets=[str(tmp_path / "missing.jsonl")])
+    with pytest.raises(ValueError, match="bench.sets"):  # preflight refuses it before any stage runs
+        check_bench_sets(missing)
+    with pytest.raises(ValueError, match="bench.sets"):  # and the stage before any model loads (DVC's path)
+        bench.run(missing, tmp_path / "bench3", {"generate": samples, "train": make_train()}, RecordingReporter())
     with pytest.raises(ValueError, match="bench.batch_sizes"):
         config(tmp_path, batch_sizes=[0])
 

@@ -48,10 +48,12 @@ def check_paths_root(raw) -> Path | None:
                               "first, or point paths.root at an existing folder")
         try:
             root.mkdir()
+            made = root.absolute()
+            log.info("paths.root: made the folder %s", made)
+        except FileExistsError:  # another job of the same sweep made it first
+            pass
         except OSError as err:
             raise ConfigError(f"paths.root: cannot make {raw} ({err.strerror or err})") from None
-        made = root.absolute()
-        log.info("paths.root: made the folder %s", made)
     elif not root.is_dir():
         raise ConfigError(f"paths.root: {raw} is a file, not a folder")
     try:  # os.access says yes to root on read-only mounts and /proc: write a file to know

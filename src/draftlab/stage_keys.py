@@ -42,13 +42,17 @@ STAGES: dict[str, StageSpec] = {
         "data.max_new_tokens", "data.temperature", "data.batch_size", "data.generator", "data.compile_decode",
         "data.engine"),
         grows_with=("data.samples",), when_set=_FIXED_VAL),
-    "extract": StageSpec("extract", _TARGET + ("extract.layers", "extract.dtype", "extract.mode"),
+    # allow_unlisted_arch picks the capture rule of a class missing from SGLang's contract: which layers are read
+    "extract": StageSpec("extract", _TARGET + ("target.allow_unlisted_arch", "extract.layers", "extract.dtype",
+                                               "extract.mode"),
                          needs=("generate",), grows_with=("data.samples", "draft.vocab_size"), when_set=_FIXED_VAL),
     "train": StageSpec("train", ("data.samples", "extract.mode", "draft", "train", "serve.num_steps"),
                        needs=("generate", "extract"), when_set=_FIXED_VAL),
     # bench reads data.samples to pick the same held-out prompts whatever else the shared pool holds; the
     # prompts themselves come from generate's samples, whose key is one of bench's inputs.
-    "bench": StageSpec("bench", _TARGET + ("data.samples", "serve", "bench"), needs=("generate", "train"),
+    # data.max_prompt_tokens: which prompts of a bench set fit once templated
+    "bench": StageSpec("bench", _TARGET + ("data.samples", "data.max_prompt_tokens", "serve", "bench"),
+                       needs=("generate", "train"),
                        when_set=_FIXED_VAL),
 }
 # Settings that change how fast, where, or how files are cut, not what they hold: they never split a cache, and
@@ -151,8 +155,9 @@ def _stage_root(cfg, name: str) -> Path:
     return Path(cfg.paths.root)
 
 
-def plan(cfg, package_root: Path | None = None) -> dict[str, PlannedStage]:
-    """Folders and keys of every stage for this config (cheap: reads source files, never a stage output)."""
+def plan(cfg, package_root: Path | None = None, upto: str | None = None) -> dict[str, PlannedStage]:
+    """Folders and keys of every stage for this config, or of the stages up to `upto` (cheap: reads source files,
+    never a stage output)."""
     root = Path(cfg.paths.root)
     data_sha = content_sha256(prompt_file(cfg.data), root / ".cache")
     planned: dict[str, PlannedStage] = {}
@@ -174,6 +179,8 @@ def plan(cfg, package_root: Path | None = None) -> dict[str, PlannedStage]:
         full_key = fingerprint({"folder": folder_key, "grows": _values(cfg, spec.grows_with), "inputs": upstream_full})
         planned[name] = PlannedStage(spec, _stage_root(cfg, name) / name / folder_key[:16], folder_key[:16], full_key,
                                      reads["code"])
+        if name == upto:
+            break
     return planned
 
 
