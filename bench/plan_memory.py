@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from draftlab.model.draft import DraftModelConfig, Eagle3Draft  # noqa: E402
 from draftlab.plan_estimates import draft_params, draft_shape, train_memory  # noqa: E402
-from draftlab.sglang.targetinfo import text_config  # noqa: E402
+from draftlab.target_shape import text_config  # noqa: E402
 from draftlab.train.optim import build_optimizer  # noqa: E402
 from draftlab.train.ttt import soft_ce_rows, target_distribution, ttt_unroll  # noqa: E402
 

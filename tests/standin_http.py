@@ -4,7 +4,9 @@ writes JSON bodies. Each stand-in runs as a script from this folder, so it impor
 from __future__ import annotations
 
 import json
-from http.server import BaseHTTPRequestHandler
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from threading import Thread
 
 
 class JsonHandler(BaseHTTPRequestHandler):
@@ -21,3 +23,19 @@ class JsonHandler(BaseHTTPRequestHandler):
 
     def json_body(self) -> dict:
         return json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+
+
+@contextmanager
+def not_found_server():
+    """A local server that answers 404 to every GET: neither SGLang nor vLLM. Yields its URL."""
+
+    class NotFound(JsonHandler):
+        def do_GET(self):
+            self.reply(404)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()

@@ -187,7 +187,7 @@ def test_memory_estimate_within_10_percent_of_h100_readings():
     from types import SimpleNamespace
 
     from draftlab.plan_estimates import train_memory
-    from draftlab.sglang.targetinfo import text_config
+    from draftlab.target_shape import text_config
 
     readings = Path(__file__).resolve().parents[1] / "bench" / "results" / "h100_plan_memory.jsonl"
     rows = [json.loads(line) for line in readings.read_text().splitlines()]

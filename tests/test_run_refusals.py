@@ -7,12 +7,11 @@ import os
 import subprocess
 import sys
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from threading import Thread
 
 import pytest
 
 from conftest import REPO, tiny_overrides
+from standin_http import not_found_server
 from draftlab.serve.remote import RemoteGenerator, ServerError
 
 
@@ -42,23 +41,10 @@ def test_dead_server_url_is_refused_in_one_line_within_5_s(tmp_path):
 
 
 def test_a_server_that_is_not_sglang_or_vllm_is_one_line(tmp_path):
-    class NotFound(BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(404)
-            self.end_headers()
-
-        def log_message(self, *a):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
-    Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
+    with not_found_server() as url:
         code, console, _ = run_py(*tiny_overrides(tmp_path, "data.engine=server", "data.samples=8",
                                                   f"data.server.url={url}", "tracking.enabled=false",
                                                   f"hydra.run.dir={tmp_path / 'job'}"))
-    finally:
-        server.shutdown()
     assert code == 2, console
     assert "error: data.server.url:" in one_line(console, "is neither SGLang")
     assert "ServerError" in (tmp_path / "job" / "run.log").read_text()

@@ -7,9 +7,7 @@ import signal
 import subprocess
 import sys
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from threading import Thread
 
 import pytest
 from unittest.mock import ANY
@@ -21,6 +19,7 @@ from draftlab.reporting import RecordingReporter
 from draftlab.serve.remote import RemoteGenerator, ServerError
 from draftlab.sglang.monitor import free_port
 from draftlab.stages import generate
+from standin_http import not_found_server
 
 
 
@@ -91,22 +90,9 @@ def test_dead_server_fails_fast_naming_the_url():
 
 
 def test_a_server_that_is_neither_sglang_nor_vllm_is_refused():
-    class NotFound(BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(404)
-            self.end_headers()
-
-        def log_message(self, *a):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
-    Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
+    with not_found_server() as url:
         with pytest.raises(ServerError, match=f"{url} is neither SGLang"):
             RemoteGenerator(url, eos=[2])
-    finally:
-        server.shutdown()
 
 
 def test_a_bad_request_is_not_retried(standin):

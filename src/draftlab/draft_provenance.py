@@ -10,12 +10,11 @@ Kept free of torch: check-draft reads it without loading a model.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 from draftlab.fsutil import atomic_write_json
-from draftlab.provenance import fingerprint
+from draftlab.provenance import file_sha256, fingerprint
 
 FILE = "draftlab_provenance.json"
 FORMAT = "draftlab.draft_provenance/2"
@@ -77,11 +76,7 @@ def sealed_files(folder: Path) -> list[str]:
 
 
 def file_hash(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(block)
-    return "sha256:" + digest.hexdigest()
+    return "sha256:" + file_sha256(path)
 
 
 def write_sealed(folder: Path, record: dict) -> dict:

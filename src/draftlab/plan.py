@@ -34,10 +34,7 @@ PROMPT_SAMPLE = 2048  # prompts whose lengths are averaged (all of them only whe
 CHARS_PER_TOKEN = 4.0  # English text in a BPE vocabulary of 100k+ ids, when the tokenizer is not at hand
 TEMPLATE_TOKENS = 24  # a chat template's role markers and default system line, likewise
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "tiktoken.model")
-# SmolLM2-135M-Instruct's attention and MLP (its published config.json); the layer count, width and vocabulary
-# are draftlab.target_shape's
-SMOLLM2_REST = {"num_attention_heads": 9, "num_key_value_heads": 3, "intermediate_size": 1536, "head_dim": 64,
-                "rms_norm_eps": 1e-5, "rope_theta": 100000.0, "max_position_embeddings": 8192}
+
 
 
 @dataclass
@@ -109,7 +106,7 @@ def build(cfg, gpus: int | None = None, answer_tokens: int | None = None) -> Pla
     """The plan of a validated config; ConfigError naming the key when the target cannot feed a draft."""
     from draftlab.data.layers import capture_points, resolve_layers
     from draftlab.sglang.capture import for_target
-    from draftlab.sglang.targetinfo import text_config
+    from draftlab.target_shape import text_config
 
     config = target_config(cfg.target)
     text = text_config(config)
@@ -175,23 +172,8 @@ def log_plan(cfg) -> None:
 
 # ------------------------------------------------------------------------------------------------ inputs
 def target_config(target_cfg) -> dict:
-    """The target's config.json as a dict, read without weights."""
-    name = target_cfg.name
-    if name == "tiny":  # target.tiny_target's LlamaConfig
-        t = target_cfg.tiny
-        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 320,
-                "hidden_size": t.hidden_size, "intermediate_size": t.intermediate_size,
-                "num_hidden_layers": t.num_hidden_layers, "num_attention_heads": t.num_attention_heads,
-                "num_key_value_heads": t.num_key_value_heads, "max_position_embeddings": t.max_position_embeddings,
-                "rms_norm_eps": 1e-6, "rope_theta": 10000.0}
-    from draftlab.target_shape import SMOLLM2_SHAPE
-
-    if name == "smollm2":
-        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **SMOLLM2_SHAPE, **SMOLLM2_REST}
-    folder = Path(str(target_cfg.path)).expanduser()
-    if not target_cfg.gguf_file and (folder / "config.json").is_file():
-        return json.loads((folder / "config.json").read_text())
-    from draftlab.target_shape import target_config_json  # a hub name or a GGUF: transformers reads it
+    """The target's config.json as a dict, read without weights; an unreadable one names target.path."""
+    from draftlab.target_shape import target_config_json
 
     try:
         return target_config_json(target_cfg)

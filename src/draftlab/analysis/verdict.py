@@ -185,7 +185,7 @@ def _steps_spent(axes: dict[str, Axes], steps_state: str, th: Thresholds, eviden
     m = material(first.metric, first.data.mean[-1] if first.data is not None else math.nan, th)
     text = (f"at N={first.remaining_at:.4g} val/loss was still falling when early stopping fired: at that slope "
             f"a doubling of steps would buy up to {r.fmt()} (material: {m:.3g})")
-    if r.value >= m and r.lo > th.near_zero_fraction * m:
+    if _resolved(r, m, th):
         evidence.append(text + ": not converged in the sense that matters; a steps probe (train.extend_steps) "
                         "would say how much")
         return False

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from draftlab.config import ConfigError, check_layers_spec
-from draftlab.sglang.capture import ArchCapture, for_target
+from draftlab.sglang.capture import ArchCapture, for_target, llama
 
 log = logging.getLogger("draftlab.layers")
 
@@ -39,7 +39,7 @@ def resolve_layers(spec: Any, num_layers: int, capture: ArchCapture | None = Non
     """The ascending layer ids for `extract.layers` on the target whose SGLang capture contract is `capture`
     (Llama's when None); raises ConfigError naming the key for ids SGLang would not capture."""
     check_layers_spec(spec)
-    capture = capture or llama_capture()
+    capture = capture or llama()
     L = int(num_layers)
     if spec == "last":
         log.warning(LAST_WARNING)
@@ -49,7 +49,7 @@ def resolve_layers(spec: Any, num_layers: int, capture: ArchCapture | None = Non
             raise ConfigError(f"extract.layers: auto needs a target with >= 7 layers, this one has {L}; list the ids")
         return capture.default_ids(L)
     ids = [int(i) for i in spec]
-    top = L if capture.entry.get("last_layer") else L - 1
+    top = capture.top(L)
     points = capture.points(ids, L)
     if L - 1 in ids and points[ids.index(L - 1)] == L > top:
         raise ConfigError(
@@ -67,11 +67,7 @@ def capture_points(spec: Any, ids: list[int], num_layers: int, capture: ArchCapt
     output before the final norm). `last` is the ablation's last layer output whatever the architecture."""
     if spec_name(spec) == "last":
         return [int(num_layers)]
-    return (capture or llama_capture()).points(ids, num_layers)
-
-
-def llama_capture() -> ArchCapture:
-    return for_target({"architectures": ["LlamaForCausalLM"]})
+    return (capture or llama()).points(ids, num_layers)
 
 
 def target_capture(target_cfg) -> ArchCapture:

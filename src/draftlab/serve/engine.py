@@ -211,7 +211,7 @@ class SpecEngine:
         target.reset()
         logits, features = target.forward(ids, want, last_only=True)
         first = int(_sample(logits[-1], temperature, generator))
-        if self._take([first], gen, max_new_tokens):
+        if take(self.eos, [first], gen, max_new_tokens):
             return self._done(gen, started)
         self.drafter.start(ids, first, features)
         last = torch.tensor([first], dtype=torch.long, device=target.device)
@@ -229,14 +229,11 @@ class SpecEngine:
             m, committed = host[0], host[1:host[0] + 2]
             gen.verify_steps += 1
             gen.accepted.append(m)
-            if self._take(committed, gen, max_new_tokens):
+            if take(self.eos, committed, gen, max_new_tokens):
                 return self._done(gen, started)
             target.crop(_rollback_length(before, m))
             self.drafter.commit(tokens_t[: m + 1], None if features is None else features[: m + 1])
             last = tokens_t[m: m + 1]
-
-    def _take(self, committed: list[int], gen: Generation, max_new_tokens: int) -> bool:
-        return take(self.eos, committed, gen, max_new_tokens)
 
     def _done(self, gen: Generation, started: float) -> Generation:
         _sync(self.target.device)

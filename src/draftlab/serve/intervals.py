@@ -96,9 +96,9 @@ def set_metrics(prefix: str, rows: list[dict], num_steps: int, seed: int) -> dic
     return m
 
 
-def tau_line(name: str, metrics: dict, prefix: str | None = None) -> str:
+def tau_line(name: str, metrics: dict) -> str:
     """'tau 2.61 (95% 2.50-2.72, 80 prompts)', plus why it decides nothing when it does not."""
-    p = prefix or f"bench/{name}"
+    p = f"bench/{name}"
     tau, lo, hi, n = (metrics.get(f"{p}/{k}") for k in ("tau", "tau_lo", "tau_hi", "prompts"))
     if tau is None:
         return "-"

@@ -51,9 +51,9 @@ class LoadedDraft:
 def sglang_feature_layers(config: dict, num_target_layers: int, target_config: dict | None = None) -> tuple[int, ...]:
     """The target layers whose outputs SGLang feeds this draft (output of layer k = HF hidden_states[k+1]): the
     draft's ids (SGLang's default when it names none) through the target architecture's capture contract."""
-    from draftlab.sglang.capture import for_target
+    from draftlab.sglang.capture import for_target, llama
 
-    capture = for_target(target_config or {"architectures": ["LlamaForCausalLM"]}, allow_unlisted=True)
+    capture = for_target(target_config, allow_unlisted=True) if target_config else llama()
     ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     if not ids:
         ids = capture.default_ids(num_target_layers)  # SGLang's default capture

@@ -71,14 +71,13 @@ def _run_prompts(client: SGLangClient, prompts: list, bench: Any) -> list[dict]:
 def _run_batches(client: SGLangClient, prompts: list, size: int, bench: Any) -> tuple[int, float]:
     """(completion tokens, wall seconds) of the prompts sent `size` at a time, concurrently, batches cycled full
     as the local engine's are (serve/batch_bench.py)."""
-    count = -(-len(prompts) // size)
-    rows = [prompts[i % len(prompts)] for i in range(count * size)]
+    from draftlab.serve.batch_bench import filled_batches
+
     tokens, seconds = 0, 0.0
     with ThreadPoolExecutor(max_workers=size) as pool:
-        for start in range(0, len(rows), size):
+        for batch in filled_batches(prompts, size):
             t0 = time.perf_counter()
-            outs = list(pool.map(lambda p: client.generate(p, bench.max_new_tokens, bench.temperature),
-                                 rows[start: start + size]))
+            outs = list(pool.map(lambda p: client.generate(p, bench.max_new_tokens, bench.temperature), batch))
             seconds += time.perf_counter() - t0
             tokens += sum(_record(0, o)["completion_tokens"] for o in outs)
     return tokens, seconds

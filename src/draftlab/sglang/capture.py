@@ -15,6 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from draftlab.config import ConfigError
+from draftlab.target_shape import text_config
 
 CONTRACT = Path(__file__).with_name("capture_contract.json")
 # The id rules SGLang's model files use; capture_reader's `derive_rule` keeps the one every probe agrees with.
@@ -73,18 +74,10 @@ class ArchCapture:
         raise CaptureError(f"extract.layers=auto: no ids give {self.arch}'s default capture {wanted} "
                            f"(SGLang {self.version}); list the ids")
 
-    def check(self, ids: list[int], num_layers: int, key: str = "extract.layers") -> list[int]:
-        """The capture points for `ids`, or CaptureError naming `key` when SGLang would capture other states."""
-        L = int(num_layers)
-        points = self.points(ids, L)
-        top = L if self.entry.get("last_layer") else L - 1
-        bad = [i for i, c in zip(ids, points) if c < 0 or c > top]
-        if bad:
-            raise CaptureError(
-                f"{key}: ids {bad} give capture points outside 0..{top} on this {L}-layer {self.arch} target "
-                f"(SGLang {self.version}, ids rule {self.rule}): the server would skip them and feed the draft "
-                f"fewer layers than it was trained on")
-        return points
+    def top(self, num_layers: int) -> int:
+        """The last capture point SGLang reaches on an L-layer target: L only where the class captures after its
+        last layer, else L - 1 (the loop over layers never meets index L)."""
+        return int(num_layers) if self.entry.get("last_layer") else int(num_layers) - 1
 
     def describe(self) -> str:
         rule = {"plus1": "id k -> output of layer k (+1)",
@@ -94,6 +87,11 @@ class ArchCapture:
         via = f" via {self.wraps}" if self.wraps else ""
         listed = "" if self.listed else f" (not in the contract: {ALLOW_KEY}=true)"
         return f"{self.arch}{via}, SGLang {self.version}: {rule}{listed}"
+
+
+def llama() -> ArchCapture:
+    """Llama's contract: what the tiny and embedded targets follow, and the fallback where no target is known."""
+    return for_target({"architectures": ["LlamaForCausalLM"]})
 
 
 def architecture(config: dict) -> str | None:
@@ -116,8 +114,7 @@ def for_target(config: dict, allow_unlisted: bool = False, data: dict | None = N
     version = data["sglang_version"]
     arch = architecture(config) or f"model_type {config.get('model_type')!r}"
     entry = data["architectures"].get(arch)
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    hidden = text.get("hidden_size", "hidden_size")
+    hidden = text_config(config).get("hidden_size", "hidden_size")
     wanted = f"3 x {hidden} = {3 * hidden}" if isinstance(hidden, int) else "3 x hidden_size"
     if entry is None:
         if allow_unlisted:

@@ -20,7 +20,8 @@ from draftlab.sglang import check_trained as trained
 from draftlab.sglang import keymap
 from draftlab.sglang.capture import CaptureError, for_target
 from draftlab.sglang.st_files import INT_DTYPES, DraftFilesError, UnreadableFile, load_tensors, read_headers
-from draftlab.sglang.targetinfo import load_target_config, manifest_layer_ids, text_config
+from draftlab.sglang.targetinfo import load_target_config, manifest_layer_ids
+from draftlab.target_shape import text_config
 
 ARCH = "LlamaForCausalLMEagle3"
 REQUIRED = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
@@ -120,7 +121,7 @@ def _check_draft(folder: Path, target, rules: str, extract_manifest, scan_weight
     except (DraftFilesError, ValueError) as err:
         headers, files_error = None, str(err)
     prov = trained.load_provenance(report, folder)
-    if prov is not None and not trained.check_seal(report, folder, prov, allow_modified) and not allow_modified:
+    if prov is not None and not trained.check_seal(report, folder, prov, allow_modified):
         return report
     target_cfg, why = load_target_config(target)
     if why and target is not None:
@@ -240,7 +241,7 @@ def _check_capture(report: CheckReport, where: str, ids: list[int], target: dict
     if L is None:
         return
     points = capture.points(ids, L)
-    top = L if capture.entry.get("last_layer") else L - 1
+    top = capture.top(L)
     lost = [i for i, c in zip(ids, points) if c > top]
     if lost:
         report.error(where, f"{ids}: ids {lost} cannot be captured by SGLang {capture.version} on a {L}-layer "

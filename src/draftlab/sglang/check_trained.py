@@ -40,7 +40,8 @@ def load_provenance(report, folder: Path) -> dict | None:
 
 
 def check_seal(report, folder: Path, prov: dict, allow_modified: bool) -> bool:
-    """The files are those the record's hashes vouch for; False when one changed after export."""
+    """The files are those the record's hashes vouch for; False when one changed after export and the other checks
+    must not run (with `allow_modified` they do)."""
     if "files" not in prov:
         report.warn(draft_provenance.FILE, "holds no content hashes (written before exports were sealed): a change "
                     "to the weights or config.json after export cannot be seen; export or convert it again to seal it")
@@ -57,7 +58,7 @@ def check_seal(report, folder: Path, prov: dict, allow_modified: bool) -> bool:
                          "draft changed on purpose")
     if changed and allow_modified:
         report.warn(draft_provenance.FILE, f"a modified draft cannot get: {UNSEALED_CHECKS}")
-    return not changed
+    return not changed or allow_modified
 
 
 def target_from_provenance(prov: dict) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+
 def load_target_config(target: str | Path | None) -> tuple[dict | None, str | None]:
     """(config, None) or (None, why it could not be read). A hub name is only read from the local HF cache."""
     if target is None:
@@ -26,12 +27,6 @@ def load_target_config(target: str | Path | None) -> tuple[dict | None, str | No
     if isinstance(cached, str) and Path(cached).exists():
         return json.loads(Path(cached).read_text()), None
     return None, f"{target}: not a local folder and not in the Hugging Face cache"
-
-
-def text_config(config: dict) -> dict:
-    """Multimodal targets keep the language model's sizes under text_config."""
-    inner = config.get("text_config")
-    return {**config, **inner} if isinstance(inner, dict) else config
 
 
 def manifest_layer_ids(manifest: str | Path | None) -> list[int] | None:

@@ -199,12 +199,12 @@ def _run_local(cfg, sets, texts, samples: Path, draft_dir: Path, out: Path):
     sizes = [len(prompts[n]) for n in names]
     runs = [BenchRun(spec, base) for spec, base in zip(bench_sets.split(run.spec, sizes),
                                                        bench_sets.split(run.base, sizes))]
-    metrics = summarize(runs[0], k, bench.temperature)  # bench/tau, bench/speedup, ...: the first set's
+    summaries = [summarize(part, k, bench.temperature) for part in runs]
+    metrics = dict(summaries[0])  # bench/tau, bench/speedup, ...: the first set's
     rows = []
-    for name, part in zip(names, runs):
+    for name, part, summary in zip(names, runs, summaries):
         set_rows = bench_sets.per_prompt_rows(name, part.spec, part.base)
-        metrics.update(bench_sets.metrics_of_set(name, set_rows, summarize(part, k, bench.temperature), k,
-                                                 bench.seed))
+        metrics.update(bench_sets.metrics_of_set(name, set_rows, summary, k, bench.seed))
         if bench.temperature <= 0:  # the same prompts and positions, by training's count and by deployment's
             metrics.update(bench_sets.teacher_forced(name, set_rows, prompts[name], part.base, target.model,
                                                      drafter, k))

@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from scipy import stats
 
 from draftlab.config_schema import TrainConfig
 
@@ -76,6 +75,8 @@ def recent_slope(passes: list[list[float]], level: float) -> list[float] | None:
     if len(passes) < 3:
         return None
     steps, losses = zip(*passes)
+    from scipy import stats  # the slope test alone needs it: the training loop imports this module
+
     fit = stats.linregress(steps, losses)
     half = float(stats.t.ppf(0.5 + level / 2.0, len(passes) - 2)) * fit.stderr
     return [1000.0 * fit.slope, 1000.0 * (fit.slope - half), 1000.0 * (fit.slope + half)]
