@@ -17,13 +17,7 @@ import time
 import torch
 
 from draftlab.serve.batch_runners import BatchEagle3Drafter, BatchTargetRunner
-from draftlab.serve.engine import Generation, _sync, take, verify_sampling
-
-
-def verify_greedy_rows(drafts: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """drafts [B, k], logits [B, k+1, V] -> (m [B], committed tokens [B, k+1], the first m_b+1 count)."""
-    target = logits.argmax(-1)
-    return torch.cumprod((drafts == target[:, :-1]).long(), 1).sum(1), target
+from draftlab.serve.engine import Generation, _sync, take, verify_greedy, verify_sampling
 
 
 def _sample_rows(logits: torch.Tensor, temperature: float, generator) -> torch.Tensor:
@@ -47,7 +41,7 @@ class BatchSpecEngine:
 
     def _verify(self, drafts, q, logits, temperature, generator, active):
         if temperature <= 0:
-            return verify_greedy_rows(drafts, logits)
+            return verify_greedy(drafts, logits)  # per row: drafts [B, k], logits [B, k+1, V]
         p = torch.softmax(logits / temperature, dim=-1)
         m, tokens = torch.zeros(len(active), dtype=torch.long, device=drafts.device), torch.zeros_like(logits[..., 0],
                                                                                                     dtype=torch.long)

@@ -139,9 +139,10 @@ def _sample(logits: torch.Tensor, temperature: float, generator) -> torch.Tensor
 
 def verify_greedy(drafts: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """drafts [k], target logits [k+1, V] of the verify forward -> (m, committed tokens [k+1] of which the
-    first m+1 count). Greedy: the committed tokens are the target's own argmaxes g_0..g_m."""
+    first m+1 count); with a batch dimension in front, per row. Greedy: the committed tokens are the target's own
+    argmaxes g_0..g_m."""
     target = logits.argmax(-1)
-    m = torch.cumprod((drafts == target[:-1]).long(), 0).sum()
+    m = torch.cumprod((drafts == target[..., :-1]).long(), -1).sum(-1)
     return m, target
 
 

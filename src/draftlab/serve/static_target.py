@@ -18,6 +18,7 @@ from typing import Sequence
 
 import torch
 
+from draftlab.serve.batch_cache import row_mask
 from draftlab.serve.cuda_graphs import StepGraph
 
 log = logging.getLogger("draftlab.serve")
@@ -35,12 +36,8 @@ def _slots(base: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
 
 
 def visible_mask(slots: torch.Tensor, max_len: int, additive_dtype: torch.dtype | None) -> torch.Tensor:
-    """[1, 1, T, max_len]: the query at position p sees slots 0..p. Boolean for SDPA, additive for eager."""
-    allowed = torch.arange(max_len, device=slots.device)[None, :] <= slots[:, None]
-    if additive_dtype is None:
-        return allowed[None, None]
-    zero = torch.zeros((), dtype=additive_dtype, device=slots.device)
-    return torch.where(allowed, zero, torch.finfo(additive_dtype).min)[None, None]
+    """[1, 1, T, max_len]: the query at position p sees slots 0..p (one request: the batch's row mask of one row)."""
+    return row_mask(slots[None], max_len, additive_dtype)
 
 
 def _full_attention_only(config) -> bool:
