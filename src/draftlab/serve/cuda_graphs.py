@@ -8,7 +8,9 @@ that call's real inputs:
 3. one replay, compared with the warm-up's eager result: a step that reads something the capture froze (a host
    value, a tensor that is not a static buffer) gives different numbers here and is refused.
 Steps must be idempotent for this (running one twice on the same buffers writes the same KV entries), which the
-engine's steps are: each writes its KV slots from its inputs alone.
+engine's steps are: each writes its KV slots from its inputs alone. A step that advances state of its own (a whole
+speculative cycle moves its positions on: serve/sync_free.py) names those tensors as `state`; they are put back
+before each warm-up run and before the check replay, so the check replay is the step's one real run.
 
 Any failure (an op that syncs with the host, an unsupported kernel, a mismatch) logs one warning line naming the
 step and the error, and the step runs eagerly from then on, so a benchmark still finishes and says why. A capture
@@ -55,10 +57,12 @@ class StepGraph:
     """One fixed-shape step; `enabled` = capture it as a CUDA graph at the first call (else run it eagerly)."""
 
     def __init__(self, fn: Callable[[], tuple[torch.Tensor, ...]], name: str, enabled: bool,
-                 device: torch.device | str | None = None):
+                 device: torch.device | str | None = None, state: tuple[torch.Tensor, ...] = ()):
         """device: where fn's tensors live (default: the current CUDA device). The capture must run there: kernels
-        on another device than the capture stream's are not recorded, and the graph would replay nothing."""
+        on another device than the capture stream's are not recorded, and the graph would replay nothing.
+        state: tensors fn updates in place from their own values (positions, counters), restored around warm-ups."""
         self.fn, self.name, self.enabled, self.device = fn, name, enabled, device
+        self.carried = tuple(state)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.outputs: tuple[torch.Tensor, ...] | None = None
         self.failure: str | None = None  # why the step fell back to eager, for the benchmark's report
@@ -81,13 +85,23 @@ class StepGraph:
         return self._capture()
 
     def _capture(self) -> tuple[torch.Tensor, ...]:
+        saved = [t.clone() for t in self.carried]
+
+        def restore():
+            for t, s in zip(self.carried, saved):
+                t.copy_(s)
+
+        def warm():
+            restore()
+            return tuple(t.clone() for t in self.fn())
+
         try:
             refuse_after_a_broken_capture()
             with torch.cuda.device(self.device):
-                graph, outputs, expected = warm_up_and_capture(lambda: tuple(self.fn()), WARMUP_RUNS,
-                                                               warm=lambda: tuple(t.clone() for t in self.fn()))
+                graph, outputs, expected = warm_up_and_capture(lambda: tuple(self.fn()), WARMUP_RUNS, warm=warm)
                 for out in outputs:  # so that a replay that does nothing (an empty graph) cannot pass the check
                     out.fill_(float("nan") if out.is_floating_point() else -1)
+                restore()
                 graph.replay()
                 bad = [i for i, (got, want) in enumerate(zip(outputs, expected)) if not _same(got, want)]
             if bad:
@@ -96,6 +110,7 @@ class StepGraph:
             self.enabled, self.failure = False, f"{type(err).__name__}: {err}".splitlines()[0][:300]
             log.warning("CUDA graph for %s not used, it runs eagerly: %s", self.name, self.failure)
             recover()
+            restore()
             return self.fn()
         self.graph, self.outputs = graph, outputs
         log.info("CUDA graph captured for %s", self.name)

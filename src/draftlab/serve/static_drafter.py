@@ -31,6 +31,7 @@ class StaticEagle3Drafter:
         self.model = model.eval()
         self.feature_layers = tuple(feature_layers)
         self.graphs = graphs
+        self.full_spans = graphs  # attend over every slot: graphs, and steps whose position only the device knows
         cfg = model.cfg
         self.device = next(model.parameters()).device
         dtype = model.lm_head.weight.dtype
@@ -60,7 +61,7 @@ class StaticEagle3Drafter:
 
     def _span(self, used: int) -> int | None:
         """Slots an eager step attends over: the used ones (cheaper, same result); a graph needs them all."""
-        return None if self.graphs else used
+        return None if self.full_spans else used
 
     def _forward(self, ids: torch.Tensor, hidden: torch.Tensor, slots: torch.Tensor, span: int | None):
         self.cache.slots, self.cache.span = slots, span

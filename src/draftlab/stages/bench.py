@@ -33,7 +33,7 @@ from draftlab import fsutil
 from draftlab.attention import variable_shape_attention
 from draftlab.progress import bar_over
 from draftlab.reporting import Reporter
-from draftlab.serve import alarm
+from draftlab.serve import alarm, step_costs
 from draftlab.serve.engine import Generation, SpecEngine, target_decode
 from draftlab.serve.modes import DYNAMIC, EngineMode, engine_mode, graph_report, load_drafter, target_runner
 from draftlab.serve.static_target import static_cache_obstacle
@@ -48,6 +48,8 @@ class BenchRun:
     spec: list[Generation] = field(default_factory=list)
     base: list[Generation] = field(default_factory=list)
     graphs: dict = field(default_factory=dict)  # fixed-shape step -> graph | eager | why its capture failed
+    step_ms: dict = field(default_factory=dict)  # serve/step_costs.py: each engine step on its own
+    sync_free: bool = False  # whole cycles replayed with no host sync inside (serve/sync_free.py)
 
 
 def held_out_prompts(samples_folder: Path, count: int, limit: int | None = None) -> list[list[int]]:
@@ -71,16 +73,24 @@ def held_out_prompts(samples_folder: Path, count: int, limit: int | None = None)
 @variable_shape_attention()  # (a context manager, entered afresh on every call)
 def measure(model, drafter, prompts: list[list[int]], num_steps: int, max_new_tokens: int,
             temperature: float, eos_token_ids, seed: int = 0, warmup: bool = True,
-            mode: EngineMode = DYNAMIC) -> BenchRun:
+            mode: EngineMode = DYNAMIC, sync_free: bool | None = None) -> BenchRun:
     """Speculative and plain decoding of every prompt, alternating which goes first; both decoders use `mode`'s
     KV cache (and CUDA graphs), sized once for the longest prompt so every step keeps one shape. Every prompt's
     prefill has another length, so the whole measurement keeps out of cuDNN's attention, which plans each new shape
-    on the host (attention.py): those plans would be timed, and would depend on what the process ran before."""
+    on the host (attention.py): those plans would be timed, and would depend on what the process ran before.
+    sync_free (default: with CUDA graphs and greedy decoding): both decoders replay whole cycles with no host sync
+    inside (serve/sync_free.py); on a CPU every op is synchronous anyway, so that only adds the EOS overshoot."""
+    from draftlab.serve.sync_free import SyncFreePlain, SyncFreeSpec
+
     layers = tuple(getattr(drafter, "feature_layers", ()))
     engine = SpecEngine(model, drafter, num_steps, eos_token_ids, runner=target_runner(model, mode, layers))
+    if sync_free is None:
+        sync_free = mode.cuda_graphs and temperature <= 0
+    decoder = SyncFreeSpec(engine) if sync_free else engine
     # sized before the warm-up, so no step is captured again mid-measurement
-    longest = engine.reserve(max(len(p) for p in prompts), max_new_tokens)
+    longest = decoder.reserve(max(len(p) for p in prompts), max_new_tokens)
     runner = target_runner(model, mode, (), longest)
+    plain = SyncFreePlain(runner) if sync_free else None
     device = runner.device
     gen = torch.Generator(device=device)
 
@@ -88,18 +98,23 @@ def measure(model, drafter, prompts: list[list[int]], num_steps: int, max_new_to
         return gen.manual_seed(seed + i) if temperature > 0 else None
 
     def spec(ids, n, i):
-        return engine.generate(ids, n, temperature, seeded(i))
+        return decoder.generate(ids, n, temperature, seeded(i))
 
     def base(ids, n, i):
+        if plain is not None:
+            return plain.generate(ids, n, eos_token_ids)
         return target_decode(model, ids, n, eos_token_ids, temperature, seeded(i), runner=runner)
 
     if warmup:  # first-call allocations, kernel selection and graph captures stay out of the timings
         n = min(2 * (num_steps + 1) + 2, max_new_tokens)  # two cycles at least, even if every draft is accepted
-        eos, engine.eos = engine.eos, set()  # no early stop, so every step shape runs once
+        eos, decoder.eos = decoder.eos, set()  # no early stop, so every step shape runs once
         spec(prompts[0], n, len(prompts))
-        engine.eos = eos
-        target_decode(model, prompts[0], n, [], temperature, seeded(len(prompts)), runner=runner)
-    run = BenchRun()
+        decoder.eos = eos
+        if plain is not None:
+            plain.generate(prompts[0], n, [])
+        else:
+            target_decode(model, prompts[0], n, [], temperature, seeded(len(prompts)), runner=runner)
+    run = BenchRun(sync_free=sync_free)
     for i, ids in enumerate(bar_over(prompts, "bench", "prompt")):
         if i % 2 == 0:
             run.spec.append(spec(ids, max_new_tokens, i))
@@ -107,10 +122,12 @@ def measure(model, drafter, prompts: list[list[int]], num_steps: int, max_new_to
         else:
             run.base.append(base(ids, max_new_tokens, i))
             run.spec.append(spec(ids, max_new_tokens, i))
-    run.graphs = graph_report(engine.target, engine.drafter, runner)
+    if mode.static_cache:
+        run.step_ms = step_costs.measure(engine.target, engine.drafter, runner, num_steps)
+    run.graphs = graph_report(engine.target, engine.drafter, runner, decoder, plain)
     # the runners' step closures refer back to them, so their KV caches and graphs would outlive this call until
     # the collector happened to run (spec_decode.py measures many modes in one process)
-    del engine, runner, spec, base
+    del engine, decoder, runner, plain, spec, base
     gc.collect()
     return run
 
@@ -131,6 +148,7 @@ def summarize(run: BenchRun, num_steps: int, temperature: float) -> dict[str, fl
         "bench/accept_length": 1 + sum(accepted) / len(accepted) if accepted else float("nan"),
         "bench/tokens_per_s": tokens / spec_s if spec_s > 0 else float("nan"),
         "bench/baseline_tokens_per_s": base_tokens / base_s if base_s > 0 else float("nan"),
+        "bench/cycle_ms": 1000 * spec_s / steps if steps else float("nan"),  # prefills included
     }
     m["bench/speedup"] = m["bench/tokens_per_s"] / m["bench/baseline_tokens_per_s"]
     for j in range(num_steps):
@@ -210,6 +228,15 @@ def _run_local(cfg, sets, texts, samples: Path, draft_dir: Path, out: Path):
                                                      drafter, k))
         rows += set_rows
     metrics.update(batch_one_metrics(metrics, names[0]))
+    metrics["bench/sync_free"] = float(run.sync_free)
+    if run.step_ms:  # the bound the measured step costs allow, beside the speed-up reached (first set)
+        metrics.update({f"bench/{name}": ms for name, ms in run.step_ms.items()})
+        metrics["bench/speedup_bound"] = step_costs.bound(metrics["bench/tau"], k, run.step_ms)
+        metrics["bench/speedup_of_bound"] = metrics["bench/speedup"] / metrics["bench/speedup_bound"]
+        log.info("bench: speed-up %.2fx, %.0f%% of the bound %.2fx = tau %.2f / (1 + %d x %.3f ms draft step / "
+                 "%.3f ms target step); verify step %.3f ms", metrics["bench/speedup"],
+                 100 * metrics["bench/speedup_of_bound"], metrics["bench/speedup_bound"], metrics["bench/tau"], k,
+                 run.step_ms["draft_step_ms"], run.step_ms["target_step_ms"], run.step_ms["verify_step_ms"])
     larger = [b for b in bench.batch_sizes if b > 1]
     obstacle = static_cache_obstacle(target.model.config)
     if larger and obstacle:  # the batched engine writes each row into a preallocated static cache
