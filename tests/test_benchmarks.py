@@ -45,7 +45,7 @@ def test_every_declaration_composes_with_a_goal_a_metric_and_a_command():
         assert bench.device in ("cpu", "gpu") and bench.goal and bench.metric and bench.command, name
     gpu = declarations.compose("train_step_gpu", ["args.steps=4"], root=REPO)  # inherits train_step, overridden
     assert gpu.args["preset"] == "llama8b" and gpu.args["steps"] == 4 and gpu.metric == "mfu"
-    assert declarations.missing(declarations.compose("spec_decode_gpu", root=REPO)) == ["args.draft"]
+    assert declarations.missing(declarations.compose("spec_decode_gpu", root=REPO)) == ["args.draft", "args.samples"]
     with pytest.raises(ValueError, match="no benchmark"):
         declarations.compose("nonesuch", root=REPO)
 

@@ -12,6 +12,7 @@ from p) keeps the output distribution equal to the target's. The engine knows no
 drafter only has to follow the `Drafter` protocol, so losslessness is tested with trivial drafters.
 
 The CUDA path syncs with the host once per cycle (to learn m); the drafted tokens stay on the device.
+serve/sync_free.py removes that sync for greedy decoding on static caches: whole cycles replayed, m kept on the device.
 The target's KV cache is dynamic here (TargetRunner, grows by concatenation) or static (serve/static_target.py,
 preallocated, fixed-shape steps that can run as CUDA graphs); `serve/modes.py` builds either.
 """
