@@ -156,9 +156,7 @@ class SyncFreePlain:
         runner.reset()
         logits, _ = runner.forward(ids, False, last_only=True)
         first = int(logits[-1].argmax(-1))
-        gen.tokens.append(first)
-        if first in eos or max_new_tokens == 1:
-            gen.stop = "eos" if first in eos else "length"
+        if take(eos, [first], gen, max_new_tokens):
             return self._done(gen, started)
         self.last.fill_(first)
         self.position.fill_(runner.length)
@@ -172,10 +170,8 @@ class SyncFreePlain:
             for _ in range(steps):
                 self.step()
             for token in self.ring[:steps].tolist():
-                gen.tokens.append(token)
                 gen.verify_steps += 1
-                if token in eos or len(gen.tokens) >= max_new_tokens:
-                    gen.stop = "eos" if token in eos else "length"
+                if take(eos, [token], gen, max_new_tokens):
                     return self._done(gen, started)
 
     def graph_report(self) -> dict[str, str]:
