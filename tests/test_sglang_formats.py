@@ -1,4 +1,4 @@
-"""SGLang <-> speculators conversion: bit-exact tensors, the +1 layer-id convention, refusal of graphs SGLang lacks."""
+"""SGLang <-> speculators conversion: bit-exact tensors, layer ids by capture point, refusal of graphs SGLang lacks."""
 
 import json
 
@@ -60,3 +60,24 @@ def test_cli(tmp_path):
     assert main(["convert", str(tmp_path / "spec"), str(tmp_path / "back"), "--to", "sglang"]) == 0
     assert main(["check-draft", str(tmp_path / "back")]) == 0
     assert main(["nope"]) == 2
+
+
+def _with_record(folder, layer_ids, capture_points):
+    """A sealed training record as export writes it (draft_provenance.py), for the ids the config names."""
+    from draftlab import draft_provenance
+
+    draft_provenance.write_sealed(folder, {"layer_ids": layer_ids, "capture_points": capture_points,
+                                           "feature_width": 48, "target": {"name": "tiny"}})
+    return folder
+
+
+@pytest.mark.parametrize("ids, points", [([1, 3, 4], [2, 4, 5]),    # Llama: id k -> output of layer k
+                                         ([2, 3, 4], [2, 3, 4])])   # DeepSeek-V3, first id not 1: as is
+def test_speculators_ids_are_the_recorded_capture_points(tmp_path, ids, points):
+    """vLLM reads a speculators id as a capture point for every architecture; SGLang's rule depends on the target
+    class, so the record's capture points decide, and the way back restores the record's SGLang ids."""
+    src = _with_record(write_draft(tmp_path / "sgl", layer_ids=ids), ids, points)
+    spec = convert(src, tmp_path / "spec", "speculators")
+    assert json.loads((spec / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == points
+    back = convert(spec, tmp_path / "back", "sglang")
+    assert json.loads((back / "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == ids

@@ -9,10 +9,12 @@ The two formats hold the same tensors (speculators names `layers.{i}.*`, which S
   verifier), the Llama layer config nested in transformer_layer_config, top-level draft_vocab_size,
   target_hidden_size and eagle_aux_hidden_state_layer_ids, plus norm flags.
 
-Layer ids, the +1 difference: SGLang reads an id k as "output of decoder layer k" (it captures the input of
-layer k+1); vLLM reads the speculators id j as "input of layer j" (= output of layer j-1). We convert so that
-both engines feed the draft the SAME target layers it was trained on: speculators id = SGLang id + 1, and
-back. Keeping the integers would silently shift every feature by one layer in one of the two engines.
+Layer ids: vLLM reads a speculators id j as "input of layer j", i.e. the capture point j (HF hidden_states[j]),
+for every architecture. SGLang maps its ids to capture points by the target class's own rule (sglang/capture.py):
++1 for Llama and Qwen, +1 only when the first id is 1 for DeepSeek-V2/V3. So speculators ids = the capture points
+the draft was trained on, read from its training record (draft_provenance.py), and back to the record's SGLang
+ids. A draft without a record gets the Llama rule (+1 and -1). Keeping the integers, or adding 1 for a DeepSeek
+draft whose first id is not 1, would silently shift every feature by one layer in one of the two engines.
 """
 
 from __future__ import annotations
@@ -43,7 +45,15 @@ def detect_format(folder: Path) -> str:
     return "speculators" if is_speculators_config(config) else "sglang"
 
 
-def sglang_to_speculators_config(config: dict, verifier: str | None = None, speculative_tokens: int = 3) -> dict:
+def _recorded(record: dict | None, key: str, count: int) -> list[int] | None:
+    """The training record's list under `key` when it has one id per captured layer, else None."""
+    value = (record or {}).get(key)
+    return [int(i) for i in value] if isinstance(value, list) and len(value) == count else None
+
+
+def sglang_to_speculators_config(config: dict, verifier: str | None = None, speculative_tokens: int = 3,
+                                 record: dict | None = None) -> dict:
+    """record: the draft's training record; its capture points become the speculators ids (else SGLang id + 1)."""
     archs = config.get("architectures") or []
     if archs[:1] != [ARCH]:
         raise FormatError(f"architectures: {archs} is not an SGLang EAGLE-3 draft ({ARCH})")
@@ -67,7 +77,8 @@ def sglang_to_speculators_config(config: dict, verifier: str | None = None, spec
         "draft_vocab_size": config.get("draft_vocab_size"),
         "target_hidden_size": config.get("target_hidden_size", config.get("hidden_size")),
         # None keeps each engine's default, which selects the same layers in both (outputs [1, L//2-1, L-4]).
-        "eagle_aux_hidden_state_layer_ids": None if ids is None else [int(i) + 1 for i in ids],
+        "eagle_aux_hidden_state_layer_ids": None if ids is None else (
+            _points_for(ids, record) or [int(i) + 1 for i in ids]),
         # SGLang's classic EAGLE-3 layer keeps the un-normed hidden state as the residual.
         "norm_before_residual": False,
         "embed_requires_grad": False,
@@ -77,7 +88,22 @@ def sglang_to_speculators_config(config: dict, verifier: str | None = None, spec
     return out
 
 
-def speculators_to_sglang_config(spec: dict) -> dict:
+def _points_for(ids: list, record: dict | None) -> list[int] | None:
+    """The recorded capture points of these SGLang ids, when the record was trained on these ids."""
+    if _recorded(record, "layer_ids", len(ids)) != [int(i) for i in ids]:
+        return None
+    return _recorded(record, "capture_points", len(ids))
+
+
+def _ids_for(points: list, record: dict | None) -> list[int] | None:
+    """The recorded SGLang ids of these capture points, when the record captured these points."""
+    if _recorded(record, "capture_points", len(points)) != [int(i) for i in points]:
+        return None
+    return _recorded(record, "layer_ids", len(points))
+
+
+def speculators_to_sglang_config(spec: dict, record: dict | None = None) -> dict:
+    """record: the draft's training record; its SGLang ids replace the speculators ids (else id - 1)."""
     if spec.get("norm_before_residual"):
         raise FormatError("norm_before_residual: true (speculators' training default) computes a different graph "
                           "from SGLang's EAGLE-3 layer, which keeps the un-normed residual; renaming keys cannot fix "
@@ -94,7 +120,8 @@ def speculators_to_sglang_config(spec: dict) -> dict:
     config["tie_word_embeddings"] = False
     ids = spec.get("eagle_aux_hidden_state_layer_ids")
     if ids is not None:
-        config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [int(i) - 1 for i in ids],
+        sglang_ids = _ids_for(ids, record) or [int(i) - 1 for i in ids]
+        config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": sglang_ids,
                                   "use_aux_hidden_state": True}
     for flag in _NORM_FLAGS:
         if spec.get(flag):
@@ -120,9 +147,9 @@ def convert(src: Path, dst: Path, to: str, verifier: str | None = None, speculat
     if source == to:
         new_config = config
     elif to == "speculators":
-        new_config = sglang_to_speculators_config(config, verifier, speculative_tokens)
+        new_config = sglang_to_speculators_config(config, verifier, speculative_tokens, record)
     else:
-        new_config = speculators_to_sglang_config(config)
+        new_config = speculators_to_sglang_config(config, record)
     tensors = load_tensors(src)
     if to == "speculators":
         tensors = _speculators_names(tensors)
