@@ -38,5 +38,20 @@ def test_data_scaling_trains_every_size_to_convergence_by_default():
     assert _doublings(_sweep("data_scaling")["data.samples"])
 
 
+def test_data_scaling_gpu_scores_every_size_on_one_validation_set():
+    """The five sweeps of docs/data_scaling.md share one validation set and one convergence rule; the sizes in
+    its header are doublings from 1,600 to 51,200, largest first."""
+    cfg = validate(compose_config(["experiment=data_scaling_gpu", "target=tiny"]))
+    assert cfg.hardware.name == "gpu" and cfg.data.val_samples == 1000
+    assert cfg.train.plateau_test == "slope" and cfg.train.schedule == "wsd" and cfg.train.early_stop_patience
+    assert list(cfg.stages) == ["generate", "extract", "train"]
+    sizes = _sweep("data_scaling_gpu")["data.samples"]
+    assert sizes == sorted(sizes, reverse=True) and sizes[0] == 51200
+    header = (CONF / "experiment" / "data_scaling_gpu.yaml").read_text()
+    listed = {int(n) for line in header.splitlines() if "data.samples=" in line
+              for n in line.split("data.samples=")[1].split()[0].split(",")}
+    assert sorted(listed | {int(n) for n in sizes}) == [1600 * 2 ** i for i in range(6)]
+
+
 def test_epochs_experiment_stays():
     assert _sweep("epochs")["train.epochs"] == [2.0, 4.0, 8.0, 16.0]
