@@ -110,3 +110,11 @@ def test_the_bench_measures_the_same_generations_sync_free(target, references, e
     assert [g.accepted for g in sync_free_run.spec] == [g.accepted for g in per_cycle.spec]
     assert per_cycle.spec[0].stop == "eos"
     assert set(sync_free_run.step_ms) == {"target_step_ms", "verify_step_ms", "draft_step_ms"}
+
+
+def test_dynamic_caches_are_refused_by_name(target, eagle3_folder):
+    from draftlab.serve.modes import DYNAMIC
+
+    drafter, _ = load_drafter(eagle3_folder, target.model, DYNAMIC)
+    with pytest.raises(TypeError, match="static caches.*TargetRunner and Eagle3Drafter"):
+        SyncFreeSpec(SpecEngine(target.model, drafter, K, []))

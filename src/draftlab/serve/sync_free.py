@@ -34,6 +34,10 @@ class SyncFreeSpec:
     def __init__(self, engine):
         """engine: a SpecEngine whose target runner and drafter have static caches (serve/modes.py GRAPHS/STATIC)."""
         self.engine, self.target, self.drafter = engine, engine.target, engine.drafter
+        if not (hasattr(self.target, "_run") and hasattr(self.drafter, "_extend_rows")):
+            raise TypeError("the sync-free engine needs static caches: serve/static_target.py's runner and "
+                            f"serve/static_drafter.py's drafter, not {type(self.target).__name__} and "
+                            f"{type(self.drafter).__name__}")
         self.k = k = engine.num_steps
         self.eos = engine.eos
         device = self.target.device
