@@ -66,6 +66,13 @@ class Generation:
         return len(self.tokens) / max(self.verify_steps, 1)
 
 
+def new_request(prompt_ids, device: torch.device) -> tuple[torch.Tensor, Generation, float]:
+    """(the prompt's ids on the device, an empty Generation for it, the request's start time)."""
+    started = time.perf_counter()
+    ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=device).flatten()
+    return ids, Generation(prompt_len=int(ids.numel()), tokens=[], verify_steps=0), started
+
+
 def _rollback_length(cache_len_before: int, accepted: int) -> int:
     """Target KV length to keep after a verify step: the old cache plus the verified inputs
     x_{n-1}, d_1..d_m (m+1 entries). The bonus token has no KV yet; it is the next cycle's first input.
@@ -206,9 +213,7 @@ class SpecEngine:
             raise ValueError("max_new_tokens must be >= 1")
         target, k = self.target, self.num_steps
         want = bool(target.feature_layers)
-        started = time.perf_counter()
-        ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=target.device).flatten()
-        gen = Generation(prompt_len=int(ids.numel()), tokens=[], verify_steps=0)
+        ids, gen, started = new_request(prompt_ids, target.device)
         self.reserve(gen.prompt_len, max_new_tokens)
         target.reset()
         logits, features = target.forward(ids, want, last_only=True)
@@ -271,9 +276,7 @@ def target_decode(model, prompt_ids: Sequence[int] | torch.Tensor, max_new_token
     as the engine, so speed-ups compare like with like. Greedy equals model.generate(do_sample=False)."""
     runner = runner or TargetRunner(model)
     eos = set(int(e) for e in eos_token_ids)
-    started = time.perf_counter()
-    ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=runner.device).flatten()
-    gen = Generation(prompt_len=int(ids.numel()), tokens=[], verify_steps=0)
+    ids, gen, started = new_request(prompt_ids, runner.device)
     runner.reserve(gen.prompt_len + max_new_tokens)
     runner.reset()
     logits, _ = runner.forward(ids, False, last_only=True)

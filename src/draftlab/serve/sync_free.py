@@ -23,7 +23,7 @@ from typing import Sequence
 import torch
 
 from draftlab.serve.cuda_graphs import StepGraph
-from draftlab.serve.engine import Generation, _sync, take, verify_greedy
+from draftlab.serve.engine import Generation, _sync, new_request, take, verify_greedy
 
 SYNC_EVERY = 8  # cycles between host reads; the EOS overshoot costs up to SYNC_EVERY - 1 cycles a request
 
@@ -89,9 +89,7 @@ class SyncFreeSpec:
         if max_new_tokens < 1:
             raise ValueError("max_new_tokens must be >= 1")
         target, drafter, k = self.target, self.drafter, self.k
-        started = time.perf_counter()
-        ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=target.device).flatten()
-        gen = Generation(prompt_len=int(ids.numel()), tokens=[], verify_steps=0)
+        ids, gen, started = new_request(prompt_ids, target.device)
         self.reserve(gen.prompt_len, max_new_tokens)
         target.reset()
         logits, features = target.forward(ids, True, last_only=True)
@@ -153,9 +151,7 @@ class SyncFreePlain:
                  eos_token_ids: Sequence[int]) -> Generation:
         runner = self.runner
         eos = set(int(e) for e in eos_token_ids)
-        started = time.perf_counter()
-        ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=runner.device).flatten()
-        gen = Generation(prompt_len=int(ids.numel()), tokens=[], verify_steps=0)
+        ids, gen, started = new_request(prompt_ids, runner.device)
         runner.reserve(gen.prompt_len + max_new_tokens)
         runner.reset()
         logits, _ = runner.forward(ids, False, last_only=True)
