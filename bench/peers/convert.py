@@ -1,7 +1,7 @@
 """Turns draftlab's extract folder into the inputs of speculators and SpecForge: the same samples, the same
 train/val split and the same draft vocabulary (d2t/t2d) for all three trainers.
 
-    $PEERS/venv-spec/bin/python bench/cpu_peers/convert.py EXTRACT_DIR N TARGET_DIR $PEERS/data
+    $PEERS/venv-spec/bin/python bench/peers/convert.py EXTRACT_DIR N TARGET_DIR $PEERS/data
 
 EXTRACT_DIR is outputs/extract/<key> (layers [1, 14, 26] = HF hidden_states [2, 15, 27]), TARGET_DIR the converted
 SmolLM2 folder (outputs/models/smollm2-<key>). Writes OUT/target (the target with an explicit lm_head and a

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Alternating rounds: every trainer once per round, the order rotated each round, so that a change in the
 # machine's load hits them all alike; then the summary with same-round ratios.
-#   ROUNDS=2 TRAINERS="dl-new dl-main speculators specforge" bench/cpu_peers/rounds.sh
+#   ROUNDS=2 TRAINERS="dl-new dl-main speculators specforge" bench/peers/rounds.sh
 # dl-<label> is draftlab from the tree in $DL_TREE_<label> (e.g. DL_TREE_new=/work/wt/peers); see run.sh.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)

@@ -1,6 +1,6 @@
-"""The side-by-side table from bench/cpu_peers results: tokens/s per run and same-round ratios.
+"""The side-by-side table from bench/peers results: tokens/s per run and same-round ratios.
 
-    python3 bench/cpu_peers/summary.py RESULTS SPLIT_JSON      (results folders are named r<round>-<trainer>)
+    python3 bench/peers/summary.py RESULTS SPLIT_JSON      (results folders are named r<round>-<trainer>)
 
 tokens/s = the training split's tokens (all three trainers train one epoch on the same samples) / `train_s`,
 the training loop's time minus evaluation and saves (timing.py); `tok/cpu-s` uses the loop's process CPU time

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One timed training run of one trainer on the converted data: 1 epoch, 1 layer, draft vocab 8192, TTT 3, fp32,
 # lr 1e-3 cosine with 5% warmup, ~512 tokens per step.
-#   bench/cpu_peers/run.sh draftlab|speculators|specforge NAME
+#   bench/peers/run.sh draftlab|speculators|specforge NAME
 # Writes $RESULTS/NAME/: timing.json (timing.py), time.txt (/usr/bin/time -v), log.txt, load.txt (uptime
 # before and after), rc. Environment: PEERS (venvs + data from convert.py), RESULTS, THREADS (default 1);
 # for draftlab also DL_TREE (the checkout to measure), DL_ROOT (its paths.root, holding the extract pool) and
@@ -26,7 +26,7 @@ case $trainer in
       train.dtype=float32 train.device=cpu paths.root="$DL_ROOT" tracking.uri="sqlite:///$DL_ROOT/mlflow.db" \
       tracking.experiment=cpu-peers hydra.run.dir="$out/hydra") > "$out/log.txt" 2>&1 ;;
   speculators)
-    (cd "$out" && "${timed[@]}" "$PEERS/venv-spec/bin/python" "$here/speculators_cpu.py" train \
+    (cd "$out" && "${timed[@]}" "$PEERS/venv-spec/bin/python" "$here/speculators_timed.py" train \
       --speculator-type eagle3 --verifier-name-or-path "$data/target" --data-path "$data/spec" --on-missing raise \
       --target-layer-ids 2 15 27 --num-layers 1 --draft-vocab-size 8192 --total-seq-len 512 \
       --train-data-ratio "$ratio" --num-workers 0 --epochs 1 --ttt-steps 3 --ttt-step-loss-decay 0.8 \
@@ -49,7 +49,7 @@ deployment: {mode: local_colocated}
 run_id: $name
 output_dir: $out/sf-out
 YAML
-    (cd "$out" && "${timed[@]}" "$PEERS/venv-sf/bin/python" "$here/specforge_cpu.py" train --config "$out/sf.yaml") \
+    (cd "$out" && "${timed[@]}" "$PEERS/venv-sf/bin/python" "$here/specforge_timed.py" train --config "$out/sf.yaml") \
       > "$out/log.txt" 2>&1 ;;
   *) echo "unknown trainer $trainer (draftlab|speculators|specforge)" >&2; exit 2 ;;
 esac
