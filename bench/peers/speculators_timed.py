@@ -1,13 +1,16 @@
-"""`speculators train` on a machine without an accelerator, timed (run with $PEERS/venv-spec/bin/python).
+"""`speculators train`, timed (run with speculators' environment: $PEERS/venv-spec/bin/python, or the GPU machine's
+python with the peers' wheels on its path). On a GPU it runs as released.
 
-speculators 0.9.0 assumes a GPU in four places; each is redirected here, in this process only:
+On a machine without an accelerator: speculators 0.9.0 assumes a GPU in four places; each is redirected here, in
+this process only:
 - it moves the model and batches to `local_rank` (the int 0, i.e. cuda:0): an int device becomes "cpu";
 - `torch.accelerator.current_accelerator()` is None on a CPU machine: it answers cpu (autocast device type),
   and `is_available()` keeps answering False;
 - its step timer calls `torch.accelerator.synchronize()`: a no-op without an accelerator;
 - its DataLoader pins memory: off.
 Pass `--draft-attn-impl sdpa` (FlexAttention has no CPU backward) and `--loss-implementation eager` (the
-fused loss is a Triton kernel). Timing: `train_epoch`, minus the checkpoint saves inside it (timing.py).
+fused loss is a Triton kernel). Timing: `train_epoch`, minus the validation and checkpoint saves inside it
+(timing.py).
 """
 
 import os

