@@ -66,7 +66,8 @@ def _row(run, metrics, mode: str, num_steps: int) -> dict:
             "step_ms": round(1000 * base_s / max(base_tokens, 1), 3),
             "cycle_ms": round(1000 * spec_s / max(steps, 1), 3), "graphs": run.graphs, "sync_free": run.sync_free,
             **{k: round(v, 4) for k, v in run.step_ms.items()},
-            "speedup_bound": round(step_costs.bound(metrics["bench/tau"], num_steps, run.step_ms), 4)}
+            **({"speedup_bound": round(step_costs.bound(metrics["bench/tau"], num_steps, run.step_ms), 4)}
+               if run.step_ms else {})}  # the dynamic mode has no fixed steps to time
 
 
 def main(argv=None) -> list[dict]:

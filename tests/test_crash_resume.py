@@ -58,7 +58,8 @@ def normalised(path: Path, root: Path):
 
 def _drop_timing(obj):
     if isinstance(obj, dict):
-        return {k: _drop_timing(v) for k, v in obj.items() if not (k.endswith("_s") or any(t in k for t in TIMING + PROVENANCE))}
+        return {k: _drop_timing(v) for k, v in obj.items()
+                if not (k.endswith(("_s", "_ms")) or any(t in k for t in TIMING + PROVENANCE))}
     if isinstance(obj, list):
         return [_drop_timing(v) for v in obj]
     return obj
