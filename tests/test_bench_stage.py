@@ -188,6 +188,8 @@ def test_healthy_draft_reports_tau_speed_and_histogram(target, samples, tmp_path
     assert metrics["bench/speedup_bound"] == pytest.approx(
         metrics["bench/tau"] / (1 + 4 * costs["draft_step_ms"] / costs["target_step_ms"]))
     assert metrics["bench/speedup_of_bound"] == pytest.approx(metrics["bench/speedup"] / metrics["bench/speedup_bound"])
+    assert metrics["bench/speedup_bound_with_verify"] == pytest.approx(
+        metrics["bench/tau"] * costs["target_step_ms"] / (costs["verify_step_ms"] + 4 * costs["draft_step_ms"]))
     assert metrics["bench/sync_free"] == 0.0  # no CUDA graphs: cycle by cycle
 
 
@@ -324,3 +326,13 @@ def test_ratio_alarm_reads_the_interval_not_the_point():
     # even the interval's upper end is below 60% of the prediction: warned
     assert "up to 1.70" in check(1.5, 3.0, cfg, tau_hi=1.7).warnings[0]
     assert check(1.5, 3.0, cfg).warnings  # no interval: the point value decides
+
+
+def test_speedup_bounds_from_known_step_costs():
+    """The H200 bench's step costs: 4.12 ms a target step, 4.394 ms a verify, 0.2054 ms a draft step, tau 3.081."""
+    from draftlab.serve.step_costs import bound, bound_with_verify
+
+    costs = {"target_step_ms": 4.12, "verify_step_ms": 4.394, "draft_step_ms": 0.2054}
+    assert bound(3.081, 4, costs) == pytest.approx(2.569, abs=1e-3)
+    assert bound_with_verify(3.081, 4, costs) == pytest.approx(2.434, abs=1e-3)
+    assert bound(3.081, 4, {}) != bound(3.081, 4, {})  # nan without costs

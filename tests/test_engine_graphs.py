@@ -106,6 +106,21 @@ def test_a_graph_that_replays_nothing_is_refused(monkeypatch):
     assert step()[0].tolist() == [3.0, 3.0]
 
 
+def test_a_step_that_moves_its_state_on_runs_once_per_call(monkeypatch):
+    """A whole speculative cycle advances its positions (serve/sync_free.py): the capture's warm-up runs, its
+    eager capture body here and the fallback must leave the state as one run leaves it."""
+    FakeCuda(monkeypatch)
+    position, out = torch.zeros((), dtype=torch.long), torch.zeros(2)
+
+    def cycle():
+        position.add_(1)
+        return (out + position,)
+
+    step = StepGraph(cycle, "cycle", enabled=True, state=(position,))
+    assert step()[0].tolist() == [1.0, 1.0] and position.item() == 1  # the fake replays nothing: eager from here
+    assert step()[0].tolist() == [2.0, 2.0] and position.item() == 2
+
+
 # ops that copy a device value to the host (.item(), int(), float(), bool(): `item`, or `_local_scalar_dense`
 # outside inference mode; `is_nonzero`, `equal`) or size their result by the data (`nonzero`, ...). tolist() reads
 # memory without an op, so it is not seen; none of the step code calls it.

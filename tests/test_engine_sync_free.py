@@ -118,3 +118,15 @@ def test_dynamic_caches_are_refused_by_name(target, eagle3_folder):
     drafter, _ = load_drafter(eagle3_folder, target.model, DYNAMIC)
     with pytest.raises(TypeError, match="static caches.*TargetRunner and Eagle3Drafter"):
         SyncFreeSpec(SpecEngine(target.model, drafter, K, []))
+
+
+def test_exact_cache_sizes_hold_a_chunk_and_the_chain_after_it(target, references, eagle3_folder, monkeypatch):
+    """With caches sized exactly (no rounding up to 256 positions), every length limit still fits: the last chunk
+    commits up to k tokens past the limit and the draft chain after it writes k - 1 positions more."""
+    from draftlab.serve import static_target
+
+    monkeypatch.setattr(static_target, "LENGTH_QUANTUM", 1)
+    per_cycle, sync_free_engine = _engines(target, eagle3_folder)
+    ids, ref = references[2]
+    for max_new in range(1, MAX_NEW + 1):
+        assert sync_free_engine.generate(ids, max_new).tokens == per_cycle.generate(ids, max_new).tokens, max_new

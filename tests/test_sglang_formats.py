@@ -81,3 +81,12 @@ def test_speculators_ids_are_the_recorded_capture_points(tmp_path, ids, points):
     assert json.loads((spec / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == points
     back = convert(spec, tmp_path / "back", "sglang")
     assert json.loads((back / "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == ids
+
+
+def test_without_a_record_the_llama_rule_is_named(tmp_path, caplog):
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="draftlab.convert"):
+        spec = convert(write_draft(tmp_path / "sgl", layer_ids=[2, 3, 4]), tmp_path / "spec", "speculators")
+    assert json.loads((spec / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == [3, 4, 5]
+    assert any("the Llama rule" in r.message and "[2, 3, 4]" in r.message for r in caplog.records)

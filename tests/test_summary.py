@@ -41,7 +41,7 @@ def test_job_summary_shows_each_bench_set_with_its_interval():
             "bench/humaneval/prompts": 80.0, "bench/bs1/speedup": 1.4, "bench/bs16/speedup": 0.9,
             "bench/bs4/speedup": 1.1, "bench/bs4/tau": 2.0, "bench/sharegpt_val/tf_tau": 3.05,
             "bench/sharegpt_val/walk_tau": 2.7, "bench/speedup_bound": 2.57, "bench/speedup_of_bound": 0.8519,
-            "bench/draft_step_ms": 0.205, "bench/target_step_ms": 4.12}
+            "bench/draft_step_ms": 0.205, "bench/target_step_ms": 4.12, "bench/speedup_bound_with_verify": 2.43}
     text = job_summary({**METRICS, **sets}, {}, [], None)
     rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in text.splitlines()
             if line.count("│") == 3 and line.split("│")[1].strip()}
@@ -51,7 +51,7 @@ def test_job_summary_shows_each_bench_set_with_its_interval():
     assert rows["speed-up by batch"] == "bs1 1.4x, bs4 1.1x, bs16 0.9x"
     assert "training's count 3.05, deployment's 2.7 (teacher-forced)" in text
     assert "bench bs4" not in rows  # a batch size is not a set
-    assert rows["speed-up bound"] == "2.57x from the step costs (draft 0.205 ms, target 4.12 ms); reached 85%"
+    assert rows["speed-up bound"] == "2.57x; 2.43x with the verify (draft 0.205, target 4.12 ms); reached 85%"
 
 
 def test_sweep_summary_has_a_row_per_job_and_the_verdict():

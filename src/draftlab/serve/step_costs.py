@@ -1,13 +1,14 @@
 """What one engine step costs, and the speed-up those costs allow.
 
-Each fixed-shape step of a static-cache engine is replayed on its own (its CUDA graph when captured): the target's
-one-token step (plain decoding), its verify step of k + 1 tokens, and the draft's work per cycle (the extend over
-k + 1 rows plus the chain of k - 1 forwards and k argmaxes), divided by k. The bound is
+Each fixed-shape step of a static-cache engine is replayed on its own (its CUDA graph when captured) at a position
+the measured requests reached: the target's one-token step (plain decoding), its verify step of k + 1 tokens, and
+the draft's work per cycle (the extend over k + 1 rows plus the chain of k - 1 forwards and k argmaxes), divided by
+k. Two bounds follow:
 
-    tau / (1 + k * draft step / target step)
+    tau / (1 + k * draft step / target step)          a verify costing one plain step (`bound`)
+    tau * target step / (verify step + k * draft step)  the verify step as measured (`bound_with_verify`)
 
-the speed-up of an engine that spends nothing beyond those steps and whose verify costs a plain step (at batch 1
-a verify of a few tokens costs about one: the step is bound by its launches and weights, not by its tokens).
+the speed-ups of an engine that spends nothing beyond those steps.
 """
 
 from __future__ import annotations
@@ -30,17 +31,18 @@ def _ms(step, device: torch.device, repeats: int) -> float:
 
 
 @torch.inference_mode()
-def measure(target, drafter, plain_runner, k: int, repeats: int | None = None) -> dict[str, float]:
-    """{target_step_ms, verify_step_ms, draft_step_ms} for static runners and a static drafter, else {}.
-    Positions are reset to 0 first: the steps read whatever the buffers hold, at a valid position."""
+def measure(target, drafter, plain_runner, k: int, position: int, repeats: int | None = None) -> dict[str, float]:
+    """{target_step_ms, verify_step_ms, draft_step_ms} for static runners and a static drafter, else {}. Every step
+    runs at `position` (clamped to the caches): an eager step attends over the slots before it, as in a request
+    there; a graph attends over all of them anyway."""
     if not all(hasattr(part, "_step") for part in (target, plain_runner)) or not hasattr(drafter, "_extend_step"):
         return {}
     device = target.device
     repeats = repeats or (50 if device.type == "cuda" else 5)
-    target.reset()
-    plain_runner.reset()
-    drafter.length = 0
-    drafter._base.zero_()
+    position = max(0, min(position, target.max_len, plain_runner.max_len, drafter.cache.max_len) - 2 * (k + 1))
+    for part in (target, plain_runner, drafter):
+        part.length = position
+        part._base.fill_(position)
     drafter.propose(k, 0.0, None)  # makes the chain step
     chain = drafter._propose[k]
     extend = drafter._extend_step(k + 1)[0]
@@ -55,3 +57,10 @@ def bound(tau: float, k: int, costs: dict[str, float]) -> float:
     if not costs or costs.get("target_step_ms", 0) <= 0:
         return float("nan")
     return tau / (1 + k * costs["draft_step_ms"] / costs["target_step_ms"])
+
+
+def bound_with_verify(tau: float, k: int, costs: dict[str, float]) -> float:
+    """tau * target step / (verify step + k * draft step): nan without costs."""
+    if not costs or costs.get("target_step_ms", 0) <= 0:
+        return float("nan")
+    return tau * costs["target_step_ms"] / (costs["verify_step_ms"] + k * costs["draft_step_ms"])

@@ -10,9 +10,10 @@ then reads the ring once and applies the stop rules of `engine.take`: the output
 engine's (and the target's own greedy decode in fp32). Plain decoding gets the same treatment, one token a step,
 so the speed-up compares like with like.
 
-A chunk never runs past the length limit: it holds at most ceil(remaining / (k + 1)) cycles, and a cycle commits
-at most k + 1 tokens. After an EOS the rest of its chunk is computed and thrown away (at most SYNC_EVERY - 1
-cycles a request). The caches are reserved k + 1 positions longer for it.
+A chunk holds at most ceil(remaining / (k + 1)) cycles, so it commits at most remaining + k tokens; the caches are
+reserved k + 1 positions longer for those and for the draft chain after the last cycle. After an EOS the rest of
+its chunk is computed and thrown away (at most SYNC_EVERY - 1 cycles a request, timed but not counted as verify
+steps).
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ class SyncFreeSpec:
         self.k = k = engine.num_steps
         self.eos = engine.eos
         device = self.target.device
-        self.drafter.full_spans = True  # positions live on the device: every step attends over all slots
+        # positions live on the device, so every step attends over all slots; for good (the results are the same,
+        # only the drafter's eager steps get slower)
+        self.drafter.full_spans = True
         self.last = torch.zeros(1, dtype=torch.long, device=device)
         self.drafts = torch.zeros(k, dtype=torch.long, device=device)
         self.target_len = torch.zeros((), dtype=torch.long, device=device)
@@ -50,7 +53,7 @@ class SyncFreeSpec:
         self.ring = torch.zeros(SYNC_EVERY, k + 2, dtype=torch.long, device=device)  # per cycle: m, tokens [k+1]
         self.rows = torch.arange(k + 1, device=device)
         self.step: StepGraph | None = None
-        self._caches = None
+        self._caches: tuple = (None, None)
         self.feature_dtype = self.drafter.hidden.dtype
 
     def reserve(self, prompt_len: int, max_new_tokens: int) -> int:
@@ -74,7 +77,7 @@ class SyncFreeSpec:
 
     def _cycle_step(self) -> StepGraph:
         caches = (self.target.cache, self.drafter.cache)  # a grown cache has new buffers: capture again
-        if self.step is None or self._caches != caches:
+        if self.step is None or any(a is not b for a, b in zip(self._caches, caches)):
             self._caches = caches
             state = (self.last, self.drafts, self.target_len, self.draft_len, self.index, self.ring)
             self.step = StepGraph(self._cycle, f"speculative cycle of {self.k} draft steps", self.target.graphs,

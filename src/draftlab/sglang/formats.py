@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 from pathlib import Path
 
 from draftlab import draft_provenance
@@ -28,6 +29,9 @@ from draftlab.fsutil import atomic_save_safetensors, atomic_write_json
 from draftlab.sglang.check import ARCH, is_speculators_config
 from draftlab.sglang.st_files import load_tensors, read_headers
 
+log = logging.getLogger("draftlab.convert")
+LLAMA_RULE = ("the Llama rule (speculators id = SGLang id + 1), which shifts a DeepSeek-family draft whose first id "
+              "is not 1 by one layer")
 SPECULATORS_VERSION = "0.9.0"  # the speculators release whose schema this writes (shared/reference §3.1)
 # Keys that are EAGLE-3 specific and live at the top level of a speculators config, not in the layer config.
 _TOP_LEVEL = ("architectures", "draft_vocab_size", "target_hidden_size", "eagle_config", "num_aux_hidden_states",
@@ -77,8 +81,7 @@ def sglang_to_speculators_config(config: dict, verifier: str | None = None, spec
         "draft_vocab_size": config.get("draft_vocab_size"),
         "target_hidden_size": config.get("target_hidden_size", config.get("hidden_size")),
         # None keeps each engine's default, which selects the same layers in both (outputs [1, L//2-1, L-4]).
-        "eagle_aux_hidden_state_layer_ids": None if ids is None else (
-            _points_for(ids, record) or [int(i) + 1 for i in ids]),
+        "eagle_aux_hidden_state_layer_ids": None if ids is None else _speculators_ids(ids, record),
         # SGLang's classic EAGLE-3 layer keeps the un-normed hidden state as the residual.
         "norm_before_residual": False,
         "embed_requires_grad": False,
@@ -93,6 +96,14 @@ def _points_for(ids: list, record: dict | None) -> list[int] | None:
     if _recorded(record, "layer_ids", len(ids)) != [int(i) for i in ids]:
         return None
     return _recorded(record, "capture_points", len(ids))
+
+
+def _speculators_ids(ids: list, record: dict | None) -> list[int]:
+    points = _points_for(ids, record)
+    if points is None:
+        log.warning("convert: no training record gives the capture points of SGLang ids %s; using %s", ids, LLAMA_RULE)
+        return [int(i) + 1 for i in ids]
+    return points
 
 
 def _ids_for(points: list, record: dict | None) -> list[int] | None:
@@ -120,7 +131,11 @@ def speculators_to_sglang_config(spec: dict, record: dict | None = None) -> dict
     config["tie_word_embeddings"] = False
     ids = spec.get("eagle_aux_hidden_state_layer_ids")
     if ids is not None:
-        sglang_ids = _ids_for(ids, record) or [int(i) - 1 for i in ids]
+        sglang_ids = _ids_for(ids, record)
+        if sglang_ids is None:
+            log.warning("convert: no training record names the SGLang ids of capture points %s; using %s", ids,
+                        LLAMA_RULE)
+            sglang_ids = [int(i) - 1 for i in ids]
         config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": sglang_ids,
                                   "use_aux_hidden_state": True}
     for flag in _NORM_FLAGS:
