@@ -29,7 +29,22 @@ from draftlab.serve.engine import Generation, _sync, new_request, take, verify_g
 SYNC_EVERY = 8  # cycles between host reads; the EOS overshoot costs up to SYNC_EVERY - 1 cycles a request
 
 
-class SyncFreeSpec:
+class _ChunkedDecoder:
+    """What both decoders share: one captured step (`step`) on `device`."""
+
+    device: torch.device
+    step: StepGraph | None
+
+    def graph_report(self) -> dict[str, str]:
+        return {self.step.name: self.step.state} if self.step is not None else {}
+
+    def _done(self, gen: Generation, started: float) -> Generation:
+        _sync(self.device)
+        gen.seconds = time.perf_counter() - started
+        return gen
+
+
+class SyncFreeSpec(_ChunkedDecoder):
     """Greedy chain speculation over a StaticTargetRunner and a StaticEagle3Drafter (engine.SpecEngine's results)."""
 
     def __init__(self, engine):
@@ -41,7 +56,7 @@ class SyncFreeSpec:
                             f"{type(self.drafter).__name__}")
         self.k = k = engine.num_steps
         self.eos = engine.eos
-        device = self.target.device
+        self.device = device = self.target.device
         # positions live on the device, so every step attends over all slots; for good (the results are the same,
         # only the drafter's eager steps get slower)
         self.drafter.full_spans = True
@@ -118,21 +133,13 @@ class SyncFreeSpec:
                 if take(self.eos, row[1:m + 2], gen, max_new_tokens):
                     return self._done(gen, started)
 
-    def graph_report(self) -> dict[str, str]:
-        return {self.step.name: self.step.state} if self.step is not None else {}
 
-    def _done(self, gen: Generation, started: float) -> Generation:
-        _sync(self.target.device)
-        gen.seconds = time.perf_counter() - started
-        return gen
-
-
-class SyncFreePlain:
+class SyncFreePlain(_ChunkedDecoder):
     """Plain greedy decoding over a StaticTargetRunner, SYNC_EVERY one-token steps between host reads."""
 
     def __init__(self, runner):
         self.runner = runner
-        device = runner.device
+        self.device = device = runner.device
         self.last = torch.zeros(1, dtype=torch.long, device=device)
         self.position = torch.zeros(1, dtype=torch.long, device=device)
         self.index = torch.zeros((), dtype=torch.long, device=device)
@@ -176,11 +183,3 @@ class SyncFreePlain:
                 gen.verify_steps += 1
                 if take(eos, [token], gen, max_new_tokens):
                     return self._done(gen, started)
-
-    def graph_report(self) -> dict[str, str]:
-        return {self.step.name: self.step.state} if self.step is not None else {}
-
-    def _done(self, gen: Generation, started: float) -> Generation:
-        _sync(self.runner.device)
-        gen.seconds = time.perf_counter() - started
-        return gen
