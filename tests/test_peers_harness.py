@@ -142,6 +142,39 @@ def test_same_round_ratios_and_their_medians():
     assert medians["whole_job"]["dl-new/speculators"] == pytest.approx(1.75)
 
 
+
+def test_a_peer_that_fails_every_round_is_shown_and_leaves_the_goal_unmet(tmp_path):
+    def run(name: str, rc: int, log: str) -> None:
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "rc").write_text(f"{rc}\n")
+        (folder / "log.txt").write_text(log)
+        (folder / "wall.txt").write_text("30.0")
+        if rc == 0:
+            marks = [[s, 5.0 + 0.1 * s] for s in range(5, 101, 5)]
+            (folder / "timing.json").write_text(json.dumps({"train_s": 15.0, "train_cpu_s": 15.0, "steps": 100,
+                                                            "marks": marks, "inner_spans": []}))
+
+    for r in (1, 2):
+        run(f"r{r}-dl-new", 0, "done\n")
+        run(f"r{r}-specforge", 0, "done\n")
+        run(f"r{r}-speculators", 1, "Traceback\n│ frame │\nRuntimeError: DataLoader worker exited unexpectedly\n")
+    split = tmp_path / "split.json"
+    split.write_text(json.dumps({"n_train": 8, "train_tokens": 10_000, "train_sq_tokens": 10_000,
+                                 "draft": {"hidden_size": 4, "intermediate_size": 8, "num_attention_heads": 2,
+                                           "num_key_value_heads": 1, "head_dim": 2, "target_hidden_size": 4,
+                                           "aux_layer_ids": [1, 2, 3], "vocab_size": 20, "draft_vocab_size": 10,
+                                           "num_hidden_layers": 1}}))
+    done = subprocess.run([sys.executable, str(PEERS_DIR / "summary.py"), str(tmp_path), str(split)],
+                          capture_output=True, text=True, check=True)
+    assert "| 1 | speculators | failed, rc 1: RuntimeError: DataLoader worker exited unexpectedly |" in done.stdout
+    line = summary_line(done.stdout)
+    assert line["median_steady_ratio"] == {"dl-new/specforge": 1.0}  # the pair that ran is still measured
+    assert line["missing_pairs"] == ["dl-new/speculators"] and line["failed_rounds"] == {"speculators": [1, 2]}
+    assert line["min_steady_ratio"] is None
+    record = json.loads((tmp_path / "round-1" / "results.json").read_text())
+    assert record["runs"]["speculators"]["failed"] and "dl-new/speculators" not in record["ratios"]
+
 def harness_env(tmp_path: Path, pool: Path, peers: str | None) -> tuple[dict, Path]:
     data, results = tmp_path / "data", tmp_path / "results"
     formats = ["--peers"] if peers is None else []
@@ -187,7 +220,8 @@ def test_the_peers_train_and_load_into_draftlabs_evaluator(pool, tmp_path):
         pytest.skip("speculators and SpecForge are optional installs: bash bench/peers/setup.sh, then set PEERS to "
                     "the folder holding venv-spec and venv-sf")
     env, results = harness_env(tmp_path, pool, peers)
-    done = subprocess.run(["bash", str(PEERS_DIR / "rounds.sh")], env={**env, "ROUNDS": "1"},
+    # two data workers: speculators starts them by spawn, which re-imports its timed entry point
+    done = subprocess.run(["bash", str(PEERS_DIR / "rounds.sh")], env={**env, "ROUNDS": "1", "WORKERS": "2"},
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     runs = json.loads((results / "round-1" / "results.json").read_text())["runs"]

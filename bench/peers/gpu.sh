@@ -107,8 +107,9 @@ for shape in sys.argv[2:]:
     path = Path(sys.argv[1]) / shape / "summary.txt"
     lines = path.read_text().splitlines() if path.exists() else []
     shapes[shape] = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else None
-ratios = [v for s in shapes.values() if s for v in (s.get("median_steady_ratio") or {}).values()]
-print(json.dumps({"min_steady_ratio": min(ratios) if ratios else None, "shapes": shapes}))
+# a shape that did not finish, or a peer without a steady ratio, leaves the goal unmet
+mins = [s.get("min_steady_ratio") if s else None for s in shapes.values()]
+print(json.dumps({"min_steady_ratio": None if None in mins or not mins else min(mins), "shapes": shapes}))
 EOF
   return $status
 }
@@ -125,7 +126,7 @@ start() {  # start [OVERRIDES...]: Hydra overrides of the declaration
   local overrides="$*"
   if [ -f "$G/pid" ] && kill -0 "$(cat "$G/pid")" 2> /dev/null; then echo "running: pid $(cat "$G/pid")"; return 0; fi
   rm -f "$G/rc"
-  (cd "$code" && setsid nohup bash -c "PYTHONPATH=$G/site-dl ${DL_PY:-python3} -m draftlab benchmark --no-tracking \
+  (cd "$code" && setsid nohup bash -c "PYTHONPATH=src:$G/site-dl ${DL_PY:-python3} -m draftlab benchmark --no-tracking \
     --out $G/bench peers_gpu $overrides; echo \$? > $G/rc" > "$G/log.txt" 2>&1 < /dev/null &
    echo $! > "$G/pid")
   echo "started: pid $(cat "$G/pid"), log $G/log.txt"

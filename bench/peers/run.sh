@@ -56,7 +56,10 @@ case $trainer in
     # its eagle3 defaults add three norms (before fc, before the residual, on the fed-back state) and a 2048
     # sliding window: turned off, so that all three train the graph SGLang serves (and val_loss.py can load it)
     flags=(--no-norm-before-residual --no-norm-before-fc --no-norm-output --full-attention-indices 0)
-    [ "$DEVICE" = cpu ] && flags+=(--draft-attn-impl sdpa --loss-implementation eager)
+    [ "$DEVICE" = cpu ] && flags+=(--draft-attn-impl sdpa)
+    # its fused Triton loss fails under torch.compile on torch 2.11 ("ListVariable ... is already tracked for
+    # mutation": its two kernels share one autotune config list); the eager loss is compiled into the forward
+    flags+=(--loss-implementation eager)
     (cd "$out" && PYTHONPATH="${PEERS_SITE:-}" "${timed[@]}" "${SPEC_PYTHON:-$PEERS/venv-spec/bin/python}" \
       "$here/speculators_timed.py" train --speculator-type eagle3 --verifier-name-or-path "$data/target" \
       --data-path "$data/spec" --on-missing raise --target-layer-ids $layers --num-layers 1 \

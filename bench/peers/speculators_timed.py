@@ -1,5 +1,5 @@
 """`speculators train`, timed (run with speculators' environment: $PEERS/venv-spec/bin/python, or the GPU machine's
-python with the peers' wheels on its path). On a GPU it runs as released.
+python with the peers' wheels on its path). On a GPU it runs as released, with the eager loss (run.sh says why).
 
 On a machine without an accelerator: speculators 0.9.0 assumes a GPU in four places; each is redirected here, in
 this process only:
@@ -46,6 +46,7 @@ if not torch.accelerator.is_available():
 from speculators.__main__ import app  # noqa: E402
 from speculators.train.trainer import Trainer  # noqa: E402
 
-timing.patch(Trainer, "train_epoch", evals=("val_epoch",), saves=("maybe_save_checkpoint",))
-sys.argv = ["speculators", *sys.argv[1:]]
-app()
+if __name__ == "__main__":  # its data workers start by spawn, which imports this file again
+    timing.patch(Trainer, "train_epoch", evals=("val_epoch",), saves=("maybe_save_checkpoint",))
+    sys.argv = ["speculators", *sys.argv[1:]]
+    app()

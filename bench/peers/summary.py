@@ -108,21 +108,40 @@ def load_run(folder: Path, split: dict) -> dict:
     return run
 
 
+def failed_run(folder: Path) -> dict:
+    """A run that exited non-zero or left no timing: its exit code and its log's last line, so it is seen."""
+    rc = (folder / "rc").read_text().strip() if (folder / "rc").exists() else "?"
+    log = folder / "log.txt"
+    lines = [line.strip(" │╰╯─") for line in log.read_text(errors="replace").splitlines()] if log.exists() else []
+    return {"failed": True, "rc": rc, "error": next((line[:200] for line in reversed(lines) if line), "")}
+
+
 def load_rounds(results: Path, split: dict) -> dict[int, dict[str, dict]]:
     rounds: dict[int, dict[str, dict]] = defaultdict(dict)
     for folder in sorted(results.glob("r*-*")):
         match = re.fullmatch(r"r(\d+)-(.+)", folder.name)
-        if match and (folder / "timing.json").exists() and (folder / "rc").read_text().strip() == "0":
-            rounds[int(match[1])][match[2]] = load_run(folder, split)
+        if not match:
+            continue
+        ok = (folder / "timing.json").exists() and (folder / "rc").exists() and (folder / "rc").read_text().strip() == "0"
+        rounds[int(match[1])][match[2]] = load_run(folder, split) if ok else failed_run(folder)
     return rounds
+
+
+def pairs_missing(rounds: dict[int, dict[str, dict]], steady: dict[str, float]) -> list[str]:
+    """draftlab/peer pairs with no steady ratio in any round: a peer that never ran must not pass the goal."""
+    names = {n for runs in rounds.values() for n in runs}
+    pairs = [f"{d}/{p}" for d in sorted(n for n in names if n.startswith("dl-"))
+             for p in sorted(n for n in names if not n.startswith("dl-"))]
+    return [pair for pair in pairs if pair not in steady]
 
 
 def ratios(runs: dict[str, dict]) -> dict[str, dict]:
     """draftlab (dl-*) against each peer within one round: rates as dl / peer, whole job as peer / dl (above 1:
     draftlab faster), val/loss as the % draftlab's lies above the peer's (negative: better)."""
     out = {}
-    for d in sorted(n for n in runs if n.startswith("dl-")):
-        for p in sorted(n for n in runs if not n.startswith("dl-")):
+    done = {n for n, run in runs.items() if not run.get("failed")}
+    for d in sorted(n for n in done if n.startswith("dl-")):
+        for p in sorted(n for n in done if not n.startswith("dl-")):
             a, b = runs[d], runs[p]
             pair = {}
             for key in ("tok_s_loop", "tok_s_steady"):
@@ -166,6 +185,9 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r, runs in sorted(rounds.items()):
         for name, x in sorted(runs.items()):
+            if x.get("failed"):
+                print(f"| {r} | {name} | failed, rc {x['rc']}: {x['error'].replace('|', '/')} |" + " |" * 8)
+                continue
             ttt = x["ttt"] or 7
             if ttt not in flops:
                 flops[ttt] = model_flops(split, ttt)
@@ -187,10 +209,18 @@ def main() -> None:
         for pair, values in ratios(runs).items():
             print(f"- round {r} {pair}: " + ", ".join(f"{k} {v:.3f}" for k, v in values.items()))
     steady = result.get("tok_s_steady", {})
+    missing = pairs_missing(rounds, steady)
+    failed = defaultdict(list)
+    for r, runs in sorted(rounds.items()):
+        for name, x in runs.items():
+            if x.get("failed"):
+                failed[name].append(r)
+    if missing:
+        print(f"\nNo steady ratio for {', '.join(missing)}: the goal is not met (failed runs: {dict(failed)})")
     summary = {"shape": args.shape, "rounds": len(rounds), "median_ratio": result.get("tok_s_loop", {}),
                "median_steady_ratio": steady, "median_whole_job_ratio": result.get("whole_job", {}),
-               "median_val_loss_diff_pct": result.get("val_loss_diff_pct", {}),
-               "min_steady_ratio": min(steady.values()) if steady else None}
+               "median_val_loss_diff_pct": result.get("val_loss_diff_pct", {}), "failed_rounds": dict(failed),
+               "missing_pairs": missing, "min_steady_ratio": min(steady.values()) if steady and not missing else None}
     print(json.dumps(summary))  # for python -m draftlab benchmark peers / peers_gpu
 
 

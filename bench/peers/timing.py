@@ -5,9 +5,9 @@ minus the evaluation and checkpoint calls made from inside it, i.e. the time the
 loading included. Process CPU time is kept next to it (load-independent when the machine is shared).
 
 Every trainer steps a torch optimizer once a batch, so a global optimizer-step hook counts steps the same way
-for all three: every $PEERS_SYNC_EVERY steps (default 10) it waits for the GPU and marks (step, time). A steady
+for all three: every $PEERS_SYNC_EVERY steps (default 5) it waits for the GPU and marks (step, time). A steady
 rate is then read between two marks, away from the compile and warm-up at the start (summary.py), with the
-evaluation and saves inside that window (`inner_spans`) left out. One sync in ten steps costs a queued trainer
+evaluation and saves inside that window (`inner_spans`) left out. One sync in five steps costs a queued trainer
 little; a sync every step would take away the host/GPU overlap each trainer relies on.
 
 $PEERS_PROFILE_STEP=k records step k+1 (from the end of step k's optimizer step to the end of k+1's) with
@@ -25,7 +25,7 @@ totals = {"loop_s": 0.0, "loop_cpu_s": 0.0, "inner_s": 0.0, "inner_cpu_s": 0.0, 
           "marks": [], "inner_spans": [], "started": time.perf_counter()}
 _depth = {"loop": 0, "inner": 0}  # nesting: a save called from a save is counted once
 _profile = {"prof": None, "optimizer": None}
-SYNC_EVERY = int(os.environ.get("PEERS_SYNC_EVERY", "10"))
+SYNC_EVERY = int(os.environ.get("PEERS_SYNC_EVERY", "5"))
 PROFILE_STEP = int(os.environ.get("PEERS_PROFILE_STEP", "0"))
 totals["profile_step"] = PROFILE_STEP
 
