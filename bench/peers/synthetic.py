@@ -26,12 +26,20 @@ import torch
 from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: train_throughput's draft shapes
 from draftlab.data.features import FORMAT, HEAD_FILE  # noqa: E402
 from draftlab.data.vocab import vocab_name, vocab_path, write_vocab  # noqa: E402
+from train_throughput import PRESETS as DRAFT_SHAPES  # noqa: E402
 
-# Llama-3.1-8B: the target shape of issue 49's second comparison
-PRESETS = {"llama8b": dict(hidden=4096, vocab=128256, draft_vocab=32000, layers=32, heads=32, kv_heads=8,
-                           intermediate=14336, rope_theta=500000.0, eps=1e-5)}
+def _target_shape(draft: dict, layers: int, rope_theta: float, eps: float) -> dict:
+    """The target whose features a draft of train_throughput's shape reads, in this script's argument names."""
+    return dict(hidden=draft["target_hidden_size"], vocab=draft["vocab_size"], draft_vocab=draft["draft_vocab_size"],
+                layers=layers, heads=draft["num_attention_heads"], kv_heads=draft["num_key_value_heads"],
+                intermediate=draft["intermediate_size"], rope_theta=rope_theta, eps=eps)
+
+
+# Llama-3.1-8B: 32 layers; the draft's widths are train_throughput's, so the peers and the MFU bench agree
+PRESETS = {"llama8b": _target_shape(DRAFT_SHAPES["llama8b"], layers=32, rope_theta=500000.0, eps=1e-5)}
 
 
 def target_config(a) -> dict:
