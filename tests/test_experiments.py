@@ -55,3 +55,22 @@ def test_data_scaling_gpu_scores_every_size_on_one_validation_set():
 
 def test_epochs_experiment_stays():
     assert _sweep("epochs")["train.epochs"] == [2.0, 4.0, 8.0, 16.0]
+
+
+def test_the_gpu_script_runs_the_headers_sweeps_as_valid_overrides(tmp_path):
+    """bench/gpu/data_scaling.sh reads its sweeps from the experiment's header: five, each composing (first value
+    of every swept key) into a config that validates, the probe and the two ablations at the largest size."""
+    import subprocess
+
+    (tmp_path / "code").symlink_to(CONF.parent)
+    done = subprocess.run(["bash", str(CONF.parent / "bench" / "gpu" / "data_scaling.sh"), "sweeps"],
+                          env={"G": str(tmp_path), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
+                          check=True)
+    lines = done.stdout.splitlines()
+    assert len(lines) == 5 and lines[0] == ""  # the first is the experiment's own sweep
+    for line in lines:
+        overrides = [o.split(",")[0] for o in line.split()]
+        cfg = validate(compose_config(["experiment=data_scaling_gpu", "target=tiny", *overrides]))
+        if "train.extend_steps" in line:
+            assert cfg.train.extend_steps > 0 and cfg.train.seed == 0 and cfg.data.samples == 51200
+    assert sum(1 for line in lines if "data.samples=51200 " in line + " ") == 2  # the ablations

