@@ -19,7 +19,9 @@ gpu_install() {
   [ -d "$stage/wheels-dl" ] && { pip_into "$g/site-dl" "$stage"/wheels-dl/*.whl || return 1; }
   if [ -d "$stage/wheels-fallback" ]; then
     pip_into "$g/site-fallback" "$stage"/wheels-fallback/*.whl || return 1
-    echo "$g/site-fallback" > "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz-draftlab.pth"
+    local site
+    site=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    echo "$g/site-fallback" > "$site/zz-draftlab.pth"
   fi
   local prompts=$stage/prompts/prompts.jsonl.gz
   [ -f "$prompts" ] && gunzip -c "$prompts" > "$g/carried/prompts.jsonl"

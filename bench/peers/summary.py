@@ -112,7 +112,8 @@ def failed_run(folder: Path) -> dict:
     """A run that exited non-zero or left no timing: its exit code and its log's last line, so it is seen."""
     rc = (folder / "rc").read_text().strip() if (folder / "rc").exists() else "?"
     log = folder / "log.txt"
-    lines = [line.strip(" │╰╯─") for line in log.read_text(errors="replace").splitlines()] if log.exists() else []
+    text = log.read_text(errors="replace") if log.exists() else ""
+    lines = [line.strip(" │╰╯─") for line in text.splitlines()]  # rich's traceback boxes
     return {"failed": True, "rc": rc, "error": next((line[:200] for line in reversed(lines) if line), "")}
 
 
@@ -122,7 +123,8 @@ def load_rounds(results: Path, split: dict) -> dict[int, dict[str, dict]]:
         match = re.fullmatch(r"r(\d+)-(.+)", folder.name)
         if not match:
             continue
-        ok = (folder / "timing.json").exists() and (folder / "rc").exists() and (folder / "rc").read_text().strip() == "0"
+        rc = folder / "rc"
+        ok = (folder / "timing.json").exists() and rc.exists() and rc.read_text().strip() == "0"
         rounds[int(match[1])][match[2]] = load_run(folder, split) if ok else failed_run(folder)
     return rounds
 
