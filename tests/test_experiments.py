@@ -58,19 +58,29 @@ def test_epochs_experiment_stays():
 
 
 def test_the_gpu_script_runs_the_headers_sweeps_as_valid_overrides(tmp_path):
-    """bench/gpu/data_scaling.sh reads its sweeps from the experiment's header: five, each composing (first value
-    of every swept key) into a config that validates, the probe and the two ablations at the largest size."""
+    """bench/gpu/data_scaling.sh reads its sweeps from the experiment's header. Expanded as Hydra's sweeper does
+    (the experiment's sweep params, then the line's overrides): 6 + 3 jobs of sizes and seeds, the steps probe at
+    the two largest sizes (seed 0), each ablation at the largest size with 2 seeds; every job validates."""
     import subprocess
+
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
 
     (tmp_path / "code").symlink_to(CONF.parent)
     done = subprocess.run(["bash", str(CONF.parent / "bench" / "gpu" / "data_scaling.sh"), "sweeps"],
                           env={"G": str(tmp_path), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
                           check=True)
-    lines = done.stdout.splitlines()
-    assert len(lines) == 5 and lines[0] == ""  # the first is the experiment's own sweep
-    for line in lines:
-        overrides = [o.split(",")[0] for o in line.split()]
-        cfg = validate(compose_config(["experiment=data_scaling_gpu", "target=tiny", *overrides]))
-        if "train.extend_steps" in line:
-            assert cfg.train.extend_steps > 0 and cfg.train.seed == 0 and cfg.data.samples == 51200
-    assert sum(1 for line in lines if "data.samples=51200 " in line + " ") == 2  # the ablations
+    params = OmegaConf.load(CONF / "experiment" / "data_scaling_gpu.yaml").hydra.sweeper.params
+    parser = OverridesParser.create()
+    sweeps = []
+    for line in done.stdout.splitlines():
+        overrides = parser.parse_overrides([f"{k}={v}" for k, v in params.items()] + line.split())
+        sweeps.append(BasicSweeper.split_arguments(overrides, None)[0])
+    assert [len(jobs) for jobs in sweeps] == [6, 3, 2, 2, 2]
+    probe, last, two_layers = sweeps[2:]
+    assert {tuple(job) for job in probe} == {("data.samples=51200", "train.seed=0", "train.extend_steps=4000"),
+                                              ("data.samples=25600", "train.seed=0", "train.extend_steps=4000")}
+    for jobs, setting in ((last, "extract.layers=last"), (two_layers, "draft.num_layers=2")):
+        assert sorted(jobs) == [["data.samples=51200", f"train.seed={s}", setting] for s in (0, 1)]
+    for job in (job for jobs in sweeps for job in jobs):
+        validate(compose_config(["experiment=data_scaling_gpu", "target=tiny", *job]))

@@ -142,7 +142,6 @@ def test_same_round_ratios_and_their_medians():
     assert medians["whole_job"]["dl-new/speculators"] == pytest.approx(1.75)
 
 
-
 def test_a_peer_that_fails_every_round_is_shown_and_leaves_the_goal_unmet(tmp_path):
     def run(name: str, rc: int, log: str) -> None:
         folder = tmp_path / name
@@ -174,6 +173,7 @@ def test_a_peer_that_fails_every_round_is_shown_and_leaves_the_goal_unmet(tmp_pa
     assert line["min_steady_ratio"] is None
     record = json.loads((tmp_path / "round-1" / "results.json").read_text())
     assert record["runs"]["speculators"]["failed"] and "dl-new/speculators" not in record["ratios"]
+
 
 def harness_env(tmp_path: Path, pool: Path, peers: str | None) -> tuple[dict, Path]:
     data, results = tmp_path / "data", tmp_path / "results"

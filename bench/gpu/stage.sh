@@ -6,8 +6,8 @@
 # DOWNLOADS keeps the downloads between runs; STAGE gets wheels-peers/, wheels-dl/, wheels-fallback/, prompts/,
 # gguf-a/, gguf-b/.
 set -euo pipefail
-downloads=${1:?usage: wheels.sh DOWNLOADS STAGE}
-stage=${2:?usage: wheels.sh DOWNLOADS STAGE}
+downloads=${1:?usage: stage.sh DOWNLOADS STAGE}
+stage=${2:?usage: stage.sh DOWNLOADS STAGE}
 here=$(cd "$(dirname "$0")" && pwd)
 python=${PYTHON:-python3}
 get=("$python" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp

@@ -1,5 +1,5 @@
 """`speculators train`, timed (run with speculators' environment: $PEERS/venv-spec/bin/python, or the GPU machine's
-python with the peers' wheels on its path). On a GPU it runs as released, with the eager loss (run.sh says why).
+python with the peers' wheels on its path). On a GPU it runs as released, but for run.sh's eager loss.
 
 On a machine without an accelerator: speculators 0.9.0 assumes a GPU in four places; each is redirected here, in
 this process only:
@@ -18,9 +18,6 @@ import sys
 
 import torch
 import torch.utils.data
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import timing  # noqa: E402
 
 if not torch.accelerator.is_available():
     _to_module, _to_tensor = torch.nn.Module.to, torch.Tensor.to
@@ -47,6 +44,9 @@ from speculators.__main__ import app  # noqa: E402
 from speculators.train.trainer import Trainer  # noqa: E402
 
 if __name__ == "__main__":  # its data workers start by spawn, which imports this file again
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import timing  # here: a worker that imported it would write its own timing.json at exit
+
     timing.patch(Trainer, "train_epoch", evals=("val_epoch",), saves=("maybe_save_checkpoint",))
     sys.argv = ["speculators", *sys.argv[1:]]
     app()

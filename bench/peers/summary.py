@@ -114,7 +114,8 @@ def failed_run(folder: Path) -> dict:
     log = folder / "log.txt"
     text = log.read_text(errors="replace") if log.exists() else ""
     lines = [line.strip(" │╰╯─") for line in text.splitlines()]  # rich's traceback boxes
-    return {"failed": True, "rc": rc, "error": next((line[:200] for line in reversed(lines) if line), "")}
+    errors = [line for line in lines if re.match(r"\w+(Error|Exception)\b", line)]
+    return {"failed": True, "rc": rc, "error": (errors or [line for line in lines if line] or [""])[-1][:200]}
 
 
 def load_rounds(results: Path, split: dict) -> dict[int, dict[str, dict]]:

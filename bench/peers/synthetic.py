@@ -31,6 +31,7 @@ from draftlab.data.features import FORMAT, HEAD_FILE  # noqa: E402
 from draftlab.data.vocab import vocab_name, vocab_path, write_vocab  # noqa: E402
 from train_throughput import PRESETS as DRAFT_SHAPES  # noqa: E402
 
+
 def _target_shape(draft: dict, layers: int, rope_theta: float, eps: float) -> dict:
     """The target whose features a draft of train_throughput's shape reads, in this script's argument names."""
     return dict(hidden=draft["target_hidden_size"], vocab=draft["vocab_size"], draft_vocab=draft["draft_vocab_size"],
