@@ -28,8 +28,9 @@ def save(folder, name: str, marker: int) -> None:
 
 
 def test_a_save_stopped_before_its_rename_leaves_latest_readable(tmp_path, monkeypatch):
-    """The loop saves twice at one position (after its last window and validation). The second save used to remove
-    the first's folder before renaming its own into place: stopped between the two, `latest.json` named nothing."""
+    """The loop saves twice at one position (after its last window and validation). A second save that removed the
+    first's folder before renaming its own into place, stopped between the two, would leave `latest.json` naming
+    nothing."""
     save(tmp_path, NAME, 1)
     real = os.replace
 

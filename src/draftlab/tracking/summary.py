@@ -1,8 +1,8 @@
 """The table a run ends with: what came out, what it cost, what went wrong, where to look next.
 
-`src/run.py` used to end on "stage bench: running in ..." with every result hidden in MLflow (issue 13). Now a
-job ends with its key metrics, each stage's seconds and cache state, every warning the run raised, the draft
-folder and the exact command that opens MLflow on it; a sweep ends with one row per job and the verdict.
+A job ends with its key metrics (not with a "stage bench: running in ..." line and every result in MLflow), each
+stage's seconds and cache state, every warning the run raised, the draft folder and the exact command that opens
+MLflow on it; a sweep ends with one row per job and the verdict.
 Rendered by rich as plain text, so the same table reads well on a console and in Hydra's run.log.
 """
 
