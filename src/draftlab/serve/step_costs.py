@@ -54,13 +54,16 @@ def measure(target, drafter, plain_runner, k: int, position: int, repeats: int |
 
 def bound(tau: float, k: int, costs: dict[str, float]) -> float:
     """tau / (1 + k * draft step / target step): nan without costs."""
-    if not costs or costs.get("target_step_ms", 0) <= 0:
-        return float("nan")
-    return tau / (1 + k * costs["draft_step_ms"] / costs["target_step_ms"])
+    return _bound(tau, k, costs, "target_step_ms")
 
 
 def bound_with_verify(tau: float, k: int, costs: dict[str, float]) -> float:
     """tau * target step / (verify step + k * draft step): nan without costs."""
+    return _bound(tau, k, costs, "verify_step_ms")
+
+
+def _bound(tau: float, k: int, costs: dict[str, float], verify: str) -> float:
+    """tau tokens a cycle over the cycle's cost in plain steps, the verify costing `costs[verify]`."""
     if not costs or costs.get("target_step_ms", 0) <= 0:
         return float("nan")
-    return tau * costs["target_step_ms"] / (costs["verify_step_ms"] + k * costs["draft_step_ms"])
+    return tau * costs["target_step_ms"] / (costs[verify] + k * costs["draft_step_ms"])
