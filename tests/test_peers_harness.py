@@ -220,8 +220,10 @@ def test_the_peers_train_and_load_into_draftlabs_evaluator(pool, tmp_path):
         pytest.skip("speculators and SpecForge are optional installs: bash bench/peers/setup.sh, then set PEERS to "
                     "the folder holding venv-spec and venv-sf")
     env, results = harness_env(tmp_path, pool, peers)
-    # two data workers: speculators starts them by spawn, which re-imports its timed entry point
-    done = subprocess.run(["bash", str(PEERS_DIR / "rounds.sh")], env={**env, "ROUNDS": "1", "WORKERS": "2"},
+    # two data workers: speculators starts them by spawn, which re-imports its timed entry point; its forward
+    # compiled with the eager loss, as run.sh trains it on a GPU
+    done = subprocess.run(["bash", str(PEERS_DIR / "rounds.sh")],
+                          env={**env, "ROUNDS": "1", "WORKERS": "2", "PEERS_COMPILE": "1"},
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     runs = json.loads((results / "round-1" / "results.json").read_text())["runs"]

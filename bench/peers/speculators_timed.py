@@ -9,8 +9,9 @@ this process only:
 - its step timer calls `torch.accelerator.synchronize()`: a no-op without an accelerator;
 - its DataLoader pins memory: off.
 Pass `--draft-attn-impl sdpa` (FlexAttention has no CPU backward) and `--loss-implementation eager` (the
-fused loss is a Triton kernel). Timing: `train_epoch`, minus the validation and checkpoint saves inside it
-(timing.py).
+fused loss is a Triton kernel). PEERS_COMPILE=1 compiles its forward on a CPU too, as on a GPU (its decorator
+compiles only where it sees CUDA), so that a CPU run goes through torch.compile's tracing as a GPU run does.
+Timing: `train_epoch`, minus the validation and checkpoint saves inside it (timing.py).
 """
 
 import os
@@ -39,6 +40,15 @@ if not torch.accelerator.is_available():
         _loader_init(self, *a, **{**k, "pin_memory": False})
 
     torch.utils.data.DataLoader.__init__ = _unpinned
+
+if os.environ.get("PEERS_COMPILE") == "1" and not torch.cuda.is_available():
+    _cuda_available = torch.cuda.is_available
+    torch.cuda.is_available = lambda: True  # read once, when the decorator wraps its forward at import
+    from speculators.models.eagle3.core import Eagle3DraftModel  # noqa: E402
+
+    torch.cuda.is_available = _cuda_available
+    if not hasattr(Eagle3DraftModel.forward, "_torchdynamo_orig_callable"):
+        sys.exit("PEERS_COMPILE=1: speculators' Eagle3DraftModel.forward was not compiled")
 
 from speculators.__main__ import app  # noqa: E402
 from speculators.train.trainer import Trainer  # noqa: E402
