@@ -60,8 +60,7 @@ collect() {
   [ -n "${OUT:-}" ] || return 0
   (cd "$G" && find sweeps \( -name results.json -o -name '*.log' -o -path '*/.hydra/*.yaml' \) -print0 2> /dev/null \
     | tar -czf "$OUT/sweeps.tgz" --null -T -)
-  [ -f "$G/log.txt" ] && tail -c 2000000 "$G/log.txt" > "$OUT/log.txt"
-  ls -l "$OUT"
+  gpu_log_out "$G"
 }
 
 step=${1:?usage: data_scaling.sh install|start PART|watch|collect}

