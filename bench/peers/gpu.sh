@@ -8,8 +8,8 @@
 #   bash bench/peers/gpu.sh watch    # progress until it ends or BUDGET seconds (default 540), then collect
 #   bash bench/peers/gpu.sh all      # what the benchmark runs: each shape of SHAPES, then one JSON line
 #   bash bench/peers/gpu.sh llama8b|smollm2|collect
-# Environment: G (default /tmp/peers-gpu), SHAPES ("llama8b smollm2"), ROUNDS (3), TRAINERS (the three, in round
-# 1's order; the shell's, since the declaration does not name it), SAMPLES (50000: the job whose
+# Environment: G (default /tmp/peers-gpu), SHAPES ("llama8b smollm2"), ROUNDS (3), TRAINERS (rounds.sh reads it:
+# the three, in round 1's order; the declaration does not name it), SAMPLES (50000: the job whose
 # features shape smollm2 uses), PEER_SAMPLES (8000: the first samples of it the three trainers train on; the
 # converted copies of more would not fit the disk), SYN_SAMPLES (352 synthetic 8B-shaped samples of 512-1536
 # tokens), LLAMA8B_BATCH_TOKENS (8192), SMOLLM2_BATCH_TOKENS (16384), GGUF_WAIT (900 s), DRAFTLAB_GIT_COMMIT.
@@ -30,9 +30,8 @@ install() { gpu_install .gpu-stage "$G"; }
 rounds() {  # rounds SHAPE DATA BATCH_TOKENS: the three trainers alternated, then val_loss.py and summary.py
   mkdir -p "$G/results/$1"
   (cd "$code" && RESULTS=$G/results/$1 DATA=$2 SHAPE=$1 BATCH_TOKENS=$3 ROUNDS=${ROUNDS:-3} PROFILE=1 \
-    DEVICE=${DEVICE:-cuda} TRAINERS=${TRAINERS:-dl-new speculators specforge} DL_TREE_new=$code \
-    DL_PYTHON=${DL_PY:-python3} DL_SITE=$G/site-dl SPEC_PYTHON=${SPEC_PY:-python3} SF_PYTHON=${SF_PY:-python3} \
-    PEERS_SITE=$G/site-peers \
+    DEVICE=${DEVICE:-cuda} DL_TREE_new=$code DL_PYTHON=${DL_PY:-python3} DL_SITE=$G/site-dl \
+    SPEC_PYTHON=${SPEC_PY:-python3} SF_PYTHON=${SF_PY:-python3} PEERS_SITE=$G/site-peers \
     bash bench/peers/rounds.sh) \
     | tee "$G/results/$1/summary.txt"
 }
