@@ -142,6 +142,21 @@ def test_same_round_ratios_and_their_medians():
     assert medians["whole_job"]["dl-new/speculators"] == pytest.approx(1.75)
 
 
+def test_quality_is_judged_against_the_rounds_seed_noise():
+    summary = load("summary")
+
+    def rounds(dl: list[float], peer: list[float]) -> dict:
+        return {r: {"dl-new": {"val_loss": a}, "specforge": {"val_loss": b}} for r, (a, b) in enumerate(zip(dl, peer))}
+
+    within = summary.quality(rounds([10.1, 9.9, 10.05], [10.0, 10.0, 10.0]))["dl-new/specforge"]
+    assert within["above_pct"] == pytest.approx(0.5) and within["noise_pct"] == pytest.approx(2.0)
+    behind = summary.quality(rounds([10.30, 10.31, 10.30], [10.0, 10.02, 10.01]))["dl-new/specforge"]
+    assert behind["above_pct"] == pytest.approx(100 * 0.29 / 10.01) and behind["noise_pct"] == pytest.approx(100 * 0.02 / 10.01)
+    assert behind["above_pct"] > behind["noise_pct"] and within["above_pct"] < within["noise_pct"]
+    one_seed = summary.quality(rounds([10.001] * 3, [10.0] * 3))["dl-new/specforge"]
+    assert one_seed["noise_pct"] == 0 and one_seed["above_pct"] > 0  # no spread: any excess is behind
+
+
 def test_a_peer_that_fails_every_round_is_shown_and_leaves_the_goal_unmet(tmp_path):
     def run(name: str, rc: int, log: str) -> None:
         folder = tmp_path / name
@@ -170,7 +185,7 @@ def test_a_peer_that_fails_every_round_is_shown_and_leaves_the_goal_unmet(tmp_pa
     line = summary_line(done.stdout)
     assert line["median_steady_ratio"] == {"dl-new/specforge": 1.0}  # the pair that ran is still measured
     assert line["missing_pairs"] == ["dl-new/speculators"] and line["failed_rounds"] == {"speculators": [1, 2]}
-    assert line["min_steady_ratio"] is None
+    assert line["min_steady_ratio"] is None and line["min_steady_ratio_as_good"] is None
     record = json.loads((tmp_path / "round-1" / "results.json").read_text())
     assert record["runs"]["speculators"]["failed"] and "dl-new/speculators" not in record["ratios"]
 
@@ -197,11 +212,15 @@ def summary_line(output: str) -> dict:
 @pytest.mark.slow
 def test_the_harness_runs_draftlab_end_to_end_on_a_tiny_pool(pool, tmp_path):
     env, results = harness_env(tmp_path, pool, None)
-    done = subprocess.run(["bash", str(PEERS_DIR / "rounds.sh")], env={**env, "ROUNDS": "2", "TRAINERS": "dl-new",
-                          "PROFILE": "1", "PROFILE_AT": "2"}, capture_output=True, text=True, timeout=600)
+    # dl-slow: the same tree with one more override, a reference beside dl-new (DL_ARGS_<label>)
+    done = subprocess.run(["bash", str(PEERS_DIR / "rounds.sh")],
+                          env={**env, "ROUNDS": "2", "TRAINERS": "dl-new dl-slow", "DL_ARGS_slow": "train.lr=1e-5",
+                               "PROFILE": "1", "PROFILE_AT": "2"}, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     for r in (1, 2):
         assert (results / f"r{r}-dl-new" / "rc").read_text().strip() == "0"
+        assert f"seed={r - 1}" in (results / f"r{r}-dl-new" / "settings.txt").read_text()  # round k, seed k - 1
+        assert "train.lr=1e-5" in (results / f"r{r}-dl-slow" / "settings.txt").read_text()
         record = json.loads((results / f"round-{r}" / "results.json").read_text())
         run = record["runs"]["dl-new"]
         assert run["steps"] > 5 and run["whole_job_s"] > 0 and math.isfinite(run["val_loss"])
@@ -210,7 +229,12 @@ def test_the_harness_runs_draftlab_end_to_end_on_a_tiny_pool(pool, tmp_path):
     # the evaluator scores draftlab's export as the trainer's own last validation pass did
     own = json.loads((results / "r1-dl-new" / "dl" / "metrics.json").read_text())["val/loss"]
     assert json.loads((results / "r1-dl-new" / "val.json").read_text())["val/loss"] == pytest.approx(own, rel=1e-3)
-    assert summary_line(done.stdout)["rounds"] == 2
+    line = summary_line(done.stdout)
+    assert line["rounds"] == 2 and line["missing_pairs"] == [] and line["min_steady_ratio"] is None  # no peer ran
+    # seeds 0 and 1 give different drafts; a 100x smaller lr leaves dl-slow's draft elsewhere again
+    losses = {name: {json.loads((results / f"r{r}-{name}" / "val.json").read_text())["val/loss"] for r in (1, 2)}
+              for name in ("dl-new", "dl-slow")}
+    assert len(losses["dl-new"]) == 2 and not losses["dl-new"] & losses["dl-slow"]
 
 
 @pytest.mark.slow

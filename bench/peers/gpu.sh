@@ -80,9 +80,12 @@ for shape in sys.argv[2:]:
     path = Path(sys.argv[1]) / shape / "summary.txt"
     lines = path.read_text().splitlines() if path.exists() else []
     shapes[shape] = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else None
-# a shape that did not finish, or a peer without a steady ratio, leaves the goal unmet
-mins = [s.get("min_steady_ratio") if s else None for s in shapes.values()]
-print(json.dumps({"min_steady_ratio": None if None in mins or not mins else min(mins), "shapes": shapes}))
+# a shape that did not finish, a peer without a steady ratio or draftlab behind on val/loss leaves the goal unmet
+def lowest(key):
+    values = [s.get(key) if s else None for s in shapes.values()]
+    return None if None in values or not values else min(values)
+print(json.dumps({"min_steady_ratio_as_good": lowest("min_steady_ratio_as_good"),
+                  "min_steady_ratio": lowest("min_steady_ratio"), "shapes": shapes}))
 EOF
   return $status
 }

@@ -14,7 +14,11 @@ last line printed is one JSON object for `python -m draftlab benchmark` (median 
 - whole job: the command's wall seconds, start-up, data loading, compile, training and the final save included.
 - peak GPU memory: torch.cuda.max_memory_allocated in the trainer's process; beside it nvidia-smi's largest
   memory.used over the run less its first sample (the caching allocator's reserve and the CUDA context included).
-- val/loss: draftlab's evaluator on the same validation samples (val_loss.py's val.json).
+- val/loss: draftlab's evaluator on the same validation samples (val_loss.py's val.json). Round k trains with seed
+  k - 1 (rounds.sh), so a trainer's val/loss range over the rounds is its seed noise; draftlab is as good as a peer
+  when its median val/loss lies above the peer's by no more than the larger of the two ranges
+  (`behind_on_quality` lists the pairs where it does not). `min_steady_ratio` is over dl-new's pairs where dl-new
+  ran (other dl-<label> runs are references); `min_steady_ratio_as_good` is None where one of them is behind.
 - MFU: model FLOPs per token (bench/train_throughput.py's flops_per_token: 6 x (fc + TTT steps x (layer matmuls +
   draft head)) + attention) x steady tok/s over the peak. Documents are causal and separate, so the attention term
   uses the effective length sum(L^2) / sum(L), for which (L + 1) / 2 keys a query is exact. The same formula for
@@ -168,6 +172,25 @@ def medians(rounds: dict[int, dict[str, dict]]) -> dict[str, dict[str, float]]:
             for key, pairs in collected.items()}
 
 
+def quality(rounds: dict[int, dict[str, dict]]) -> dict[str, dict[str, float]]:
+    """Per draftlab/peer pair: the median val/loss % draftlab lies above the peer (`medians`' diff is a median of
+    per-round diffs; this one compares the medians) and the seed noise, the larger of the two val/loss ranges over
+    the rounds, in % of the peer's median."""
+    losses: dict[str, list[float]] = defaultdict(list)
+    for runs in rounds.values():
+        for name, run in runs.items():
+            if run.get("val_loss") is not None:
+                losses[name].append(run["val_loss"])
+    out = {}
+    for d in sorted(n for n in losses if n.startswith("dl-")):
+        for p in sorted(n for n in losses if not n.startswith("dl-")):
+            base = statistics.median(losses[p])
+            spread = max(max(v) - min(v) for v in (losses[d], losses[p]))
+            out[f"{d}/{p}"] = {"above_pct": 100 * (statistics.median(losses[d]) - base) / base,
+                               "noise_pct": 100 * spread / base}
+    return out
+
+
 def fmt(x, spec: str = ".0f") -> str:
     return "-" if x is None else format(x, spec)
 
@@ -218,12 +241,22 @@ def main() -> None:
         for name, x in runs.items():
             if x.get("failed"):
                 failed[name].append(r)
+    judged = quality(rounds)
+    behind = sorted(pair for pair, q in judged.items() if q["above_pct"] > q["noise_pct"])
+    for pair, q in judged.items():
+        print(f"- {pair} val/loss: median {q['above_pct']:+.3f}% against the peer's, seed noise {q['noise_pct']:.3f}%"
+              + (" (behind)" if pair in behind else ""))
     if missing:
         print(f"\nNo steady ratio for {', '.join(missing)}: the goal is not met (failed runs: {dict(failed)})")
+    # the goal is the tree under test's (dl-new) where it ran; other dl-<label> runs are references beside it
+    goal = {pair: v for pair, v in steady.items() if pair.startswith("dl-new/")} or steady
+    lowest = min(goal.values()) if goal and not missing else None
     summary = {"shape": args.shape, "rounds": len(rounds), "median_ratio": result.get("tok_s_loop", {}),
                "median_steady_ratio": steady, "median_whole_job_ratio": result.get("whole_job", {}),
                "median_val_loss_diff_pct": result.get("val_loss_diff_pct", {}), "failed_rounds": dict(failed),
-               "missing_pairs": missing, "min_steady_ratio": min(steady.values()) if steady and not missing else None}
+               "val_loss_vs_noise_pct": {pair: {k: round(v, 4) for k, v in q.items()} for pair, q in judged.items()},
+               "behind_on_quality": behind, "missing_pairs": missing, "min_steady_ratio": lowest}
+    summary["min_steady_ratio_as_good"] = None if set(behind) & set(goal) else lowest
     print(json.dumps(summary))  # for python -m draftlab benchmark peers / peers_gpu
 
 
