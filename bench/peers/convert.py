@@ -14,7 +14,7 @@ vocab/nN-v*.safetensors must exist). Writes, all outside any timed run:
 - OUT/split.json: counts, the draft's shape and the token moments summary.py needs for MFU.
 Samples are streamed shard by shard, so a pool larger than memory converts. `--peers` names the formats to write
 (both by default; none: only the target and split.json, enough for draftlab alone). speculators' format needs
-`datasets` (the speculators venv has it); of draftlab it imports the shard reader only.
+`datasets` (the speculators venv has it); of draftlab it imports the shard reader and the plan's draft shape only.
 """
 
 import argparse
@@ -22,6 +22,7 @@ import json
 import shutil
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -30,6 +31,7 @@ from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 from draftlab.data.samples import unpack  # noqa: E402  (torch, safetensors and the stdlib only)
+from draftlab.plan_estimates import draft_shape as plan_draft_shape  # noqa: E402  (the stdlib only)
 
 TARGET_FILES = (".json", ".jinja", ".txt", ".model")  # tokenizer and config files copied from TARGET_DIR
 
@@ -92,16 +94,10 @@ def write_target(extract: Path, manifest: dict, source: Path | None, out: Path) 
 
 
 def draft_shape(config: dict, layer_ids: list[int], draft_vocab: int) -> dict:
-    """The one-layer draft all three trainers build: the target's attention shape (draftlab's draft_config)."""
-    heads = config["num_attention_heads"]
-    return {"hidden_size": config["hidden_size"], "intermediate_size": config["intermediate_size"],
-            "num_attention_heads": heads, "num_key_value_heads": config.get("num_key_value_heads") or heads,
-            "head_dim": config.get("head_dim") or config["hidden_size"] // heads,
-            "target_hidden_size": config["hidden_size"], "aux_layer_ids": list(layer_ids),
-            "vocab_size": config["vocab_size"], "draft_vocab_size": draft_vocab, "num_hidden_layers": 1,
-            "rms_norm_eps": config.get("rms_norm_eps", 1e-5), "hidden_act": config.get("hidden_act", "silu"),
-            "rope_theta": config.get("rope_theta") or (config.get("rope_parameters") or {}).get("rope_theta", 10000.0),
-            "max_position_embeddings": config.get("max_position_embeddings", 2048)}
+    """The one-layer draft all three trainers build: draftlab's own with draft.* unset (the target's shape)."""
+    target_shape = SimpleNamespace(hidden_size=None, num_heads=None, num_kv_heads=None, intermediate_size=None,
+                                   num_layers=1)
+    return plan_draft_shape(config, target_shape, layer_ids, draft_vocab, 0)
 
 
 def specforge_draft_config(config: dict, shape: dict, dtype: str) -> dict:

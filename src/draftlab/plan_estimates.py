@@ -25,8 +25,9 @@ TB = 1e12
 
 
 def draft_shape(text: dict, draft_cfg, layer_ids: list[int], draft_vocab: int, max_seq_len: int) -> dict:
-    """The draft's DraftModelConfig fields, derived from the target's text config as stages/train.py
-    `draft_config` derives them from the extract manifest (tests/test_plan.py holds the two equal)."""
+    """The draft's DraftModelConfig fields from the target's text config and draft.* (None = the target's value):
+    what the plan counts, the train stage builds (`draft_config`) and bench/peers/convert.py gives the peers.
+    SGLang refuses a draft whose context is shorter than the target's (sglang-eagle3.md 1.7)."""
     hidden_t, heads_t = text["hidden_size"], text["num_attention_heads"]
     hidden = draft_cfg.hidden_size or hidden_t
     heads = draft_cfg.num_heads or heads_t

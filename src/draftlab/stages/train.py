@@ -18,6 +18,7 @@ import torch
 from draftlab import draft_provenance, fsutil
 from draftlab.export import export_draft
 from draftlab.model.draft import DraftModelConfig, Eagle3Draft
+from draftlab.plan_estimates import draft_shape
 from draftlab.progress import StepBar
 from draftlab.reporting import Reporter
 from draftlab.train.history import replay_history
@@ -29,34 +30,13 @@ FORMAT = "draftlab.train/1"
 
 
 def draft_config(draft_cfg, manifest: dict, draft_vocab_size: int, max_seq_len: int) -> DraftModelConfig:
-    """draft.* over the target's shape (None = the target's value); RoPE, eps and context from the target."""
+    """draft.* over the target's shape (None = the target's value); RoPE, eps and context from the target: the plan's
+    `draft_shape` on the extract manifest's target config."""
     target = manifest["target"]
-    tc = target.get("config") or {}
-    hidden_t = tc.get("hidden_size") or target["hidden_size"]
-    heads_t = tc["num_attention_heads"]
-    hidden = draft_cfg.hidden_size or hidden_t
-    heads = draft_cfg.num_heads or heads_t
-    same_attn = hidden == hidden_t and heads == heads_t
-    head_dim = (tc.get("head_dim") or hidden_t // heads_t) if same_attn else hidden // heads
-    rope = tc.get("rope_parameters") or {}
+    text = dict(target.get("config") or {})
+    text["hidden_size"] = text.get("hidden_size") or target["hidden_size"]
     layer_ids = manifest.get("layer_ids", manifest.get("layers"))
-    return DraftModelConfig(
-        hidden_size=hidden,
-        intermediate_size=draft_cfg.intermediate_size or tc["intermediate_size"],
-        num_attention_heads=heads,
-        num_key_value_heads=draft_cfg.num_kv_heads or tc.get("num_key_value_heads") or heads,
-        head_dim=head_dim,
-        target_hidden_size=hidden_t,
-        aux_layer_ids=list(layer_ids),
-        vocab_size=tc["vocab_size"],
-        draft_vocab_size=draft_vocab_size,
-        num_hidden_layers=draft_cfg.num_layers,
-        rms_norm_eps=tc.get("rms_norm_eps", 1e-5),
-        rope_theta=tc.get("rope_theta") or rope.get("rope_theta", 10000.0),
-        # SGLang refuses a draft whose context is shorter than the target's (sglang-eagle3.md 1.7)
-        max_position_embeddings=max(tc.get("max_position_embeddings", 2048), max_seq_len),
-        hidden_act=tc.get("hidden_act", "silu"),
-    )
+    return DraftModelConfig(**draft_shape(text, draft_cfg, list(layer_ids), draft_vocab_size, max_seq_len))
 
 
 def build_model(cfg, source) -> tuple[Eagle3Draft, DraftModelConfig, torch.Tensor]:
