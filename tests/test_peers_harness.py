@@ -142,6 +142,17 @@ def test_same_round_ratios_and_their_medians():
     assert medians["whole_job"]["dl-new/speculators"] == pytest.approx(1.75)
 
 
+def test_a_run_over_several_epochs_counts_every_epochs_tokens(tmp_path):
+    summary = load("summary")
+    (tmp_path / "settings.txt").write_text("speculators device=cuda ttt=7 batch_tokens=8192 epochs=3 seed=1 \n")
+    marks = [[s, 0.5 * s] for s in range(0, 61, 5)]  # 60 steps, half a second each
+    (tmp_path / "timing.json").write_text(json.dumps({"train_s": 30.0, "train_cpu_s": 30.0, "steps": 60,
+                                                      "marks": marks, "inner_spans": []}))
+    run = summary.load_run(tmp_path, {"train_tokens": 10_000})
+    assert run["ttt"] == 7 and run["tok_s_loop"] == pytest.approx(1_000)  # 3 x 10,000 tokens in 30 s
+    assert run["tok_s_steady"] == pytest.approx(1_000)  # 500 tokens a step, 0.5 s a step
+
+
 def test_quality_is_judged_against_the_rounds_seed_noise():
     summary = load("summary")
 
@@ -215,11 +226,12 @@ def test_the_harness_runs_draftlab_end_to_end_on_a_tiny_pool(pool, tmp_path):
     # dl-slow: the same tree with one more override, a reference beside dl-new (DL_ARGS_<label>)
     done = subprocess.run(["bash", str(PEERS_DIR / "rounds.sh")],
                           env={**env, "ROUNDS": "2", "TRAINERS": "dl-new dl-slow", "DL_ARGS_slow": "train.lr=1e-5",
+                               "EPOCHS": "2",
                                "PROFILE": "1", "PROFILE_AT": "2"}, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     for r in (1, 2):
         assert (results / f"r{r}-dl-new" / "rc").read_text().strip() == "0"
-        assert f"seed={r - 1}" in (results / f"r{r}-dl-new" / "settings.txt").read_text()  # round k, seed k - 1
+        assert f"epochs=2 seed={r - 1}" in (results / f"r{r}-dl-new" / "settings.txt").read_text()  # seed k - 1
         assert "train.lr=1e-5" in (results / f"r{r}-dl-slow" / "settings.txt").read_text()
         record = json.loads((results / f"round-{r}" / "results.json").read_text())
         run = record["runs"]["dl-new"]

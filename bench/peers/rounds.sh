@@ -4,11 +4,12 @@
 # summary with same-round ratios (summary.py, which also writes RESULTS/round-<k>/results.json).
 #   ROUNDS=3 TRAINERS="dl-new speculators specforge" bench/peers/rounds.sh
 # dl-<label> is draftlab from the tree in $DL_TREE_<label> (default $DL_TREE_new; e.g. DL_TREE_main=/work/dl-main)
-# with the extra overrides in $DL_ARGS_<label> (e.g. DL_ARGS_nographs="train.compile_cuda_graphs=false"); see
-# run.sh for the rest of the environment (DATA, RESULTS, DEVICE, ...). Round k trains every trainer with seed k - 1
-# (SEED fixes one for all rounds): the rounds' val/loss spread is the seed noise summary.py judges quality by. PROFILE=1: one step of each trainer in the last round is
-# profiled (step PROFILE_AT, default 10: inside the warm-up that the steady rate leaves out). SHAPE names the
-# results in the summary; PEAK_TFLOPS (default 790 on a GPU: the H200's and H100's bf16 matmul) sizes MFU.
+# with the extra overrides in $DL_ARGS_<label> (e.g. DL_ARGS_nographs="train.compile_cuda_graphs=false"); see run.sh
+# for the rest of the environment (DATA, RESULTS, DEVICE, ...). Round k trains every trainer with seed k - 1 (SEED
+# fixes one for all rounds): the rounds' val/loss spread is the seed noise summary.py judges quality by. PROFILE=1:
+# one step of each trainer in the last round is profiled (step PROFILE_AT, default 10: inside the warm-up that the
+# steady rate leaves out). SHAPE names the results in the summary; PEAK_TFLOPS (default 790 on a GPU: the H200's and
+# H100's bf16 matmul) sizes MFU.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/settings.sh"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One timed training run of one trainer on convert.py's data: 1 epoch over the same training samples, 1 draft
+# One timed training run of one trainer on convert.py's data: EPOCHS (1) over the same training samples, 1 draft
 # layer of the same shape, the same draft vocabulary, TTT length, step-loss decay 0.8, lr (cosine, 5% warmup),
 # tokens per step and longest sequence.
 #   bench/peers/run.sh draftlab|speculators|specforge NAME
@@ -8,7 +8,7 @@
 # log.txt, load.txt (load average before and after), rc, and the trained draft for val_loss.py.
 # Environment:
 #   DATA     convert.py's OUT (default $PEERS/data); RESULTS: where runs go
-#   DEVICE, TTT, BATCH_TOKENS, LR, MAX_SEQ, WORKERS: settings.sh. On cuda the trainers run as released, bf16;
+#   DEVICE, TTT, BATCH_TOKENS, LR, MAX_SEQ, WORKERS, EPOCHS: settings.sh. On cuda the trainers run as released, bf16;
 #            on cpu in fp32 with the CPU patches in *_timed.py. THREADS (cpu threads, default 1), PROFILE_STEP
 #   SEED     every trainer's seed (default 0)
 #   DL_TREE  the draftlab checkout to measure; DL_PYTHON its interpreter (default DL_TREE's .venv, else python3);
@@ -24,7 +24,10 @@ data=${DATA:-$PEERS/data}
 . "$here/settings.sh"
 split() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2], {}, d))" \
   "$data/split.json" "$1"; }
-ttt=$TTT batch=$BATCH_TOKENS workers=$WORKERS lr=$LR max_seq=$MAX_SEQ dtype=float32 seed=${SEED:-0}
+ttt=$TTT batch=$BATCH_TOKENS workers=$WORKERS lr=$LR max_seq=$MAX_SEQ dtype=float32 seed=${SEED:-0} epochs=$EPOCHS
+# draftlab validates once, at the end, as over one epoch: over more, its per-epoch passes would let it export the
+# best epoch by the very samples val_loss.py scores, where the peers give their last weights
+dl_eval=null; [ "$epochs" -gt 1 ] && dl_eval=1000000
 [ "$DEVICE" = cuda ] && dtype=bfloat16
 n=$(split n) vocab=$(split draft_vocab) ratio=$(split train_ratio) extract=$(split extract) pad=$(split pad_token_id)
 layers=$(split "' '.join(map(str, hf_layer_ids))")
@@ -34,7 +37,7 @@ export OMP_NUM_THREADS=${THREADS:-1} MKL_NUM_THREADS=${THREADS:-1} PEERS_TIMING=
 export PEERS_PROFILE_STEP=${PROFILE_STEP:-0} PEERS_PROFILE_OUT=$out/profile.txt PYTHONUNBUFFERED=1
 [ "$DEVICE" = cpu ] && export CUDA_VISIBLE_DEVICES="" PEERS_FP32=1
 echo "$trainer device=$DEVICE ttt=$ttt batch_tokens=$batch lr=$lr max_seq=$max_seq specforge_batch=$sf_batch" \
-  "seed=$seed ${DL_ARGS:-}" \
+  "epochs=$epochs seed=$seed ${DL_ARGS:-}" \
   > "$out/settings.txt"
 timed=()
 [ -x /usr/bin/time ] && timed=(/usr/bin/time -v -o "$out/time.txt")
@@ -51,8 +54,8 @@ case $trainer in
     py=${DL_PYTHON:-$DL_TREE/.venv/bin/python}; [ -x "$py" ] || py=python3
     read -r -a extra <<< "${DL_ARGS:-}"
     (cd "$DL_TREE" && PYTHONPATH="$DL_TREE/src${DL_SITE:+:$DL_SITE}" "${timed[@]}" "$py" "$here/draftlab_timed.py" \
-      "$extract" "$out/dl" hardware=$hw data.samples="$n" draft.vocab_size="$vocab" train.epochs=1 \
-      train.max_steps=null train.early_stop_patience=null train.eval_every=null train.checkpoint_every=1000000 \
+      "$extract" "$out/dl" hardware=$hw data.samples="$n" draft.vocab_size="$vocab" train.epochs="$epochs" \
+      train.max_steps=null train.early_stop_patience=null train.eval_every=$dl_eval train.checkpoint_every=1000000 \
       train.ttt_steps="$ttt" train.loss_decay=0.8 train.batch_tokens="$batch" train.max_seq_len="$max_seq" \
       train.lr="$lr" train.schedule=cosine train.warmup_ratio=0.05 train.seed="$seed" train.device="$DEVICE" \
       train.dtype="$dtype" "${extra[@]}") > "$out/log.txt" 2>&1 ;;
@@ -68,7 +71,7 @@ case $trainer in
       "$here/speculators_timed.py" train --speculator-type eagle3 --verifier-name-or-path "$data/target" \
       --data-path "$data/spec" --on-missing raise --target-layer-ids $layers --num-layers 1 \
       --draft-vocab-size "$vocab" --mask-token-id "$pad" --total-seq-len "$batch" --train-data-ratio "$ratio" \
-      --num-workers "$workers" --epochs 1 --ttt-steps "$ttt" --ttt-step-loss-decay 0.8 --optimizer adamw \
+      --num-workers "$workers" --epochs "$epochs" --ttt-steps "$ttt" --ttt-step-loss-decay 0.8 --optimizer adamw \
       --lr "$lr" --weight-decay 0 --scheduler-type cosine --scheduler-warmup-ratio 0.05 \
       --hidden-states-dtype "$dtype" "${flags[@]}" --log-freq 10 --seed "$seed" --save-path "$out/ckpt" \
       --log-dir "$out/logs" --no-resume-from-checkpoint) > "$out/log.txt" 2>&1 ;;
@@ -81,7 +84,7 @@ model: {target_model_path: $data/target, draft_model_config: $data/sf/draft_conf
   vocab_mapping_path: $data/sf/vocab_mapping.pt}
 data: {hidden_states_path: $data/sf/train, max_length: $max_seq,
   chat_template: llama3, cache_dir: $out/cache, dataloader_num_workers: $workers}
-training: {strategy: eagle3, num_epochs: 1, batch_size: $sf_batch, learning_rate: $lr, lr_scheduler: cosine,
+training: {strategy: eagle3, num_epochs: $epochs, batch_size: $sf_batch, learning_rate: $lr, lr_scheduler: cosine,
   warmup_ratio: 0.05, max_grad_norm: 0.5, ttt_length: $ttt, attention_backend: $attention,
   fsdp_sharding: NO_SHARD, save_interval: 0, eval_interval: 0, log_interval: 10, seed: $seed}
 deployment: {mode: local_colocated}

@@ -5,7 +5,7 @@
 Run folders are named r<round>-<trainer> (run.sh). Each round's numbers go to RESULTS/round-<k>/results.json; the
 last line printed is one JSON object for `python -m draftlab benchmark` (median ratios over the rounds).
 
-- tok/s (loop): the training split's tokens (every trainer trains one epoch on them) over the training loop's
+- tok/s (loop): the training split's tokens times the epochs (every trainer trains on them) over the training loop's
   seconds, evaluation and saves left out (timing.py); tok/cpu-s uses the loop's process CPU time instead.
 - steady tok/s: the same tokens per step (training tokens / the run's optimizer steps) over a window of steps
   between two of timing.py's synchronised marks, from the first mark past `warm` of the steps (and past a
@@ -86,19 +86,20 @@ def load_average(path: Path) -> str:
     return " / ".join(line.split()[0] for line in lines) or "?"
 
 
-def read_ttt(folder: Path) -> int | None:
+def read_setting(folder: Path, key: str) -> int | None:
+    """An integer setting run.sh wrote to settings.txt (ttt, epochs); None where it is not there."""
     path = folder / "settings.txt"
-    match = re.search(r"ttt=(\d+)", path.read_text()) if path.exists() else None
+    match = re.search(rf"\b{key}=(\d+)", path.read_text()) if path.exists() else None
     return int(match[1]) if match else None
 
 
 def load_run(folder: Path, split: dict) -> dict:
-    tokens = split["train_tokens"]
+    tokens = split["train_tokens"] * (read_setting(folder, "epochs") or 1)  # what the whole run trained on
     t = json.loads((folder / "timing.json").read_text())
     run = {"steps": t.get("steps", 0), "tok_s_loop": tokens / t["train_s"] if t["train_s"] else None,
            "tok_cpu_s": tokens / t["train_cpu_s"] if t["train_cpu_s"] else None, "loop_s": t["train_s"],
            "peak_alloc_gb": t.get("peak_alloc_gb"), "gpu": t.get("gpu"), "smi_peak_gb": smi_peak_gb(folder / "smi.txt"),
-           "load": load_average(folder / "load.txt"), "ttt": read_ttt(folder)}
+           "load": load_average(folder / "load.txt"), "ttt": read_setting(folder, "ttt")}
     profiled = t.get("profile_step") or 0  # the profiler's start and stop slow the steps around it
     steady = steady_rate(t.get("marks", []), t.get("inner_spans", []), run["steps"], tokens,
                          skip_until=profiled + 2 if profiled else 0)
