@@ -86,20 +86,21 @@ def load_average(path: Path) -> str:
     return " / ".join(line.split()[0] for line in lines) or "?"
 
 
-def read_setting(folder: Path, key: str) -> int | None:
-    """An integer setting run.sh wrote to settings.txt (ttt, epochs); None where it is not there."""
+def read_settings(folder: Path) -> dict[str, int]:
+    """The integer settings run.sh wrote to settings.txt (ttt, epochs, seed, ...), the first of each name."""
     path = folder / "settings.txt"
-    match = re.search(rf"\b{key}=(\d+)", path.read_text()) if path.exists() else None
-    return int(match[1]) if match else None
+    found = re.findall(r"(?:^|\s)(\w+)=(\d+)(?=\s|$)", path.read_text()) if path.exists() else []
+    return {key: int(value) for key, value in reversed(found)}
 
 
 def load_run(folder: Path, split: dict) -> dict:
-    tokens = split["train_tokens"] * (read_setting(folder, "epochs") or 1)  # what the whole run trained on
+    settings = read_settings(folder)
+    tokens = split["train_tokens"] * settings.get("epochs", 1)  # what the whole run trained on
     t = json.loads((folder / "timing.json").read_text())
     run = {"steps": t.get("steps", 0), "tok_s_loop": tokens / t["train_s"] if t["train_s"] else None,
            "tok_cpu_s": tokens / t["train_cpu_s"] if t["train_cpu_s"] else None, "loop_s": t["train_s"],
            "peak_alloc_gb": t.get("peak_alloc_gb"), "gpu": t.get("gpu"), "smi_peak_gb": smi_peak_gb(folder / "smi.txt"),
-           "load": load_average(folder / "load.txt"), "ttt": read_setting(folder, "ttt")}
+           "load": load_average(folder / "load.txt"), "ttt": settings.get("ttt")}
     profiled = t.get("profile_step") or 0  # the profiler's start and stop slow the steps around it
     steady = steady_rate(t.get("marks", []), t.get("inner_spans", []), run["steps"], tokens,
                          skip_until=profiled + 2 if profiled else 0)
@@ -135,31 +136,33 @@ def load_rounds(results: Path, split: dict) -> dict[int, dict[str, dict]]:
     return rounds
 
 
+def pairs(names) -> list[tuple[str, str]]:
+    """Every draftlab run (dl-*) against every peer among `names`, sorted."""
+    names = sorted(names)
+    return [(d, p) for d in names if d.startswith("dl-") for p in names if not p.startswith("dl-")]
+
+
 def pairs_missing(rounds: dict[int, dict[str, dict]], steady: dict[str, float]) -> list[str]:
     """draftlab/peer pairs with no steady ratio in any round: a peer that never ran must not pass the goal."""
     names = {n for runs in rounds.values() for n in runs}
-    pairs = [f"{d}/{p}" for d in sorted(n for n in names if n.startswith("dl-"))
-             for p in sorted(n for n in names if not n.startswith("dl-"))]
-    return [pair for pair in pairs if pair not in steady]
+    return [f"{d}/{p}" for d, p in pairs(names) if f"{d}/{p}" not in steady]
 
 
 def ratios(runs: dict[str, dict]) -> dict[str, dict]:
     """draftlab (dl-*) against each peer within one round: rates as dl / peer, whole job as peer / dl (above 1:
     draftlab faster), val/loss as the % draftlab's lies above the peer's (negative: better)."""
     out = {}
-    done = {n for n, run in runs.items() if not run.get("failed")}
-    for d in sorted(n for n in done if n.startswith("dl-")):
-        for p in sorted(n for n in done if not n.startswith("dl-")):
-            a, b = runs[d], runs[p]
-            pair = {}
-            for key in ("tok_s_loop", "tok_s_steady"):
-                if a.get(key) and b.get(key):
-                    pair[key] = a[key] / b[key]
-            if a.get("whole_job_s") and b.get("whole_job_s"):
-                pair["whole_job"] = b["whole_job_s"] / a["whole_job_s"]
-            if a.get("val_loss") is not None and b.get("val_loss"):
-                pair["val_loss_diff_pct"] = 100 * (a["val_loss"] - b["val_loss"]) / b["val_loss"]
-            out[f"{d}/{p}"] = pair
+    for d, p in pairs(n for n, run in runs.items() if not run.get("failed")):
+        a, b = runs[d], runs[p]
+        pair = {}
+        for key in ("tok_s_loop", "tok_s_steady"):
+            if a.get(key) and b.get(key):
+                pair[key] = a[key] / b[key]
+        if a.get("whole_job_s") and b.get("whole_job_s"):
+            pair["whole_job"] = b["whole_job_s"] / a["whole_job_s"]
+        if a.get("val_loss") is not None and b.get("val_loss"):
+            pair["val_loss_diff_pct"] = 100 * (a["val_loss"] - b["val_loss"]) / b["val_loss"]
+        out[f"{d}/{p}"] = pair
     return out
 
 
@@ -169,8 +172,8 @@ def medians(rounds: dict[int, dict[str, dict]]) -> dict[str, dict[str, float]]:
         for pair, values in ratios(runs).items():
             for key, value in values.items():
                 collected[key][pair].append(value)
-    return {key: {pair: round(statistics.median(v), 4) for pair, v in pairs.items()}
-            for key, pairs in collected.items()}
+    return {key: {pair: round(statistics.median(v), 4) for pair, v in by_pair.items()}
+            for key, by_pair in collected.items()}
 
 
 def quality(rounds: dict[int, dict[str, dict]]) -> dict[str, dict[str, float]]:
@@ -183,12 +186,11 @@ def quality(rounds: dict[int, dict[str, dict]]) -> dict[str, dict[str, float]]:
             if run.get("val_loss") is not None:
                 losses[name].append(run["val_loss"])
     out = {}
-    for d in sorted(n for n in losses if n.startswith("dl-")):
-        for p in sorted(n for n in losses if not n.startswith("dl-")):
-            base = statistics.median(losses[p])
-            spread = max(max(v) - min(v) for v in (losses[d], losses[p]))
-            out[f"{d}/{p}"] = {"above_pct": 100 * (statistics.median(losses[d]) - base) / base,
-                               "noise_pct": 100 * spread / base}
+    for d, p in pairs(losses):
+        base = statistics.median(losses[p])
+        spread = max(max(v) - min(v) for v in (losses[d], losses[p]))
+        out[f"{d}/{p}"] = {"above_pct": 100 * (statistics.median(losses[d]) - base) / base,
+                           "noise_pct": 100 * spread / base}
     return out
 
 
