@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 
+import pytest
 import torch
 
 from draftlab.reporting import RecordingReporter
@@ -101,6 +102,21 @@ def test_cuda_graphs_pad_batches_to_buckets_and_only_on_cuda(caplog):
     assert caplog.text.count("train.compile_cuda_graphs needs the compiled unroll on CUDA") == 2, caplog.text
 
 
+def test_cuda_graphs_auto_records_for_narrow_drafts_on_cuda_only():
+    """train.compile_cuda_graphs=auto: on CUDA below GRAPHS_MAX_HIDDEN (SmolLM2's 576 on, Llama-3.1-8B's 4096
+    off); true and false as set; anything else refused naming the key."""
+    from draftlab.train.compile_choice import GRAPHS_MAX_HIDDEN, cuda_graphs_wanted
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert cuda_graphs_wanted("auto", cuda, 576) and not cuda_graphs_wanted("auto", cuda, 4096)
+    assert not cuda_graphs_wanted("auto", cuda, GRAPHS_MAX_HIDDEN) and cuda_graphs_wanted("auto", cuda, 2047)
+    assert not cuda_graphs_wanted("auto", cpu, 576)
+    assert cuda_graphs_wanted("True", cuda, 4096) and cuda_graphs_wanted(True, cpu, 576)  # as set
+    assert not cuda_graphs_wanted("false", cuda, 576) and not cuda_graphs_wanted(False, cuda, 576)
+    with pytest.raises(ValueError, match="train.compile_cuda_graphs"):
+        cuda_graphs_wanted("sometimes", cuda, 576)
+
+
 def test_the_trainer_pads_to_its_graph_count_bucket(tmp_path, monkeypatch):
     """train.graph_count_bucket reaches the trainer's padding (a core that records CUDA graphs, stood in on the CPU);
     unset, the counts' multiple is an eighth of the token budget."""
@@ -109,10 +125,12 @@ def test_the_trainer_pads_to_its_graph_count_bucket(tmp_path, monkeypatch):
     from draftlab.train.compiled_unroll import CompiledUnroll
     from test_train_loop import FakeSource, _model, _settings
 
-    monkeypatch.setattr(loop, "unroll_core_for", lambda *args: CompiledUnroll(cuda_graphs=True))
+    calls = []  # the trainer hands its draft's width on for train.compile_cuda_graphs=auto
+    monkeypatch.setattr(loop, "unroll_core_for", lambda *args: calls.append(args) or CompiledUnroll(cuda_graphs=True))
     source = FakeSource()
     for bucket, counts in ((None, 64), (96, 96)):  # batch_tokens 200: an eighth is 25, raised to 64
         settings = _settings(compile_cuda_graphs=True, graph_count_bucket=bucket)
         trainer = loop.Trainer(_model(source), source, source.lm_head, settings, tmp_path / str(bucket),
                                RecordingReporter())
         assert trainer.padding == {"multiple": 64, "rows": 8, "counts": counts}
+        assert calls[-1][-2:] == (True, trainer.model.cfg.hidden_size)

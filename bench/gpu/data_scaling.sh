@@ -12,7 +12,7 @@
 # launcher, JOBS (2) jobs side by side (docs/scale.md), tracking off: the records come back in results.json. Here:
 #   tar -xzf sweeps.tgz -C runs/ (both parts into one folder), python -m draftlab import-runs runs/sweeps
 #   --experiment data_scaling, python src/analyze.py data_scaling --report docs/data_scaling.md
-# Environment: G (/tmp/data-scaling), JOBS, BUDGET, GGUF_WAIT (900 s), DRAFTLAB_GIT_COMMIT (recorded by every
+# Environment: G (/tmp/data-scaling), JOBS, BUDGET, GGUF_WAIT (1200 s), DRAFTLAB_GIT_COMMIT (recorded by every
 # job); for a dry run elsewhere, EXTRA (overrides after the sweep's own, e.g. target=tiny hardware=cpu).
 set -uo pipefail
 G=${G:-/tmp/data-scaling}

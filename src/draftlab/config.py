@@ -137,6 +137,7 @@ def _check_values(c: DictConfig) -> None:
     _choice("train.strategy", c.train.strategy, ("auto", "ddp", "fsdp"))
     _choice("train.compile_loss", str(c.train.compile_loss).lower(), ("auto", "true", "false"))
     _choice("train.compile_unroll", str(c.train.compile_unroll).lower(), ("auto", "true", "false"))
+    _choice("train.compile_cuda_graphs", str(c.train.compile_cuda_graphs).lower(), ("auto", "true", "false"))
     _choice("train.compile_warmup", str(c.train.compile_warmup).lower(), ("auto", "true", "false"))
     if c.train.init_from not in (None, "shorter") and not Path(c.train.init_from).exists():
         raise ConfigError(f"train.init_from: {c.train.init_from} does not exist (a checkpoint or train folder, "

@@ -123,7 +123,9 @@ class TrainConfig:
     compile_loss: str = "auto"  # auto (= on CUDA) | true | false: the soft cross-entropy under torch.compile
     compile_unroll: str = "auto"  # auto (= on CUDA) | true | false: the packed unroll (forward + loss) compiled
     compile_cpp_wrapper: bool = False  # the compiled unroll launches its kernels from C++ (Inductor's cpp_wrapper)
-    compile_cuda_graphs: bool = False  # the compiled unroll replayed as CUDA graphs, batches padded to few sizes
+    # auto (= on CUDA for a narrow draft: train/compile_choice.py) | true | false: the compiled unroll replayed as
+    # CUDA graphs, batches padded to few sizes
+    compile_cuda_graphs: str = "false"
     # under compile_cuda_graphs: the plan's counts padded to a multiple of this; None = batch_tokens / 8
     graph_count_bucket: Optional[int] = None
     # auto (= when the unroll is compiled and generate or extract run first) | true | false: build its graphs in

@@ -6,6 +6,11 @@ from __future__ import annotations
 
 import torch
 
+# train.compile_cuda_graphs=auto records graphs for drafts narrower than this: at SmolLM2's 576 the step is
+# launch-bound and graphs pay, at Llama-3.1-8B's 4096 the padding and recordings cost more than the launches
+# (BENCHMARKS.md "Defaults measured on the GPU"); widths between them are unmeasured
+GRAPHS_MAX_HIDDEN = 2048
+
 
 def compile_wanted(key: str, choice, device: torch.device) -> bool:
     """A train.compile_* setting: auto = on CUDA (on the CPU a step is matmul-bound and compiling costs seconds to
@@ -14,3 +19,13 @@ def compile_wanted(key: str, choice, device: torch.device) -> bool:
     if value not in ("auto", "true", "false"):
         raise ValueError(f"{key}: {choice!r}; expected auto, true or false")
     return device.type == "cuda" if value == "auto" else value == "true"
+
+
+def cuda_graphs_wanted(choice, device: torch.device, hidden_size: int) -> bool:
+    """train.compile_cuda_graphs: auto = on CUDA for a draft narrower than GRAPHS_MAX_HIDDEN, true, false."""
+    value = str(choice).lower()
+    if value not in ("auto", "true", "false"):
+        raise ValueError(f"train.compile_cuda_graphs: {choice!r}; expected auto, true or false")
+    if value == "auto":
+        return device.type == "cuda" and hidden_size < GRAPHS_MAX_HIDDEN
+    return value == "true"

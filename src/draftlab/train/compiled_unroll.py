@@ -38,6 +38,8 @@ changes no result: tests/test_packed_unroll.py): at the headline's lengths an ep
 unpadded, for 1.20x the pairs computed (bench/unroll_sizes.py). Each call starts a new generation of the tree
 (`cudagraph_mark_step_begin`) and copies its outputs out of the graphs' memory pool: the trainer keeps the stats past
 the next replay. The C++ wrapper is then left out (a replay runs no wrapper; Inductor turns CUDA graphs off with it).
+At Llama-3.1-8B's width the padded pairs and the recordings cost more than the launches save, so `auto` records
+only for a narrow draft (train/compile_choice.py).
 Validation (no grad, the model in eval mode) is a graph of its own: a forward-only one. Eager, it took 86 of the
 headline's 366 training seconds (58 passes of 1.5 s; compiled, 2.5x faster), but its compile (73 s cold on the H200)
 would sit on the critical path. So it is compiled when the cache is warm, which training's graph tells: the compile
@@ -65,7 +67,7 @@ from torch._inductor import config as inductor_config
 from torch.fx.experimental import _config as fx_config
 
 from draftlab.train.packed import packed_core
-from draftlab.train.compile_choice import compile_wanted
+from draftlab.train.compile_choice import compile_wanted, cuda_graphs_wanted
 from draftlab.train.ttt import soft_ce_rows
 
 log = logging.getLogger("draftlab")
@@ -198,13 +200,18 @@ def _backward_with_forward():
 
 
 def unroll_core_for(choice: str, device: torch.device, cpp_wrapper: bool = False,
-                    cuda_graphs: bool = False) -> CompiledUnroll | None:
+                    cuda_graphs: str | bool = False, hidden_size: int = 0) -> CompiledUnroll | None:
     """train.compile_unroll: auto = compiled on CUDA, eager elsewhere (two CPU cores took minutes to compile it);
     None means the eager `packed_core`. cpp_wrapper: train.compile_cpp_wrapper; cuda_graphs:
-    train.compile_cuda_graphs, on CUDA only (there is nothing to record elsewhere)."""
+    train.compile_cuda_graphs for a draft of hidden_size, on CUDA only (there is nothing to record elsewhere)."""
     compiled = compile_wanted("train.compile_unroll", choice, device)
-    graphs = cuda_graphs and compiled and device.type == "cuda"
-    if cuda_graphs and not graphs:  # asked for, and nothing to record: say so
+    wanted = cuda_graphs_wanted(cuda_graphs, device, hidden_size)
+    graphs = wanted and compiled and device.type == "cuda"
+    auto = str(cuda_graphs).lower() == "auto"
+    if auto and compiled and device.type == "cuda":
+        log.info("train: train.compile_cuda_graphs=auto: %s for a draft of hidden size %d", "on" if graphs else "off",
+                 hidden_size)
+    if wanted and not graphs and not auto:  # asked for, and nothing to record: say so
         log.warning("train: train.compile_cuda_graphs needs the compiled unroll on CUDA (here %s, %s); training "
                     "without CUDA graphs", device, "compiled" if compiled else "eager")
     if graphs and cpp_wrapper:  # CompiledUnroll leaves it out

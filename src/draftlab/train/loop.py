@@ -107,7 +107,7 @@ class Trainer:
         self.max_kept = 1.0 if self.device.type == "cpu" else PACKED_MAX_KEPT
         self.ce = soft_ce_for(settings.compile_loss, self.device, self.amp or torch.float32)
         self.core = unroll_core_for(settings.compile_unroll, self.device, settings.compile_cpp_wrapper,
-                                    settings.compile_cuda_graphs)  # None: eager
+                                    settings.compile_cuda_graphs, model.cfg.hidden_size)  # None: eager
         self.padding = padding_for(self.core, settings.batch_tokens, settings.graph_count_bucket)
         self._data_wait = 0.0  # seconds this log window waited for batches (train/data_wait_frac)
         self._pending = PendingSums()  # the log window's sums since it was last folded, on the device
