@@ -46,6 +46,7 @@ def test_misspelt_key_is_refused_by_hydra_naming_it():
     ("data.shard_size=20", "data.shard_size"),
     ("train.compile_cpp_wrapper=sometimes", "train.compile_cpp_wrapper"),
     ("train.compile_cuda_graphs=sometimes", "train.compile_cuda_graphs"),
+    ("train.freeze_lm_head=sometimes", "train.freeze_lm_head"),
     ("train.graph_count_bucket=0", "train.graph_count_bucket"),
 ])
 def test_impossible_values_are_refused_naming_the_key(override, key):

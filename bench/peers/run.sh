@@ -12,7 +12,8 @@
 #            on cpu in fp32 with the CPU patches in *_timed.py. THREADS (cpu threads, default 1), PROFILE_STEP
 #   SEED     every trainer's seed (default 0)
 #   DL_TREE  the draftlab checkout to measure; DL_PYTHON its interpreter (default DL_TREE's .venv, else python3);
-#            DL_ARGS more overrides of its train stage (whitespace-separated)
+#            DL_ARGS more overrides of its train stage (whitespace-separated); its head is frozen as speculators'
+#            is (train.freeze_lm_head=true) unless DL_ARGS sets it
 #   SPEC_PYTHON, SF_PYTHON  the peers' interpreters (default $PEERS/venv-spec, $PEERS/venv-sf); PEERS_SITE is put
 #            first on the peers' PYTHONPATH (the GPU machine's wheels), DL_SITE on draftlab's
 set -u
@@ -53,6 +54,13 @@ case $trainer in
     hw=cpu; [ "$DEVICE" = cuda ] && hw=gpu
     py=${DL_PYTHON:-$DL_TREE/.venv/bin/python}; [ -x "$py" ] || py=python3
     read -r -a extra <<< "${DL_ARGS:-}"
+    # speculators keeps its head at the target's rows: draftlab too, where its tree has the setting and DL_ARGS
+    # does not set it
+    if grep -q '^freeze_lm_head:' "$DL_TREE/conf/train/default.yaml" 2>/dev/null \
+        && [[ " ${DL_ARGS:-} " != *" train.freeze_lm_head="* ]]; then
+      extra=(train.freeze_lm_head=true "${extra[@]}")
+    fi
+    echo "draftlab overrides: ${extra[*]}" >> "$out/settings.txt"
     (cd "$DL_TREE" && PYTHONPATH="$DL_TREE/src${DL_SITE:+:$DL_SITE}" "${timed[@]}" "$py" "$here/draftlab_timed.py" \
       "$extract" "$out/dl" hardware=$hw data.samples="$n" draft.vocab_size="$vocab" train.epochs="$epochs" \
       train.max_steps=null train.early_stop_patience=null train.eval_every=$dl_eval train.checkpoint_every=1000000 \

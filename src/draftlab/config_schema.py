@@ -108,6 +108,7 @@ class TrainConfig:
     decay_ratio: float = 0.2  # wsd: the decay phase, as a fraction of the steps before it
     ttt_steps: int = 7
     loss_decay: float = 0.8
+    freeze_lm_head: bool = False  # the draft head kept at the target head's draft-vocab rows (speculators' choice)
     batch_tokens: int = 4096
     plan_window: int = 256  # samples sorted by length together before batches are cut (data/reader.plan_batches)
     max_seq_len: int = 2048

@@ -91,6 +91,7 @@ class Plan:
                          f"{human(self.free)} free{done}): {verdict}")
         frozen = (f"; embedding {p.embedding:,} frozen, copied from the target" if p.embedding_frozen
                   else "; embedding trained (draft width differs from the target's)")
+        frozen += "; head frozen (train.freeze_lm_head)" if p.head_frozen else ""
         lines.append(f"draft: {p.total:,} parameters ({p.trained:,} trained{frozen})")
         gpus = f"{m.gpus} GPU" + ("s" if m.gpus > 1 else "")
         parts = ", ".join(f"{name} {human(size)}" for name, size in m.parts.items() if size)
@@ -116,7 +117,7 @@ def build(cfg, gpus: int | None = None, answer_tokens: int | None = None) -> Pla
     points = capture_points(cfg.extract.layers, ids, L, capture)
     shape = draft_shape(text, cfg.draft, ids, min(int(cfg.draft.vocab_size), text["vocab_size"]),
                         cfg.train.max_seq_len)
-    params = draft_params(shape)
+    params = draft_params(shape, bool(cfg.train.freeze_lm_head))
     per_sample, how = tokens_per_sample(cfg, answer_tokens)
     storage = Storage(cfg.extract.dtype, len(ids) * text["hidden_size"], text["hidden_size"], int(cfg.data.samples),
                       per_sample)

@@ -2,7 +2,7 @@
 memory, from the target's config.json and draftlab's config alone (no torch, no weights).
 
 Training memory per GPU (`train_memory`), in bytes, with P all draft parameters, P_t the trained ones (the
-embedding is the target's, frozen, when the widths agree) and T the tokens one GPU holds (train.batch_tokens / N,
+embedding is the target's, frozen, when the widths agree; the head too under train.freeze_lm_head) and T the tokens one GPU holds (train.batch_tokens / N,
 at least one train.max_seq_len row): fp32 weights, grads and AdamW's two moments, 4P + 12P_t (train/optim.py;
 fsdp divides them by N and adds the fp32 weights it gathers, root and one layer; ddp adds its gradient buckets,
 4P_t); bf16 copies of the Linear weights under autocast; the target's lm_head in the matmul dtype; the batch in the
@@ -60,10 +60,12 @@ class Params:
     linear: int  # weights of Linear layers (fc, attention, MLP, head): what autocast copies to bf16
     root: int  # outside the decoder layers (embedding, fc, final norm, head): FSDP's root unit
     largest_layer: int
+    head_frozen: bool = False  # train.freeze_lm_head
 
 
-def draft_params(s: dict) -> Params:
-    """The parameter count of model/draft.py `Eagle3Draft(DraftModelConfig(**s))`, by its module layout."""
+def draft_params(s: dict, freeze_head: bool = False) -> Params:
+    """The parameter count of model/draft.py `Eagle3Draft(DraftModelConfig(**s))`, by its module layout;
+    freeze_head: train.freeze_lm_head (the head not trained)."""
     H, Ht, I = s["hidden_size"], s["target_hidden_size"], s["intermediate_size"]
     q_out, kv_out = s["num_attention_heads"] * s["head_dim"], s["num_key_value_heads"] * s["head_dim"]
     embedding = s["vocab_size"] * H
@@ -78,9 +80,10 @@ def draft_params(s: dict) -> Params:
     root = embedding + fc + H + head  # + the final norm
     frozen = H == Ht  # init_from_target copies and freezes the target's embedding when the widths agree
     total = root + sum(layers)
-    return Params(total=total, trained=total - (embedding if frozen else 0), embedding=embedding,
+    trained = total - (embedding if frozen else 0) - (head if freeze_head else 0)
+    return Params(total=total, trained=trained, embedding=embedding,
                   embedding_frozen=frozen, linear=fc + layer_linear + head, root=root,
-                  largest_layer=max(layers, default=0))
+                  largest_layer=max(layers, default=0), head_frozen=freeze_head)
 
 
 def strategy_for(strategy: str, gpus: int) -> str:

@@ -321,9 +321,15 @@ class Eagle3Draft(nn.Module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, std=0.02)
 
-    def init_from_target(self, embed: Tensor, lm_head: Tensor | None, d2t: Tensor, t2d: Tensor) -> None:
+    def init_from_target(self, embed: Tensor, lm_head: Tensor | None, d2t: Tensor, t2d: Tensor,
+                         freeze_head: bool = False) -> None:
         """Copies the target embedding and the vocab maps; seeds lm_head with the target head's draft-vocab rows
-        when the widths agree (a better start than noise, as speculators does)."""
+        when the widths agree (a better start than noise, as speculators does). freeze_head (train.freeze_lm_head)
+        keeps those rows, as speculators does; it needs the copy."""
+        if freeze_head and (lm_head is None or lm_head.shape[1] != self.cfg.hidden_size):
+            raise ValueError(f"train.freeze_lm_head: the draft head is frozen at the target head's rows, which needs "
+                             f"draft.hidden_size equal to the target's ({None if lm_head is None else lm_head.shape[1]}"
+                             f"; the draft's is {self.cfg.hidden_size})")
         with torch.no_grad():
             self.d2t.copy_(d2t)
             self.t2d.copy_(t2d)
@@ -333,6 +339,7 @@ class Eagle3Draft(nn.Module):
                 self.embed_tokens.weight.requires_grad_(True)
             if lm_head is not None and lm_head.shape[1] == self.cfg.hidden_size:
                 self.lm_head.weight.copy_(lm_head[self.draft_to_target(torch.arange(len(d2t)))])
+        self.lm_head.weight.requires_grad_(not freeze_head)
 
     def draft_to_target(self, draft_ids: Tensor) -> Tensor:
         d2t = self.d2t.to(draft_ids.device)

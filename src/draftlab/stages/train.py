@@ -49,7 +49,8 @@ def build_model(cfg, source) -> tuple[Eagle3Draft, DraftModelConfig, torch.Tenso
     head = source.head()
     torch.manual_seed(cfg.train.seed)
     model = Eagle3Draft(dcfg)
-    model.init_from_target(head["embed_tokens.weight"].float(), head["lm_head.weight"].float(), d2t, t2d)
+    model.init_from_target(head["embed_tokens.weight"].float(), head["lm_head.weight"].float(), d2t, t2d,
+                           freeze_head=bool(cfg.train.freeze_lm_head))
     return model, dcfg, head["lm_head.weight"]
 
 
