@@ -1,5 +1,5 @@
-"""train.freeze_lm_head: the draft head stays at the target head's draft-vocab rows through training, resume and
-export (speculators trains so); the plan counts it as not trained; a draft whose width differs from the target's,
+"""train.freeze_lm_head: the draft head stays at the target head's draft-vocab rows through training, the best
+weights and export (speculators trains so); the plan counts it as not trained; a draft whose width differs from the target's,
 which has no such rows, is refused naming the key."""
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ def test_a_frozen_head_is_exported_at_the_target_rows(tmp_path, monkeypatch, fre
     assert torch.equal(draft.lm_head.weight, rows) is freeze  # trained, the head moves
     best = load_file(str(next((out / "checkpoints").glob("best-epoch*.safetensors"))))
     assert ("lm_head.weight" in best) is not freeze  # frozen, it is the target's: re-copied on load, as the embedding
+    torch.manual_seed(0)  # train.seed: the stage's draft before training (stages/train.py build_model)
     start = Eagle3Draft(draft.cfg)
     start.init_from_target(source.emb, source.lm_head, *source.vocab(), freeze_head=freeze)
     assert not torch.allclose(draft.fc.weight, start.fc.weight.to(torch.bfloat16).float())  # the rest trained

@@ -1,17 +1,17 @@
 """The arithmetic behind `python -m draftlab plan`: the draft's shape and parameters, feature storage and training
 memory, from the target's config.json and draftlab's config alone (no torch, no weights).
 
-Training memory per GPU (`train_memory`), in bytes, with P all draft parameters, P_t the trained ones (the
-embedding is the target's, frozen, when the widths agree; the head too under train.freeze_lm_head) and T the tokens one GPU holds (train.batch_tokens / N,
-at least one train.max_seq_len row): fp32 weights, grads and AdamW's two moments, 4P + 12P_t (train/optim.py;
-fsdp divides them by N and adds the fp32 weights it gathers, root and one layer; ddp adds its gradient buckets,
-4P_t); bf16 copies of the Linear weights under autocast; the target's lm_head in the matmul dtype; the batch in the
-pool's dtype and widened to fp32; and T x `activation_bytes`, what the padded TTT unroll keeps for the backward,
-counted tensor by tensor (RMSNorm's fp32 rows, autocast's casts, the TTT cache, at step j the j diagonal values
-and the fp32 keys of the scores, the MLP, the loss's fp32 logits, and its gradient at the backward's start).
-Against torch.cuda.max_memory_allocated of real steps on an H100 (bench/plan_memory.py; nine shapes in
-bench/results/h100_plan_memory.jsonl) it read 1-4% high. The packed unroll (one GPU) keeps less; CUDA's context
-and the allocator's slack (1-2 GB) come on top.
+Training memory per GPU (`train_memory`), in bytes, with P all draft parameters, P_t the trained ones (the embedding
+is the target's, frozen, when the widths agree; the head too under train.freeze_lm_head) and T the tokens one GPU
+holds (train.batch_tokens / N, at least one train.max_seq_len row): fp32 weights, grads and AdamW's two moments, 4P +
+12P_t (train/optim.py; fsdp divides them by N and adds the fp32 weights it gathers, root and one layer; ddp adds its
+gradient buckets, 4P_t); bf16 copies of the Linear weights under autocast; the target's lm_head in the matmul dtype;
+the batch in the pool's dtype and widened to fp32; and T x `activation_bytes`, what the padded TTT unroll keeps for
+the backward, counted tensor by tensor (RMSNorm's fp32 rows, autocast's casts, the TTT cache, at step j the j
+diagonal values and the fp32 keys of the scores, the MLP, the loss's fp32 logits, and its gradient at the backward's
+start). Against torch.cuda.max_memory_allocated of real steps on an H100 (bench/plan_memory.py; nine shapes in
+bench/results/h100_plan_memory.jsonl) it read 1-4% high. The packed unroll (one GPU) keeps less; CUDA's context and
+the allocator's slack (1-2 GB) come on top.
 """
 
 from __future__ import annotations
