@@ -36,9 +36,10 @@ def torchrun(tmp_path, *extra, wait=True):
     return result
 
 
-def one_process_curve(tmp_path):
+def one_process_curve(tmp_path, *extra):
     """The same job in this process, into its own folder tree: train/loss per step, and the final metrics."""
-    cfg = validate(compose_config(tiny_overrides(tmp_path / "single", *TRAIN, "stages=[generate,extract,train]")))
+    cfg = validate(compose_config(tiny_overrides(tmp_path / "single", *TRAIN, *extra,
+                                                 "stages=[generate,extract,train]")))
     reporter = RecordingReporter()
     metrics = run_stages(cfg, reporter)
     curve = {step: m["train/loss"] for step, m in reporter.history if "train/loss" in m}
@@ -126,3 +127,19 @@ def test_fsdp_loss_curve_equals_one_process_and_resumes(tmp_path):
     for step in sorted(history):
         assert history[step] == pytest.approx(curve[step], rel=1e-4, abs=1e-5), step
     assert run.data.metrics["val/loss"] == pytest.approx(single["val/loss"], rel=1e-4)
+
+
+def test_fsdp_exports_a_frozen_head_as_one_process_does(tmp_path):
+    """train.freeze_lm_head under FSDP2: the best weights leave the frozen head out, and the unsharded draft rank 0
+    exports keeps it frozen, so the stage loads them and exports the same head and val/loss as one process."""
+    from draftlab.export import load_draft
+
+    frozen = ("train.freeze_lm_head=true",)
+    _, single = one_process_curve(tmp_path, *frozen)
+    torchrun(tmp_path, "train.strategy=fsdp", *frozen)
+    client, runs = mlflow_runs(tmp_path)
+    assert runs[0].data.metrics["val/loss"] == pytest.approx(single["val/loss"], rel=1e-4)
+    folders = [plan(validate(compose_config(tiny_overrides(root, *TRAIN, *frozen))))["train"].folder
+               for root in (tmp_path / "single", tmp_path)]
+    heads = [load_draft(folder / "draft").lm_head.weight for folder in folders]
+    assert torch.equal(heads[0], heads[1])

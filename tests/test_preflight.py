@@ -164,3 +164,10 @@ def test_a_cuda_device_on_a_machine_without_one_is_refused(tiny_cfg, monkeypatch
     assert message.startswith("train.device: cuda, but torch sees no CUDA device")
     assert refused(tiny_cfg, "target.device=gpu").startswith("target.device: 'gpu' is not a device")
     preflight(validate(tiny_cfg("train.device=cuda", "stages=[generate,extract]")))  # train does not run
+
+
+def test_a_frozen_head_on_a_draft_of_another_width_is_refused_up_front(tiny_cfg):
+    """train.freeze_lm_head keeps the target head's rows, which only a draft of the target's width can hold."""
+    message = refused(tiny_cfg, "train.freeze_lm_head=true", "draft.hidden_size=8")
+    assert message.startswith("train.freeze_lm_head:") and "draft.hidden_size" in message
+    preflight(validate(tiny_cfg("train.freeze_lm_head=true")))  # the target's width (draft.hidden_size unset)

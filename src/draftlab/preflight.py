@@ -103,6 +103,10 @@ def check_target_shape(cfg) -> None:
     if cfg.draft.vocab_size > shape["vocab_size"]:
         raise ConfigError(f"draft.vocab_size: {cfg.draft.vocab_size} is larger than the target vocabulary "
                           f"({shape['vocab_size']})")
+    width = cfg.draft.hidden_size
+    if cfg.train.freeze_lm_head and width is not None and int(width) != shape["hidden_size"]:
+        raise ConfigError(f"train.freeze_lm_head: the draft head is frozen at the target head's rows, which needs "
+                          f"draft.hidden_size equal to the target's ({shape['hidden_size']}; it is {width})")
 
 
 def check_devices(cfg) -> None:

@@ -287,6 +287,9 @@ class DistributedTrainer(Trainer):
         if self.rank == 0:
             plain = type(self.model)(self.model.cfg)
             plain.load_state_dict({k[len("draft."):]: v for k, v in full.items()})
+            frozen = {n for n, p in self.model.named_parameters() if not p.requires_grad}
+            for name, param in plain.named_parameters():  # the best weights leave the frozen ones out
+                param.requires_grad_(name not in frozen)
             self.model = plain.to(self.device)
 
 

@@ -86,7 +86,7 @@ def warm_trainer(cfg, folder: Path) -> tuple[Trainer, dict]:
     d2t = torch.zeros(dcfg.draft_vocab_size, dtype=torch.int64)
     t2d = torch.zeros(tc["vocab_size"], dtype=torch.bool)
     t2d[: dcfg.draft_vocab_size] = True
-    model.init_from_target(lm_head, lm_head, d2t, t2d)
+    model.init_from_target(lm_head, lm_head, d2t, t2d, freeze_head=bool(cfg.train.freeze_lm_head))
     trainer = Trainer(model, None, lm_head, LoopSettings.from_cfg(cfg), folder / "checkpoints")
     return trainer, warm_batch(cfg, tc["hidden_size"], tc["vocab_size"], len(layer_ids))
 
