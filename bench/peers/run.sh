@@ -38,7 +38,7 @@ export OMP_NUM_THREADS=${THREADS:-1} MKL_NUM_THREADS=${THREADS:-1} PEERS_TIMING=
 export PEERS_PROFILE_STEP=${PROFILE_STEP:-0} PEERS_PROFILE_OUT=$out/profile.txt PYTHONUNBUFFERED=1
 [ "$DEVICE" = cpu ] && export CUDA_VISIBLE_DEVICES="" PEERS_FP32=1
 echo "$trainer device=$DEVICE ttt=$ttt batch_tokens=$batch lr=$lr max_seq=$max_seq specforge_batch=$sf_batch" \
-  "epochs=$epochs seed=$seed ${DL_ARGS:-}" \
+  "epochs=$epochs seed=$seed" \
   > "$out/settings.txt"
 timed=()
 [ -x /usr/bin/time ] && timed=(/usr/bin/time -v -o "$out/time.txt")

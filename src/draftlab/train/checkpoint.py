@@ -28,17 +28,22 @@ CKPT_FORMAT = "draftlab.train-checkpoint/1"
 KEEP_CHECKPOINTS = 2
 
 
+def frozen_names(model: torch.nn.Module) -> set[str]:
+    """The parameters training leaves as they are (the target's embedding; the head under train.freeze_lm_head)."""
+    return {n for n, p in model.named_parameters() if not p.requires_grad}
+
+
 def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Everything in the state dict except frozen parameters (the target embedding is re-copied on load), where the
     tensors live: the live ones, which whoever keeps them copies to the host (`snapshot_checkpoint`, the loop's
     best weights)."""
-    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    frozen = frozen_names(model)  # once, not per key
     return {k: v.detach() for k, v in model.state_dict().items() if k not in frozen}
 
 
 def load_trainable(model: torch.nn.Module, path: Path) -> None:
     missing, unexpected = model.load_state_dict(load_file(str(path)), strict=False)
-    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    frozen = frozen_names(model)
     if unexpected or set(missing) - frozen:
         raise ValueError(f"{path}: missing {sorted(set(missing) - frozen)}, unexpected {sorted(unexpected)}")
 

@@ -23,9 +23,5 @@ def compile_wanted(key: str, choice, device: torch.device) -> bool:
 
 def cuda_graphs_wanted(choice, device: torch.device, hidden_size: int) -> bool:
     """train.compile_cuda_graphs: auto = on CUDA for a draft narrower than GRAPHS_MAX_HIDDEN, true, false."""
-    value = str(choice).lower()
-    if value not in ("auto", "true", "false"):
-        raise ValueError(f"train.compile_cuda_graphs: {choice!r}; expected auto, true or false")
-    if value == "auto":
-        return device.type == "cuda" and hidden_size < GRAPHS_MAX_HIDDEN
-    return value == "true"
+    wanted = compile_wanted("train.compile_cuda_graphs", choice, device)
+    return wanted and (str(choice).lower() != "auto" or hidden_size < GRAPHS_MAX_HIDDEN)

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from draftlab.attention import variable_shape_attention
+from draftlab.train.checkpoint import frozen_names
 from draftlab.train.loop import Trainer
 from draftlab.train.optim import build_optimizer
 from draftlab.train.ttt import soft_ce_rows, target_distribution, ttt_unroll
@@ -234,7 +235,7 @@ class DistributedTrainer(Trainer):
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         full = get_model_state_dict(self.unroll, options=_full_options())
-        frozen = {n for n, p in self.model.named_parameters() if not p.requires_grad}
+        frozen = frozen_names(self.model)
         return {k[len("draft."):]: v for k, v in full.items() if k[len("draft."):] not in frozen}
 
     def _optimizer_state(self) -> dict:
@@ -287,7 +288,7 @@ class DistributedTrainer(Trainer):
         if self.rank == 0:
             plain = type(self.model)(self.model.cfg)
             plain.load_state_dict({k[len("draft."):]: v for k, v in full.items()})
-            frozen = {n for n, p in self.model.named_parameters() if not p.requires_grad}
+            frozen = frozen_names(self.model)
             for name, param in plain.named_parameters():  # the best weights leave the frozen ones out
                 param.requires_grad_(name not in frozen)
             self.model = plain.to(self.device)
