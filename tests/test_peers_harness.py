@@ -127,6 +127,23 @@ def test_mfu_counts_model_flops_by_hand():
     assert summary.effective_seq(6, 18) == 3
     assert summary.model_flops(split, ttt_steps=2) == pytest.approx(6 * 48 + 6 * (176 + 40) * 2 + 240)
     assert summary.mfu(3120.0, 1e9, 3.12) == pytest.approx(1.0)
+    # the work a token needs, half the positions counted: fc 4x; step 0's keys and values (input 2H: 8*(2*1*2) =
+    # 32) at every position; the rest of step 0, step 1 and the head (4x frozen, 6x trained) and attention at half
+    needed = {**split, "train_loss_tokens": 3}
+    frozen = 4 * 48 + 6 * 32 + 6 * (176 - 32) * 0.5 + 6 * 176 * 0.5 + 4 * 40 * 2 * 0.5 + 240 * 0.5
+    assert summary.required_flops(needed, 2, head_trained=False) == pytest.approx(frozen)
+    assert summary.required_flops(needed, 2, head_trained=True) == pytest.approx(frozen + 2 * 40 * 2 * 0.5)
+    assert summary.required_flops(split, 2, head_trained=True) is None  # no loss-token count: no claim
+
+
+@pytest.mark.parametrize("settings, trained", [
+    ("speculators device=cuda ttt=7\n", False), ("specforge device=cuda ttt=7\n", True),
+    ("draftlab device=cuda ttt=7\ndraftlab overrides: train.freeze_lm_head=true\n", False),
+    ("draftlab device=cuda ttt=7\ndraftlab overrides: train.freeze_lm_head=false\n", True),
+    ("draftlab device=cuda ttt=7\ndraftlab overrides: \n", True)])
+def test_which_runs_train_their_head(tmp_path, settings, trained):
+    (tmp_path / "settings.txt").write_text(settings)
+    assert load("summary").head_trained(tmp_path) is trained
 
 
 def test_same_round_ratios_and_their_medians():

@@ -19,11 +19,14 @@ last line printed is one JSON object for `python -m draftlab benchmark` (median 
   when its median val/loss lies above the peer's by no more than the larger of the two ranges
   (`behind_on_quality` lists the pairs where it does not). `min_steady_ratio` is over dl-new's pairs where dl-new
   ran (other dl-<label> runs are references); `min_steady_ratio_as_good` is None where one of them is behind.
-- MFU: model FLOPs per token (bench/train_throughput.py's flops_per_token: 6 x (fc + TTT steps x (layer matmuls +
-  draft head)) + attention) x steady tok/s over the peak. Documents are causal and separate, so the attention term
-  uses the effective length sum(L^2) / sum(L), for which (L + 1) / 2 keys a query is exact. The same formula for
-  all three trainers: MFU ratios are steady-rate ratios; draftlab's packed unroll skips prompt positions at later
-  TTT steps, work the count still credits it with.
+- MFU: the FLOPs a training token needs over the steady rate and the peak (`required_flops`): the fc and step 0's
+  keys and values at every position, everything else only where a prediction counts (the loss-mask share of the
+  training tokens), the features' and a frozen head's input-side gradients left out (4 x their matmuls, not 6).
+  draftlab's packed unroll computes about that; the peers compute every position, which this count does not credit.
+  `mfu_every_position` (results.json) is bench/train_throughput.py's count instead: every position, 6 x every
+  matmul, a rate measure on one scale for all three that can pass 1 for a trainer skipping work. Documents are
+  causal and separate, so attention uses the effective length sum(L^2) / sum(L), for which (L + 1) / 2 keys a query
+  is exact.
 """
 
 from __future__ import annotations
@@ -67,12 +70,45 @@ def mfu(flops_per_token: float, tok_s: float, peak_tflops: float) -> float:
 
 
 def model_flops(split: dict, ttt_steps: int) -> float:
+    """bench/train_throughput.py's count: every position, 6 x every matmul."""
     from train_throughput import flops_per_token
 
     from draftlab.model.draft import DraftModelConfig
 
     seq = effective_seq(split["train_tokens"], split["train_sq_tokens"])
     return flops_per_token(DraftModelConfig(**split["draft"]), seq, ttt_steps)[0]
+
+
+def required_flops(split: dict, ttt_steps: int, head_trained: bool) -> float | None:
+    """The FLOPs a training token needs (module docstring); None without the split's loss-token count."""
+    from train_throughput import flops_per_token
+
+    from draftlab.model.draft import DraftModelConfig
+
+    if not split.get("train_loss_tokens"):
+        return None
+    cfg = DraftModelConfig(**split["draft"])
+    counted = split["train_loss_tokens"] / split["train_tokens"]
+    _, parts = flops_per_token(cfg, effective_seq(split["train_tokens"], split["train_sq_tokens"]), ttt_steps)
+    H, kv_width = cfg.hidden_size, 2 * cfg.num_key_value_heads * cfg.head_dim
+    kv = sum((2 * H if i == 0 else H) * kv_width for i in range(cfg.num_hidden_layers))  # keys of every position
+    layers, head = parts["layer_params"], parts["lm_head_params"]
+    step0 = 6 * kv + 6 * (layers - kv) * counted
+    later = 6 * layers * (ttt_steps - 1) * counted
+    heads = (6 if head_trained else 4) * head * ttt_steps * counted
+    return 4 * parts["fc_params"] + step0 + later + heads + parts["attention_gflop_per_token"] * 1e9 * counted
+
+
+def head_trained(folder: Path) -> bool:
+    """Whether the run trained its draft head: SpecForge does, speculators freezes it, draftlab trains it unless
+    run.sh's overrides (settings.txt) froze it."""
+    path = folder / "settings.txt"
+    text = path.read_text() if path.exists() else ""
+    trainer = text.split(maxsplit=1)[0] if text.strip() else ""
+    if trainer == "speculators":
+        return False
+    frozen = re.findall(r"train\.freeze_lm_head=(\w+)", text)
+    return trainer != "draftlab" or not frozen or frozen[-1].lower() != "true"
 
 
 def smi_peak_gb(path: Path) -> float | None:
@@ -100,7 +136,8 @@ def load_run(folder: Path, split: dict) -> dict:
     run = {"steps": t.get("steps", 0), "tok_s_loop": tokens / t["train_s"] if t["train_s"] else None,
            "tok_cpu_s": tokens / t["train_cpu_s"] if t["train_cpu_s"] else None, "loop_s": t["train_s"],
            "peak_alloc_gb": t.get("peak_alloc_gb"), "gpu": t.get("gpu"), "smi_peak_gb": smi_peak_gb(folder / "smi.txt"),
-           "load": load_average(folder / "load.txt"), "ttt": settings.get("ttt")}
+           "load": load_average(folder / "load.txt"), "ttt": settings.get("ttt"),
+           "head_trained": head_trained(folder)}
     profiled = t.get("profile_step") or 0  # the profiler's start and stop slow the steps around it
     steady = steady_rate(t.get("marks", []), t.get("inner_spans", []), run["steps"], tokens,
                          skip_until=profiled + 2 if profiled else 0)
@@ -220,9 +257,13 @@ def main() -> None:
             ttt = x["ttt"] or 7
             if ttt not in flops:
                 flops[ttt] = model_flops(split, ttt)
+            need = required_flops(split, ttt, x.get("head_trained", True))
             x["gflop_per_token"] = flops[ttt] / 1e9
+            x["required_gflop_per_token"] = need / 1e9 if need else None
             steady = x["tok_s_steady"]
-            x["mfu"] = mfu(flops[ttt], steady, args.peak_tflops) if args.peak_tflops and steady else None
+            ok = bool(args.peak_tflops and steady)
+            x["mfu"] = mfu(need, steady, args.peak_tflops) if ok and need else None
+            x["mfu_every_position"] = mfu(flops[ttt], steady, args.peak_tflops) if ok else None
             print(f"| {r} | {name} | {fmt(steady)} | {fmt(x['mfu'], '.3f')} | {fmt(x['tok_s_loop'])} | "
                   f"{fmt(x['whole_job_s'], '.1f')} | {fmt(x['peak_alloc_gb'], '.2f')} | "
                   f"{fmt(x['smi_peak_gb'], '.2f')} | "
