@@ -158,6 +158,24 @@ def test_runs_on_mixed_code_are_flagged_and_not_resolved():
     assert analyze(steep(lambda n, s: {"code.train": "a" * 16}), n_boot=200).tag == "data-limited"
 
 
+def test_a_comparison_across_code_versions_is_not_a_finding():
+    base = {"code.train": "a" * 16, "code.extract": "e" * 16}
+    last = rec(WIDE[4], 0, 7.0 + 6.0 * 16 ** -0.5 + 1.0, 1.7, tags={**base, "code.train": "b" * 16},
+               **{"extract.layers": "last"})
+    mixed = analyze(steep(lambda n, s: base) + [last], n_boot=200)
+    assert mixed.tag == "undetermined" and not mixed.details.findings, mixed.report
+    assert any("not called resolved: mixed code" in e and "extract.layers" in e for e in mixed.evidence)
+    allowed = analyze(steep(lambda n, s: base) + [last], n_boot=200, allow_mixed_code=True)
+    assert [f.category for f in allowed.details.findings] == ["features", "features"], allowed.report
+
+
+def test_a_commit_recorded_as_unknown_says_nothing_about_code():
+    def tags(n, seed):  # a tree without git records its stages' commit as 'unknown'
+        return {"train/produced_by": "unknown" if n < WIDE[4] else "c1", "extract/produced_by": "unknown"}
+
+    assert analyze(steep(tags), n_boot=200).tag == "data-limited"
+
+
 def test_records_from_before_code_tags_compare_their_producing_commits():
     def tags(n, seed):
         return {"train/produced_by": "c1" if n < WIDE[4] else "c2", "extract/produced_by": "c1"}

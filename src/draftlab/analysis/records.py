@@ -112,8 +112,10 @@ class Run:
 
     @property
     def code(self) -> tuple[str, ...]:
-        """The train and extract code the run's numbers come from ('?' where the record does not say)."""
-        return tuple(self.tags.get(tag) or self.tags.get(fallback) or "?" for tag, fallback in CODE_TAGS)
+        """The train and extract code the run's numbers come from ('?' where the record does not say; a commit
+        recorded as 'unknown', from a tree without git, says nothing either)."""
+        found = (self.tags.get(tag) or self.tags.get(fallback) for tag, fallback in CODE_TAGS)
+        return tuple(v if v and v != "unknown" else "?" for v in found)
 
     def value(self, metric: str) -> float:
         v = self.metrics.get(metric)

@@ -247,9 +247,10 @@ def decide(axes: dict[str, Axes], comparisons: list[Comparison], val_at_nmax: fl
         else:
             evidence.append(text)
     prices = [p for p in (pricing(a) for a in list(axes.values())[:2]) if p]  # the loss and the first tau
-    if mixed_code:
+    if mixed_code:  # what would have been a finding stays evidence: no difference across code is resolved
+        evidence += [f"{f.text} (not called resolved: mixed code)" for f in findings]
         return Verdict("undetermined", None, f"Undetermined: {mixed_code}. No difference between runs on other "
-                       "code is called resolved (--allow-mixed-code overrides).", state, evidence, findings,
+                       "code is called resolved (--allow-mixed-code overrides).", state, evidence, [],
                        ["rerun the differing runs on one code version (or pass --allow-mixed-code, knowingly)"],
                        steps_state)
     v = _verdict(state, steps_state, findings, evidence, axes, confounds, th, spent)
