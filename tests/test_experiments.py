@@ -1,9 +1,11 @@
-"""The named sweeps that separate optimizer steps from data (issue 10), composed the way src/run.py composes them."""
+"""The named sweeps that separate optimizer steps from data, composed the way src/run.py composes them, and the GPU
+script that runs the data-scaling ones."""
 
 from __future__ import annotations
 
 import math
 
+import pytest
 from omegaconf import OmegaConf
 
 from conftest import CONF, compose_config
@@ -84,3 +86,18 @@ def test_the_gpu_script_runs_the_headers_sweeps_as_valid_overrides(tmp_path):
         assert sorted(jobs) == [["data.samples=51200", f"train.seed={s}", setting] for s in (0, 1)]
     for job in (job for jobs in sweeps for job in jobs):
         validate(compose_config(["experiment=data_scaling_gpu", "target=tiny", *job]))
+
+
+@pytest.mark.parametrize("part, sweeps", [("a", "1 2"), ("b", "3 4 5"), ("all", "1 2 3 4 5"), ("4,3", "3 4"),
+                                          ("5", "5"), ("6", None), ("0", None), ("3,", None), ("c", None)])
+def test_the_gpu_script_names_a_parts_sweeps(tmp_path, part, sweeps):
+    """A part is a or b (the sessions' split), all, or sweep numbers for the ones a session left unrun."""
+    import subprocess
+
+    (tmp_path / "code").symlink_to(CONF.parent)
+    done = subprocess.run(["bash", str(CONF.parent / "bench" / "gpu" / "data_scaling.sh"), "part", part],
+                          env={"G": str(tmp_path), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True)
+    if sweeps is None:
+        assert done.returncode == 2 and f"not {part}" in done.stderr
+    else:
+        assert done.returncode == 0 and done.stdout.split() == sweeps.split()

@@ -5,7 +5,7 @@
 #   bash bench/gpu/data_scaling.sh install     # bench/gpu/machine.sh; the code copied to $G/code (first time)
 #   bash bench/gpu/data_scaling.sh start PART  # PART's sweeps one after another, detached: a = the header's first
 #                                              # two commands (sizes and seeds), b = the rest (steps probe, ablations),
-#                                              # all = every one
+#                                              # all = every one, or their numbers (3,4: the probe and extract.layers)
 #   bash bench/gpu/data_scaling.sh watch       # progress every minute until they end or BUDGET s (540), then collect
 #   bash bench/gpu/data_scaling.sh collect     # $OUT/sweeps.tgz (every job's results.json, config and log) and log.txt
 # The sweeps are read from the experiment file's header, so the two cannot drift apart. Each runs with the joblib
@@ -28,13 +28,27 @@ sweeps() {  # the overrides of the header's commands, one line each
     | sed 's/ *#.*$//'
 }
 
+part() {  # part PART: the numbers of PART's sweeps, in the header's order
+  local n
+  n=$(sweeps | wc -l)
+  case $1 in
+    a) seq 1 2 ;;
+    b) seq 3 "$n" ;;
+    all) seq 1 "$n" ;;
+    *) if [[ $1 =~ ^[0-9]+(,[0-9]+)*$ ]] && ! tr , '\n' <<< "$1" | awk -v n="$n" '$1 < 1 || $1 > n {bad=1} END {exit !bad}'
+       then tr , '\n' <<< "$1" | sort -nu
+       else echo "PART: a, b, all or sweep numbers 1-$n (e.g. 3,4), not $1" >&2; return 2
+       fi ;;
+  esac
+}
+
 run_part() {  # run_part PART: its sweeps in order; a failed sweep stops the part
-  local first=1 last=99 k=0 overrides
-  case $1 in a) last=2 ;; b) first=3 ;; all) ;; *) echo "PART: a, b or all, not $1"; return 2 ;; esac
+  local k=0 overrides chosen
+  chosen=" $(part "$1" | tr '\n' ' ')" || return 2
   gpu_wait_smollm2 "$G" || return 1
   while IFS= read -r overrides; do
     k=$((k + 1))
-    [ "$k" -lt "$first" ] || [ "$k" -gt "$last" ] && continue
+    [[ $chosen == *" $k "* ]] || continue
     echo "sweep $k: $overrides"
     # shellcheck disable=SC2086  # the header's overrides are words
     (cd "$code" && PYTHONPATH=src:$G/site-dl python3 src/run.py -m experiment=data_scaling_gpu $overrides \
@@ -63,6 +77,6 @@ collect() {
   gpu_log_out "$G"
 }
 
-step=${1:?usage: data_scaling.sh install|start PART|watch|collect}
+step=${1:?usage: data_scaling.sh install|start PART|watch|collect|part PART|sweeps}
 shift
 "$step" "$@"
