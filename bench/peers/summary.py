@@ -19,10 +19,11 @@ last line printed is one JSON object for `python -m draftlab benchmark` (median 
   when its median val/loss lies above the peer's by no more than the larger of the two ranges
   (`behind_on_quality` lists the pairs where it does not). `min_steady_ratio` is over dl-new's pairs where dl-new
   ran (other dl-<label> runs are references); `min_steady_ratio_as_good` is None where one of them is behind.
-- MFU: the FLOPs a training token needs over the steady rate and the peak (`required_flops`): the fc and step 0's
+- MFU: the FLOPs a training token needs x steady tok/s / the peak (`required_flops`): the fc and step 0's
   keys and values at every position, everything else only where a prediction counts (the loss-mask share of the
-  training tokens), the features' and a frozen head's input-side gradients left out (4 x their matmuls, not 6).
-  draftlab's packed unroll computes about that; the peers compute every position, which this count does not credit.
+  training tokens), and no gradient nobody needs: the fc's input (the features) and a frozen head's weight, so
+  4 x those matmuls, not 6. draftlab's packed unroll computes about that; the peers compute every position, which
+  this count does not credit.
   `mfu_every_position` (results.json) is bench/train_throughput.py's count instead: every position, 6 x every
   matmul, a rate measure on one scale for all three that can pass 1 for a trainer skipping work. Documents are
   causal and separate, so attention uses the effective length sum(L^2) / sum(L), for which (L + 1) / 2 keys a query
