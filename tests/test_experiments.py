@@ -88,10 +88,11 @@ def test_the_gpu_script_runs_the_headers_sweeps_as_valid_overrides(tmp_path):
         validate(compose_config(["experiment=data_scaling_gpu", "target=tiny", *job]))
 
 
-@pytest.mark.parametrize("part, sweeps", [("a", "1 2"), ("b", "3 4 5"), ("all", "1 2 3 4 5"), ("4,3", "3 4"),
-                                          ("5", "5"), ("6", None), ("0", None), ("3,", None), ("c", None)])
+@pytest.mark.parametrize("part, sweeps", [("a", "1"), ("b", "2 3"), ("c", "4 5"), ("all", "1 2 3 4 5"),
+                                          ("5,4", "4 5"), ("3", "3"), ("6", None), ("0", None), ("3,", None),
+                                          ("d", None)])
 def test_the_gpu_script_names_a_parts_sweeps(tmp_path, part, sweeps):
-    """A part is a or b (the sessions' split), all, or sweep numbers for the ones a session left unrun."""
+    """A part is a, b or c (a session each), all, or sweep numbers for the ones a session left unrun."""
     import subprocess
 
     (tmp_path / "code").symlink_to(CONF.parent)

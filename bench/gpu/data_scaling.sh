@@ -3,9 +3,10 @@
 # machine without internet, in steps, from the root of a device call's tree that carries .gpu-stage/
 # (bench/gpu/stage.sh; the GGUF's halves come with calls of their own, as in bench/peers/README.md):
 #   bash bench/gpu/data_scaling.sh install     # bench/gpu/machine.sh; the code copied to $G/code (first time)
-#   bash bench/gpu/data_scaling.sh start PART  # PART's sweeps one after another, detached: a = the header's first
-#                                              # two commands (sizes and seeds), b = the rest (steps probe, ablations),
-#                                              # all = every one, or their numbers (3,4: the probe and extract.layers)
+#   bash bench/gpu/data_scaling.sh start PART  # PART's sweeps one after another, detached, one session's worth
+#                                              # each: a = the header's first (3 sizes x 2 seeds), b = the next two
+#                                              # (3 sizes, the steps probe), c = the ablations; all = every one; or
+#                                              # sweep numbers (4,5)
 #   bash bench/gpu/data_scaling.sh watch       # progress every minute until they end or BUDGET s (540), then collect
 #   bash bench/gpu/data_scaling.sh collect     # $OUT/sweeps.tgz (every job's results.json, config and log) and log.txt
 # The sweeps are read from the experiment file's header, so the two cannot drift apart. Each runs with the joblib
@@ -32,12 +33,13 @@ part() {  # part PART: the numbers of PART's sweeps, in the header's order
   local n
   n=$(sweeps | wc -l)
   case $1 in
-    a) seq 1 2 ;;
-    b) seq 3 "$n" ;;
+    a) echo 1 ;;
+    b) seq 2 3 ;;
+    c) seq 4 "$n" ;;
     all) seq 1 "$n" ;;
     *) if [[ $1 =~ ^[0-9]+(,[0-9]+)*$ ]] && ! tr , '\n' <<< "$1" | awk -v n="$n" '$1 < 1 || $1 > n {bad=1} END {exit !bad}'
        then tr , '\n' <<< "$1" | sort -nu
-       else echo "PART: a, b, all or sweep numbers 1-$n (e.g. 3,4), not $1" >&2; return 2
+       else echo "PART: a, b, c, all or sweep numbers 1-$n (e.g. 4,5), not $1" >&2; return 2
        fi ;;
   esac
 }
@@ -60,7 +62,7 @@ run_part() {  # run_part PART: its sweeps in order; a failed sweep stops the par
 
 start() {
   # the copy's script: a later call's tree may replace this file while bash still reads it
-  gpu_start "$G" "bash bench/gpu/data_scaling.sh run_part ${1:?start a|b|all}"
+  gpu_start "$G" "bash bench/gpu/data_scaling.sh run_part ${1:?start a|b|c|all|sweep numbers}"
 }
 
 watch() {
