@@ -37,10 +37,13 @@ part() {  # part PART: the numbers of PART's sweeps, in the header's order
     b) seq 2 3 ;;
     c) seq 4 "$n" ;;
     all) seq 1 "$n" ;;
-    *) if [[ $1 =~ ^[0-9]+(,[0-9]+)*$ ]] && ! tr , '\n' <<< "$1" | awk -v n="$n" '$1 < 1 || $1 > n {bad=1} END {exit !bad}'
-       then tr , '\n' <<< "$1" | sort -nu
-       else echo "PART: a, b, c, all or sweep numbers 1-$n (e.g. 4,5), not $1" >&2; return 2
-       fi ;;
+    *) local k ok=0
+       if [[ $1 =~ ^[0-9]+(,[0-9]+)*$ ]]; then
+         ok=1
+         for k in ${1//,/ }; do ((k >= 1 && k <= n)) || ok=0; done
+       fi
+       [ "$ok" = 1 ] || { echo "PART: a, b, c, all or sweep numbers 1-$n (e.g. 4,5), not $1" >&2; return 2; }
+       tr , '\n' <<< "$1" | sort -nu ;;
   esac
 }
 

@@ -70,27 +70,28 @@ def mfu(flops_per_token: float, tok_s: float, peak_tflops: float) -> float:
     return flops_per_token * tok_s / (peak_tflops * 1e12)
 
 
-def model_flops(split: dict, ttt_steps: int) -> float:
-    """bench/train_throughput.py's count: every position, 6 x every matmul."""
+def _counts(split: dict, ttt_steps: int) -> tuple:
+    """The split's draft config and bench/train_throughput.py's (total, parts) count at the documents' length."""
     from train_throughput import flops_per_token
 
     from draftlab.model.draft import DraftModelConfig
 
+    cfg = DraftModelConfig(**split["draft"])
     seq = effective_seq(split["train_tokens"], split["train_sq_tokens"])
-    return flops_per_token(DraftModelConfig(**split["draft"]), seq, ttt_steps)[0]
+    return (cfg, *flops_per_token(cfg, seq, ttt_steps))
+
+
+def model_flops(split: dict, ttt_steps: int) -> float:
+    """bench/train_throughput.py's count: every position, 6 x every matmul."""
+    return _counts(split, ttt_steps)[1]
 
 
 def required_flops(split: dict, ttt_steps: int, head_trained: bool) -> float | None:
     """The FLOPs a training token needs (module docstring); None without the split's loss-token count."""
-    from train_throughput import flops_per_token
-
-    from draftlab.model.draft import DraftModelConfig
-
     if not split.get("train_loss_tokens"):
         return None
-    cfg = DraftModelConfig(**split["draft"])
+    cfg, _, parts = _counts(split, ttt_steps)
     counted = split["train_loss_tokens"] / split["train_tokens"]
-    _, parts = flops_per_token(cfg, effective_seq(split["train_tokens"], split["train_sq_tokens"]), ttt_steps)
     H, kv_width = cfg.hidden_size, 2 * cfg.num_key_value_heads * cfg.head_dim
     kv = sum((2 * H if i == 0 else H) * kv_width for i in range(cfg.num_hidden_layers))  # keys of every position
     layers, head = parts["layer_params"], parts["lm_head_params"]
@@ -255,16 +256,16 @@ def main() -> None:
             if x.get("failed"):
                 print(f"| {r} | {name} | failed, rc {x['rc']}: {x['error'].replace('|', '/')} |" + " |" * 8)
                 continue
-            ttt = x["ttt"] or 7
-            if ttt not in flops:
-                flops[ttt] = model_flops(split, ttt)
-            need = required_flops(split, ttt, x.get("head_trained", True))
-            x["gflop_per_token"] = flops[ttt] / 1e9
+            key = (x["ttt"] or 7, x.get("head_trained", True))
+            if key not in flops:  # both counts, once per TTT length and head mode
+                flops[key] = model_flops(split, key[0]), required_flops(split, *key)
+            every, need = flops[key]
+            x["gflop_per_token"] = every / 1e9
             x["required_gflop_per_token"] = need / 1e9 if need else None
             steady = x["tok_s_steady"]
             ok = bool(args.peak_tflops and steady)
             x["mfu"] = mfu(need, steady, args.peak_tflops) if ok and need else None
-            x["mfu_every_position"] = mfu(flops[ttt], steady, args.peak_tflops) if ok else None
+            x["mfu_every_position"] = mfu(every, steady, args.peak_tflops) if ok else None
             print(f"| {r} | {name} | {fmt(steady)} | {fmt(x['mfu'], '.3f')} | {fmt(x['tok_s_loop'])} | "
                   f"{fmt(x['whole_job_s'], '.1f')} | {fmt(x['peak_alloc_gb'], '.2f')} | "
                   f"{fmt(x['smi_peak_gb'], '.2f')} | "
