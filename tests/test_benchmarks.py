@@ -50,6 +50,18 @@ def test_every_declaration_composes_with_a_goal_a_metric_and_a_command():
         declarations.compose("nonesuch", root=REPO)
 
 
+def test_hardware_picks_the_declaration_for_that_machine():
+    gpu = declarations.compose("peers", ["hardware=gpu", "env.ROUNDS=5"], root=REPO)
+    assert (gpu.name, gpu.device, str(gpu.env["ROUNDS"])) == ("peers_gpu", "gpu", "5")
+    cpu = declarations.compose("peers_gpu", ["hardware=cpu"], root=REPO)
+    assert (cpu.name, cpu.device) == ("peers", "cpu")
+    assert declarations.compose("headline", ["hardware=gpu"], root=REPO).name == "headline"  # its own machine
+    with pytest.raises(ValueError, match="hardware=gpu: benchmark trainer runs on cpu"):
+        declarations.compose("trainer", ["hardware=gpu"], root=REPO)
+    with pytest.raises(ValueError, match="hardware must be one of cpu, gpu, not 'tpu'"):
+        declarations.compose("peers", ["hardware=tpu"], root=REPO)
+
+
 def test_the_list_command_names_every_benchmark(capsys):
     assert draftlab_main(["benchmark", "--list"]) == 0
     shown = capsys.readouterr().out

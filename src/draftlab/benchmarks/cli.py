@@ -2,7 +2,8 @@
 
 Runs one declared benchmark (conf/benchmark/NAME.yaml) and records it: results.json in its folder (by default
 outputs/benchmarks/NAME/<time>/), a run in the MLflow experiment `benchmarks`, and a table on stdout.
-Overrides use Hydra's syntax on the declaration: `args.steps=20`, `goal_value=0.5`, `+args.profile=out.txt`.
+Overrides use Hydra's syntax on the declaration: `args.steps=20`, `goal_value=0.5`, `+args.profile=out.txt`;
+`hardware=gpu` picks NAME's GPU declaration (`peers hardware=gpu` runs `peers_gpu`).
 """
 
 from __future__ import annotations

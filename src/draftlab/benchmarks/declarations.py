@@ -11,6 +11,9 @@ A declaration holds:
 Strings may hold `{python}` (this interpreter), `{repo}` (the checkout), `{out}` (the run's folder) and
 `{glob:PATTERN}` (the first match of PATTERN under `{out}`, for folders named by a stage's key); an argument
 left `{required}` must be given on the command line.
+
+`hardware=cpu|gpu` among the overrides picks the declaration for that machine, as `src/run.py hardware=gpu` picks
+the preset: `peers hardware=gpu` runs `peers_gpu`.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from omegaconf import OmegaConf
 from draftlab.tracking.run_context import repo_root
 
 READ_KINDS = ("json_lines", "run_results")
+HARDWARE = ("cpu", "gpu")
 REQUIRED = "{required}"
 GLOB = re.compile(r"\{glob:([^}]+)\}")
 
@@ -71,6 +75,7 @@ def compose(name: str, overrides: list[str] | None = None, root: Path | None = N
     known = names(root)
     if name not in known:
         raise ValueError(f"no benchmark {name!r}; declared: {', '.join(known)}")
+    name, overrides, hardware = _for_hardware(name, list(overrides or []), known)
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(folder(root)), version_base="1.3"):
         cfg = hydra_compose(config_name=name, overrides=list(overrides or []))
@@ -81,7 +86,24 @@ def compose(name: str, overrides: list[str] | None = None, root: Path | None = N
     unknown = sorted(set(data) - known_fields)
     if unknown:
         raise ValueError(f"benchmark {name}: unknown keys {unknown}")
-    return Benchmark(name=name, **data)
+    bench = Benchmark(name=name, **data)
+    if hardware is not None and bench.device != hardware:
+        raise ValueError(f"hardware={hardware}: benchmark {name} runs on {bench.device}, and no declaration of it "
+                         f"runs on {hardware}")
+    return bench
+
+
+def _for_hardware(name: str, overrides: list[str], known: list[str]) -> tuple[str, list[str], str | None]:
+    """(the declaration that `hardware=` picks, the other overrides, the machine asked for or None)."""
+    asked = [item.split("=", 1)[1] for item in overrides if item.startswith("hardware=")]
+    if not asked:
+        return name, overrides, None
+    hardware = asked[-1]
+    if hardware not in HARDWARE:
+        raise ValueError(f"hardware must be one of {', '.join(HARDWARE)}, not {hardware!r}")
+    wanted = name.removesuffix("_gpu") + ("_gpu" if hardware == "gpu" else "")
+    rest = [item for item in overrides if not item.startswith("hardware=")]
+    return (wanted if wanted in known else name), rest, hardware
 
 
 def missing(bench: Benchmark) -> list[str]:
