@@ -141,9 +141,8 @@ def test_mfu_counts_model_flops_by_hand():
     ("draftlab device=cuda ttt=7\ndraftlab overrides: train.freeze_lm_head=true\n", False),
     ("draftlab device=cuda ttt=7\ndraftlab overrides: train.freeze_lm_head=false\n", True),
     ("draftlab device=cuda ttt=7\ndraftlab overrides: \n", True)])
-def test_which_runs_train_their_head(tmp_path, settings, trained):
-    (tmp_path / "settings.txt").write_text(settings)
-    assert load("summary").head_trained(tmp_path) is trained
+def test_which_runs_train_their_head(settings, trained):
+    assert load("summary").head_trained(settings) is trained
 
 
 def test_same_round_ratios_and_their_medians():

@@ -101,11 +101,9 @@ def required_flops(split: dict, ttt_steps: int, head_trained: bool) -> float | N
     return 4 * parts["fc_params"] + step0 + later + heads + parts["attention_gflop_per_token"] * 1e9 * counted
 
 
-def head_trained(folder: Path) -> bool:
+def head_trained(text: str) -> bool:
     """Whether the run trained its draft head: SpecForge does, speculators freezes it, draftlab trains it unless
-    run.sh's overrides (settings.txt) froze it."""
-    path = folder / "settings.txt"
-    text = path.read_text() if path.exists() else ""
+    run.sh's overrides (settings.txt's `text`) froze it."""
     trainer = text.split(maxsplit=1)[0] if text.strip() else ""
     if trainer == "speculators":
         return False
@@ -124,22 +122,23 @@ def load_average(path: Path) -> str:
     return " / ".join(line.split()[0] for line in lines) or "?"
 
 
-def read_settings(folder: Path) -> dict[str, int]:
+def read_settings(text: str) -> dict[str, int]:
     """The integer settings run.sh wrote to settings.txt (ttt, epochs, seed, ...), the first of each name."""
-    path = folder / "settings.txt"
-    found = re.findall(r"(?:^|\s)(\w+)=(\d+)(?=\s|$)", path.read_text()) if path.exists() else []
+    found = re.findall(r"(?:^|\s)(\w+)=(\d+)(?=\s|$)", text)
     return {key: int(value) for key, value in reversed(found)}
 
 
 def load_run(folder: Path, split: dict) -> dict:
-    settings = read_settings(folder)
+    path = folder / "settings.txt"
+    text = path.read_text() if path.exists() else ""
+    settings = read_settings(text)
     tokens = split["train_tokens"] * settings.get("epochs", 1)  # what the whole run trained on
     t = json.loads((folder / "timing.json").read_text())
     run = {"steps": t.get("steps", 0), "tok_s_loop": tokens / t["train_s"] if t["train_s"] else None,
            "tok_cpu_s": tokens / t["train_cpu_s"] if t["train_cpu_s"] else None, "loop_s": t["train_s"],
            "peak_alloc_gb": t.get("peak_alloc_gb"), "gpu": t.get("gpu"), "smi_peak_gb": smi_peak_gb(folder / "smi.txt"),
            "load": load_average(folder / "load.txt"), "ttt": settings.get("ttt"),
-           "head_trained": head_trained(folder)}
+           "head_trained": head_trained(text)}
     profiled = t.get("profile_step") or 0  # the profiler's start and stop slow the steps around it
     steady = steady_rate(t.get("marks", []), t.get("inner_spans", []), run["steps"], tokens,
                          skip_until=profiled + 2 if profiled else 0)

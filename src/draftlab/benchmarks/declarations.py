@@ -78,7 +78,7 @@ def compose(name: str, overrides: list[str] | None = None, root: Path | None = N
     name, overrides, hardware = _for_hardware(name, list(overrides or []), known)
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(folder(root)), version_base="1.3"):
-        cfg = hydra_compose(config_name=name, overrides=list(overrides or []))
+        cfg = hydra_compose(config_name=name, overrides=overrides)
     data = OmegaConf.to_container(cfg, resolve=True)
     if data.get("read") not in READ_KINDS:
         raise ValueError(f"benchmark {name}: read must be one of {READ_KINDS}, not {data.get('read')!r}")
