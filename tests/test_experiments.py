@@ -102,3 +102,15 @@ def test_the_gpu_script_names_a_parts_sweeps(tmp_path, part, sweeps):
         assert done.returncode == 2 and f"not {part}" in done.stderr
     else:
         assert done.returncode == 0 and done.stdout.split() == sweeps.split()
+
+
+@pytest.mark.parametrize("parts", [[], ["a", "d"], ["1:data.samples=6400", "7:train.seed=0"]])
+def test_the_gpu_script_refuses_a_bad_part_before_it_starts(tmp_path, parts):
+    """`start` checks every part (PART or PART:OVERRIDES) before the detached job exists, not minutes into it."""
+    import subprocess
+
+    (tmp_path / "code").symlink_to(CONF.parent)
+    done = subprocess.run(["bash", str(CONF.parent / "bench" / "gpu" / "data_scaling.sh"), "start", *parts],
+                          env={"G": str(tmp_path), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True)
+    assert done.returncode == 2 and not (tmp_path / "pid").exists()
+    assert ("PART..." in done.stderr) if not parts else (f"not {parts[-1].split(':')[0]}" in done.stderr)

@@ -3,10 +3,11 @@
 # machine without internet, in steps, from the root of a device call's tree that carries .gpu-stage/
 # (bench/gpu/stage.sh; the GGUF's halves come with calls of their own, as in bench/peers/README.md):
 #   bash bench/gpu/data_scaling.sh install     # bench/gpu/machine.sh; the code copied to $G/code (first time)
-#   bash bench/gpu/data_scaling.sh start PART  # PART's sweeps one after another, detached, one session's worth
-#                                              # each: a = the header's first (3 sizes x 2 seeds), b = the next two
-#                                              # (3 sizes, the steps probe), c = the ablations; all = every one; or
-#                                              # sweep numbers (4,5)
+#   bash bench/gpu/data_scaling.sh start PART...  # the PARTs' sweeps one after another, detached; a part is one
+#                                              # session's worth: a = the header's first (3 sizes x 2 seeds), b = the
+#                                              # next two (3 sizes, the steps probe), c = the ablations; all = every
+#                                              # one; or sweep numbers (4,5). PART:OVERRIDES adds overrides to its
+#                                              # sweeps: '1:data.samples=6400' runs the first sweep's 6400-sample jobs
 #   bash bench/gpu/data_scaling.sh watch       # progress every minute until they end or BUDGET s (540), then collect
 #   bash bench/gpu/data_scaling.sh collect     # $OUT/sweeps.tgz (every job's results.json, config and log) and log.txt
 # The sweeps are read from the experiment file's header, so the two cannot drift apart. Each runs with the joblib
@@ -47,25 +48,37 @@ part() {  # part PART: the numbers of PART's sweeps, in the header's order
   esac
 }
 
-run_part() {  # run_part PART: its sweeps in order; a failed sweep stops the part
+run_parts() {  # run_parts PART...: each part's sweeps in order; a failed sweep stops the rest
+  local spec
+  for spec in "$@"; do part "${spec%%:*}" > /dev/null || return 2; done
+  gpu_wait_smollm2 "$G" || return 1
+  for spec in "$@"; do
+    if [[ $spec == *:* ]]; then run_part "${spec%%:*}" "${spec#*:}" "-${spec//[^0-9a-z]/_}"; else run_part "$spec"; fi \
+      || return 1
+  done
+}
+
+run_part() {  # run_part PART [OVERRIDES [DIR_SUFFIX]]: PART's sweeps, OVERRIDES after each sweep's own
   local k=0 overrides chosen
   chosen=" $(part "$1" | tr '\n' ' ')" || return 2
-  gpu_wait_smollm2 "$G" || return 1
   while IFS= read -r overrides; do
     k=$((k + 1))
     [[ $chosen == *" $k "* ]] || continue
-    echo "sweep $k: $overrides"
+    echo "sweep $k: $overrides${2:+ $2}"
     # shellcheck disable=SC2086  # the header's overrides are words
-    (cd "$code" && PYTHONPATH=src:$G/site-dl python3 src/run.py -m experiment=data_scaling_gpu $overrides \
+    (cd "$code" && PYTHONPATH=src:$G/site-dl python3 src/run.py -m experiment=data_scaling_gpu $overrides ${2:-} \
       data.source=jsonl "data.path=$G/carried/prompts.jsonl" tracking.enabled=false "paths.root=$G/dl" \
-      hydra/launcher=joblib hydra.launcher.n_jobs="${JOBS:-2}" "hydra.sweep.dir=$G/sweeps/s$k" ${EXTRA:-} \
+      hydra/launcher=joblib hydra.launcher.n_jobs="${JOBS:-2}" "hydra.sweep.dir=$G/sweeps/s$k${3:-}" ${EXTRA:-} \
       < /dev/null) || return 1  # not the loop's stdin: that holds the sweeps still to run
   done < <(sweeps)
 }
 
 start() {
+  (($#)) || { echo "start: PART... (a, b, c, all, sweep numbers; PART:OVERRIDES)" >&2; return 2; }
+  local spec
+  for spec in "$@"; do part "${spec%%:*}" > /dev/null || return 2; done  # refused now, not in the detached job
   # the copy's script: a later call's tree may replace this file while bash still reads it
-  gpu_start "$G" "bash bench/gpu/data_scaling.sh run_part ${1:?start a|b|c|all|sweep numbers}"
+  gpu_start "$G" "bash bench/gpu/data_scaling.sh run_parts $(printf '%q ' "$@")"
 }
 
 watch() {
@@ -82,6 +95,6 @@ collect() {
   gpu_log_out "$G"
 }
 
-step=${1:?usage: data_scaling.sh install|start PART|watch|collect|part PART|sweeps}
+step=${1:?usage: data_scaling.sh install|start PART...|watch|collect|part PART|sweeps}
 shift
 "$step" "$@"
