@@ -195,6 +195,7 @@ def test_the_report_is_generated_from_records(tmp_path, capsys):
     assert "](scaling_figures/scaling_loss.png)" in text
     assert (tmp_path / "docs" / "scaling_figures" / "scaling_loss.png").exists()
     assert "spread between families" in text and NO_CEILING in text
+    assert "| N | data.samples | runs |" in text and f"| {WIDE[-1] * 148.0:.4g} | {WIDE[-1]} | 2 |" in text
     assert "Verdict:" in capsys.readouterr().out
 
 

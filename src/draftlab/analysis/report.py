@@ -26,10 +26,13 @@ def _cell(v: np.ndarray) -> str:
 
 
 def _data_table(runs: list[Run], loss_key: str) -> list[str]:
+    """One row per data size; `data.samples` beside N, which counts tokens when the records have them."""
     cols = [loss_key] + [c for c in COLUMNS[1:] if any(c in r.metrics for r in runs)]
-    lines = ["| N | runs | " + " | ".join(cols) + " |", "|---" * (len(cols) + 2) + "|"]
+    lines = ["| N | data.samples | runs | " + " | ".join(cols) + " |", "|---" * (len(cols) + 3) + "|"]
     for n, group in by_group(runs):
-        lines.append(f"| {n:.4g} | {len(group)} | " + " | ".join(_cell(values(group, c)) for c in cols) + " |")
+        samples = ", ".join(sorted({str(r.params.get("data.samples", "?")) for r in group}, key=lambda s: (len(s), s)))
+        lines.append(f"| {n:.4g} | {samples} | {len(group)} | "
+                     + " | ".join(_cell(values(group, c)) for c in cols) + " |")
     return lines
 
 
