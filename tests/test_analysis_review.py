@@ -98,6 +98,15 @@ def test_a_shared_validation_set_pairs_the_runs():
     assert not vn.shared and np.std(vn.shifts["n1600s0"] - vn.shifts["n3200s0"]) > 0.05
 
 
+def test_two_sizes_at_convergence_ask_for_a_third():
+    """Two converged sizes give the last doubling's gain but no curve: undetermined, and the next step says how
+    many sizes a curve needs."""
+    result = analyze([rec(n, seed, 9.0 - 0.2 * k + 0.01 * seed, 2.0) for k, n in enumerate(WIDE[4:6])
+                      for seed in (0, 1)], n_boot=200)
+    assert result.tag == "undetermined" and "too few sizes" in result.headline, result.report
+    assert any("run at least 3 data sizes" in s for s in result.next_steps)
+
+
 def probe_sweep(probe_gain):
     """Five sizes trained to convergence, and steps probes (train.extend_steps=3000) at the two largest."""
     out = [rec(n, seed, 7.0 + 6.0 * (n / 1600) ** -0.5 + 0.01 * seed, 2.0) for n in WIDE[:5] for seed in (0, 1)]

@@ -299,7 +299,7 @@ def _verdict(state, steps_state, findings, evidence, axes, confounds, th, spent=
                         "(each N trained to convergence)"] + also)
     if primary is not None:
         why = {"flat": "more data is not helping materially", "unresolved": "the data curve is not resolved",
-               "insufficient": "the data curve at convergence is not measured"}
+               "insufficient": "the data curve at convergence has too few sizes"}
         v = Verdict("bottleneck", primary.category, f"At a bottleneck: {primary.category}. {primary.text}; "
                     f"{why[state]}.", state, evidence, ranked)
         v.next_steps += [f"also: {f.category} ({f.text})" for f in ranked if f is not primary]
@@ -315,13 +315,12 @@ def _verdict(state, steps_state, findings, evidence, axes, confounds, th, spent=
         nxt.append("run the steps probe at the largest sizes (train.extend_steps: on from the plateau at constant "
                    "lr, then the decay): the slope left at the plateau says steps may still pay")
     if state == "insufficient":
-        nxt.append(f"run at least 2 data sizes ({th.min_points}+ spaced by doublings is better), each trained to "
-                   "convergence")
+        nxt.append(f"run at least {th.min_points} data sizes, spaced by doublings, each trained to convergence")
     if any(a.noise_source == "assumed" for a in axes.values()):
         nxt.append("add seeds (2-3 per cell) so noise can be measured rather than assumed")
     if "unresolved" in (state, steps_state):
         nxt.append("add seeds or a larger data size / step budget: an interval straddles the threshold")
-    return Verdict("undetermined", None, f"Undetermined: the sweep cannot tell "
-                   f"({'the data axis at convergence is not measured' if state == 'insufficient' else 'nothing is resolved'}"
-                   f"; steps: {_gains(axes, 'steps') or 'not measured'}; data: {_gains(axes, 'data') or 'not measured'}).",
+    why = "the data axis at convergence has too few sizes" if state == "insufficient" else "nothing is resolved"
+    return Verdict("undetermined", None, f"Undetermined: the sweep cannot tell ({why}; steps: "
+                   f"{_gains(axes, 'steps') or 'not measured'}; data: {_gains(axes, 'data') or 'not measured'}).",
                    state, evidence, ranked, nxt)
