@@ -113,7 +113,7 @@ def test_untracked_jobs_leave_results_that_import_as_a_sweep(tiny_cfg, tmp_path)
         assert (job / "results.json").exists()
         shutil.rmtree(json.loads((job / "results.json").read_text())["tags"]["folder.train"])  # another machine's
     uri = f"sqlite:///{tmp_path / 'imported.db'}"
-    parent = import_runs(tmp_path / "multirun", "imported", uri)
+    parent = import_runs(tmp_path / "multirun", "imported", uri, records=tmp_path / "records.jsonl.gz")
     client = MlflowClient(tracking_uri=uri)
     children = client.search_runs([client.get_experiment_by_name("imported").experiment_id],
                                   f"tags.mlflow.parentRunId = '{parent}'")
@@ -122,6 +122,12 @@ def test_untracked_jobs_leave_results_that_import_as_a_sweep(tiny_cfg, tmp_path)
     # the per-sample validation results travel with the jobs: one validation set for both sizes
     records = load_records(parent, uri).records
     assert [r["val_samples"]["index"] for r in records] == [[0.0, 1.0, 2.0, 3.0]] * 2
+    # the same jobs as one records file for `analyze.py --records`, each run named by its job folder
+    from draftlab.analysis.cli import read_records
+
+    written = read_records(tmp_path / "records.jsonl.gz")
+    assert [r["run_id"] for r in written] == ["16", "8"]
+    assert written[1] == {"run_id": "8", **json.loads((tmp_path / "multirun" / "8" / "results.json").read_text())}
 
 
 def test_epochs_sweep_continues_from_the_shorter_run(tiny_cfg, caplog):

@@ -11,9 +11,8 @@
 #   bash bench/gpu/data_scaling.sh watch       # progress every minute until they end or BUDGET s (540), then collect
 #   bash bench/gpu/data_scaling.sh collect     # $OUT/sweeps.tgz (every job's results.json, config and log) and log.txt
 # The sweeps are read from the experiment file's header, so the two cannot drift apart. Each runs with the joblib
-# launcher, JOBS (2) jobs side by side (docs/scale.md), tracking off: the records come back in results.json. Here:
-#   tar -xzf sweeps.tgz -C runs/ (both parts into one folder), python -m draftlab import-runs runs/sweeps
-#   --experiment data_scaling, python src/analyze.py data_scaling --report docs/data_scaling.md
+# launcher, JOBS (2) jobs side by side (docs/scale.md), tracking off: the records come back in results.json, and
+# bench/gpu/README.md's last commands turn them into the report.
 # Environment: G (/tmp/data-scaling), JOBS, BUDGET, GGUF_WAIT (1200 s), DRAFTLAB_GIT_COMMIT (recorded by every
 # job); for a dry run elsewhere, EXTRA (overrides after the sweep's own, e.g. target=tiny hardware=cpu).
 set -uo pipefail

@@ -1,23 +1,28 @@
 """`python -m draftlab import-runs <folder>`: bring jobs that ran with `tracking.enabled=false` (on a GPU machine
 with no route to the tracking store, say) into MLflow. Each Hydra job folder holds a `results.json`; a multirun
 folder becomes one parent run with a child per job, so `src/analyze.py` and the MLflow UI treat it as a sweep.
+`--records FILE` also writes them as one records file (`src/analyze.py --records`), small enough to commit beside
+the report it makes, each run named by its job folder.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 from pathlib import Path
 
+from draftlab.fsutil import atomic_write_with
 from draftlab.tracking.runs import create_run, end_run, import_job, log_analysis, open_client
 
 
-def import_runs(folder: Path, experiment: str, uri: str | None = None) -> str:
-    """Logs every results.json under `folder`; returns the parent run's id."""
+def import_runs(folder: Path, experiment: str, uri: str | None = None, records: Path | None = None) -> str:
+    """Logs every results.json under `folder` (and writes them to `records`, when given); returns the parent run's
+    id."""
     files = sorted(Path(folder).rglob("results.json"))
     if not files:
         raise FileNotFoundError(f"{folder}: no results.json (were the jobs run with src/run.py?)")
-    records = []
+    found = []
     for file in files:  # every file is checked before the first run is created
         try:
             record = json.loads(file.read_text())
@@ -25,12 +30,15 @@ def import_runs(folder: Path, experiment: str, uri: str | None = None) -> str:
             raise ValueError(f"{file}: invalid JSON ({err})") from None
         if not isinstance(record, dict) or not {"params", "metrics"} <= set(record):
             raise ValueError(f"{file}: not a draftlab results.json (needs params and metrics)")
-        records.append((file, record))
+        found.append((file, record))
+    if records is not None:
+        write_records(records, [{"run_id": file.parent.relative_to(folder).as_posix(), **record}
+                                for file, record in found])
     client = open_client(uri)
     parent = create_run(client, experiment, f"import-{Path(folder).name}",
                         {"draftlab.role": "sweep", "draftlab.imported_from": str(folder)})
     try:
-        for file, record in records:
+        for file, record in found:
             tags = {**{k: str(v) for k, v in record.get("tags", {}).items()}, "mlflow.parentRunId": parent,
                     "draftlab.imported_from": str(file.parent)}
             run_id = import_job(client, experiment, file.parent.name, record["params"], record["metrics"], tags)
@@ -43,12 +51,21 @@ def import_runs(folder: Path, experiment: str, uri: str | None = None) -> str:
     return parent
 
 
+def write_records(path: Path, records: list[dict]) -> None:
+    """JSON lines, one record a line in the given order, gzip-compressed when the name ends in .gz."""
+    text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in records).encode()
+    data = gzip.compress(text, mtime=0) if Path(path).suffix == ".gz" else text  # mtime 0: same records, same bytes
+    atomic_write_with(Path(path), lambda tmp: tmp.write_bytes(data))
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m draftlab import-runs", description=__doc__)
     parser.add_argument("folder", type=Path, help="a Hydra run or multirun folder")
     parser.add_argument("--experiment", required=True, help="MLflow experiment to log into")
     parser.add_argument("--tracking-uri", default=None)
+    parser.add_argument("--records", type=Path, default=None,
+                        help="also write the records to this file for `src/analyze.py --records` (.gz: compressed)")
     args = parser.parse_args(argv)
-    parent = import_runs(args.folder, args.experiment, args.tracking_uri)
+    parent = import_runs(args.folder, args.experiment, args.tracking_uri, args.records)
     print(f"imported into parent run {parent} (experiment {args.experiment})")
     return 0

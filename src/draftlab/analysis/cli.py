@@ -10,11 +10,11 @@ JSON-lines file (the format of `draftlab.analysis.records`) instead of MLflow.
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
-
+import gzip
 import json
 import shlex
+import sys
+from pathlib import Path
 
 from draftlab.analysis.core import AnalysisResult, analyze
 from draftlab.analysis.mlflow_source import load_records, log_to_parent
@@ -26,8 +26,9 @@ def default_out(parent_run_id: str) -> Path:
 
 
 def read_records(path: Path) -> list[dict]:
-    """Records from a JSON list or a JSON-lines file."""
-    text = Path(path).read_text()
+    """Records from a JSON list or a JSON-lines file, gzip-compressed when its name ends in .gz."""
+    raw = Path(path).read_bytes()
+    text = (gzip.decompress(raw) if Path(path).suffix == ".gz" else raw).decode()
     if text.lstrip().startswith("["):
         return json.loads(text)
     return [json.loads(line) for line in text.splitlines() if line.strip()]
@@ -69,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report", type=Path, default=None, help="write the report to this Markdown file (e.g. "
                    "docs/<name>.md) and its plots into <name>_figures/ beside it")
     p.add_argument("--records", type=Path, default=None, help="read the records from this JSON / JSON-lines file "
-                   "instead of MLflow (the source then only names the sweep)")
+                   "(.gz: compressed; `import-runs --records` writes one) instead of MLflow (the source then only "
+                   "names the sweep)")
     p.add_argument("--allow-mixed-code", action="store_true", help="compare runs whose train or extract code "
                    "differs (otherwise the verdict refuses to call their differences resolved)")
     args = p.parse_args(argv)
