@@ -208,6 +208,16 @@ def test_the_report_is_generated_from_records(tmp_path, capsys):
     assert "Verdict:" in capsys.readouterr().out
 
 
+def test_the_report_lists_only_the_settings_of_the_stages_that_ran():
+    """A sweep of generate, extract and train: bench's settings, logged with every job, are not its baseline."""
+    tags = {"code.generate": "g", "code.extract": "e", "code.train": "t"}
+    records = [rec(n, s, 9.0 - 0.1 * k + 0.01 * s, 2.0, tags=tags, **{"bench.prompts": 80, "train.lr": 0.001})
+               for k, n in enumerate(WIDE[:3]) for s in (0, 1)]
+    text = analyze(records, n_boot=100).report
+    assert "the settings read by the stages that ran: extract, generate, train" in text
+    assert "train.lr=0.001" in text and "extract.layers=auto" in text and "bench.prompts" not in text
+
+
 def test_comparisons_at_equal_data_include_validation_noise():
     """A layer ablation scored on its own validation samples: the difference's interval widens by their noise."""
     rng = np.random.default_rng(2)

@@ -81,6 +81,12 @@ def _covers(section: str, key: str) -> bool:
     return key == section or key.startswith(section + ".")
 
 
+def read_by(key: str, stages) -> bool:
+    """True when one of the named stages reads the dotted config key (into its folder key, grown or when set)."""
+    return any(_covers(read, key) for name in stages if name in STAGES
+               for read in STAGES[name].reads + STAGES[name].grows_with + STAGES[name].when_set)
+
+
 def fingerprinted(key: str) -> bool:
     """True when the dotted config key is part of some stage's folder key, i.e. it can change what a stage
     produces. Everything else (NOT_FINGERPRINTED, NOT_OUTPUT_SETTINGS, keys no stage reads such as

@@ -14,6 +14,7 @@ from draftlab.analysis.records import Run, by_group, values
 from draftlab.analysis.stats import Estimate
 from draftlab.analysis.valnoise import ValNoise
 from draftlab.analysis.verdict import Thresholds, Verdict
+from draftlab.stage_keys import read_by
 
 COLUMNS = ("val/loss", "train/loss", "bench/tau", "val/predicted_tau", "val/acc_0", "train/steps",
            "train/stopped_early")
@@ -134,9 +135,12 @@ def render(verdict: Verdict, fits: dict[str, PowerLawFit], comparisons: list[Com
     lines += ["Evidence:", ""] + [f"- {e}" for e in verdict.evidence] + [""]
     if verdict.next_steps:
         lines += ["Next:", ""] + [f"- {s}" for s in verdict.next_steps] + [""]
+    ran = sorted({tag.split(".", 1)[1] for r in runs for tag in r.tags if tag.startswith("code.")})
+    shown = [(k, v) for k, v in baseline if not ran or read_by(k, ran)]  # not the settings of stages never run
+    of = f"; the settings read by the stages that ran: {', '.join(ran)}" if ran else ""
     lines += ["## Data", "", f"{len(runs)} runs; N from `{n_source}`; the data-scaling series is the baseline "
-              f"config ({len(base_runs)} runs):", "",
-              "`" + ", ".join(f"{k}={v}" for k, v in baseline) + "`" if baseline else "(no varied factors)", ""]
+              f"config ({len(base_runs)} runs{of}):", "",
+              "`" + ", ".join(f"{k}={v}" for k, v in shown) + "`" if shown else "(no varied factors)", ""]
     lines += _data_table(base_runs, loss_key) + [""]
     lines += _axes_section(axes or {}, level)
     lines += ["## Data scaling (the series above: converged runs, else the largest step budget)", ""]
