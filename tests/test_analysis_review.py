@@ -93,6 +93,11 @@ def test_a_shared_validation_set_pairs_the_runs():
     vn = val_noise(runs, "val/loss", 200, 0)
     assert vn.shared and vn.known and np.std(vn.shifts["n1600s0"]) > 0.05
     np.testing.assert_allclose(vn.shifts["n1600s0"], vn.shifts["n3200s0"], atol=1e-12)
+    assert vn.differing == 0 and "WARNING" not in vn.describe()
+    shared[0]["val_samples"]["tokens"] = [60.0] * 500
+    shared[1]["val_samples"]["tokens"] = [60.0] * 497 + [59.0] * 3  # three answers generated again, shorter
+    vn = val_noise(normalise(shared)[0], "val/loss", 200, 0)
+    assert vn.differing == 3 and "WARNING: 3 validation sample(s)" in vn.describe()
     shared[1]["val_samples"]["index"] = list(range(500, 1000))  # each size its own split: no longer paired
     vn = val_noise(normalise(shared)[0], "val/loss", 200, 0)
     assert not vn.shared and np.std(vn.shifts["n1600s0"] - vn.shifts["n3200s0"]) > 0.05

@@ -8,7 +8,8 @@ and gives each run the shift of its weighted mean from its full-set mean. Fits a
 their seed-noise draws, so their intervals hold both sources.
 
 Records without per-sample results (older runs) contribute no shift: the report then says that its intervals
-leave validation-sample noise out.
+leave validation-sample noise out. A sample scored on other token counts in other runs is counted and warned of:
+one index then holds other answers (or other scoring), which pairing by index cannot see.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ class ValNoise:
     samples: int = 0  # validation samples in the union of the runs' sets
     shared: bool = False  # every run was scored on the same samples
     missing: list[str] = field(default_factory=list)  # run ids without per-sample results
+    # samples scored on other token counts in other runs: one index, but other answers (a pool generated again on
+    # other code or settings) or other scoring, so "the same samples" is not the same set
+    differing: int = 0
 
     @property
     def known(self) -> bool:
@@ -48,6 +52,9 @@ class ValNoise:
                 else f"a bootstrap over {self.samples} validation samples, which the runs do not all share "
                      "(each size scored on its own split: unpaired where they differ)")
         gap = f"; {len(self.missing)} run(s) without per-sample results add none" if self.missing else ""
+        if self.differing:
+            gap += (f"; WARNING: {self.differing} validation sample(s) were scored on other token counts in other "
+                    "runs: the sets differ in content (answers generated again) or in what is scored")
         return f"validation-sample noise is in the intervals: {what}{gap}"
 
 
@@ -62,6 +69,10 @@ def val_noise(runs: list[Run], metric: str, n_boot: int, seed: int) -> ValNoise:
     universe = np.unique(np.concatenate([r.val_samples["index"] for r in have]))
     out.samples = int(universe.size)
     out.shared = all(np.array_equal(np.unique(r.val_samples["index"]), universe) for r in have)
+    lengths = np.full((len(have), universe.size), np.nan)
+    for i, r in enumerate(have):
+        lengths[i, np.searchsorted(universe, r.val_samples["index"])] = r.val_samples["tokens"]
+    out.differing = int((np.nanmax(lengths, axis=0) != np.nanmin(lengths, axis=0)).sum())
     counts = np.random.default_rng(seed).poisson(1.0, size=(n_boot, universe.size)).astype(float)
     for r in have:
         pos = np.searchsorted(universe, r.val_samples["index"])
