@@ -134,6 +134,35 @@ def test_prompts_are_not_read_again_once_the_pool_holds_them(tiny_cfg, monkeypat
         preflight(validate(tiny_cfg("data.samples=16", "tracking.enabled=false")))  # the pool must grow
 
 
+@pytest.mark.parametrize("samples, val_samples", [(8, 0), (8, None), (1600, 1000)])
+def test_the_pool_check_counts_as_generate_does(samples, val_samples):
+    from types import SimpleNamespace
+
+    from draftlab.data.samples import pool_size
+    from draftlab.preflight import _pool_size
+
+    data = SimpleNamespace(samples=samples, val_samples=val_samples)
+    assert _pool_size(data) == pool_size(data)
+
+
+def test_a_cached_preflight_does_not_import_torch(tiny_cfg, tmp_path):
+    """Importing torch costs an all-cached rerun 1.6 s on the CPU: the checks of a pool that exists need none."""
+    from omegaconf import OmegaConf
+
+    from draftlab.pipeline import run_stages
+    from draftlab.reporting import NullReporter
+
+    cfg = validate(tiny_cfg("data.samples=8", "tracking.enabled=false"))
+    run_stages(cfg, NullReporter(), names=["generate"])
+    OmegaConf.save(cfg, tmp_path / "cfg.yaml")
+    code = ("import sys; from omegaconf import OmegaConf; from draftlab.preflight import preflight; "
+            f"preflight(OmegaConf.load({str(tmp_path / 'cfg.yaml')!r})); print(sorted(m for m in sys.modules "
+            "if m.split('.')[0] == 'torch')[:3])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
 def test_byte_order_mark_passes(tiny_cfg, tmp_path):
     path = jsonl(tmp_path / "p.jsonl", 64)
     path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())

@@ -184,14 +184,19 @@ def check_server(cfg) -> None:
 
 def _pool_holds(cfg) -> bool:
     """The generate pool already holds data.samples samples: its prompts were checked when it was made."""
-    from draftlab.data.samples import pool_size
     from draftlab.stage_keys import plan
 
     try:  # planning hashes the prompt file: a missing one is check_prompts' to report
         manifest = plan(cfg)["generate"].folder / "manifest.json"
-        return json.loads(manifest.read_text())["num_samples"] >= pool_size(cfg.data)
+        return json.loads(manifest.read_text())["num_samples"] >= _pool_size(cfg.data)
     except (OSError, ValueError, KeyError, TypeError):
         return False
+
+
+def _pool_size(data) -> int:
+    """`draftlab.data.samples.pool_size`, whose module imports torch: 1.6 s of an all-cached rerun that needs none
+    (BENCHMARKS.md "The README's run and an all-cached rerun"). tests/test_preflight.py holds the two equal."""
+    return int(data.samples) + int(data.val_samples or 0)
 
 
 def check_prompts(cfg) -> None:
