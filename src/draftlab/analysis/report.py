@@ -161,5 +161,5 @@ def render(verdict: Verdict, fits: dict[str, PowerLawFit], comparisons: list[Com
               f"> {th.near_zero_fraction} x material. Flat: upper bound < material; a data axis only when every "
               "curve family says so. Converged: early stopping fired (train/stopped_early), or the steps axis is "
               "flat there. Projections stop at 2x the largest size; a ceiling needs 5 sizes spanning 16x and "
-              "agreeing families. See `draftlab/analysis/verdict.py` and `families.py`.", ""]
+              "agreeing families. See `src/draftlab/analysis/verdict.py` and `families.py`.", ""]
     return "\n".join(lines)
