@@ -123,7 +123,7 @@ def test_untracked_jobs_leave_results_that_import_as_a_sweep(tiny_cfg, tmp_path)
     records = load_records(parent, uri).records
     assert [r["val_samples"]["index"] for r in records] == [[0.0, 1.0, 2.0, 3.0]] * 2
     # the same jobs as one records file for `analyze.py --records`, each run named by its job folder
-    from draftlab.analysis.cli import read_records
+    from draftlab.analysis.records import read_records
 
     written = read_records(tmp_path / "records.jsonl.gz")
     assert [r["run_id"] for r in written] == ["16", "8"]

@@ -47,9 +47,8 @@ part() {  # part PART: the numbers of PART's sweeps, in the header's order
   esac
 }
 
-run_parts() {  # run_parts PART...: each part's sweeps in order; a failed sweep stops the rest
+run_parts() {  # run_parts PART...: each part's sweeps in order (start checked them); a failed sweep stops the rest
   local spec
-  for spec in "$@"; do part "${spec%%:*}" > /dev/null || return 2; done
   gpu_wait_smollm2 "$G" || return 1
   for spec in "$@"; do
     if [[ $spec == *:* ]]; then run_part "${spec%%:*}" "${spec#*:}" "-${spec//[^0-9a-z]/_}"; else run_part "$spec"; fi \

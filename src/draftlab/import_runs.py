@@ -8,11 +8,10 @@ the report it makes, each run named by its job folder.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 from pathlib import Path
 
-from draftlab.fsutil import atomic_write_with
+from draftlab.analysis.records import write_records
 from draftlab.tracking.runs import create_run, end_run, import_job, log_analysis, open_client
 
 
@@ -49,13 +48,6 @@ def import_runs(folder: Path, experiment: str, uri: str | None = None, records: 
         raise
     end_run(client, parent)
     return parent
-
-
-def write_records(path: Path, records: list[dict]) -> None:
-    """JSON lines, one record a line in the given order, gzip-compressed when the name ends in .gz."""
-    text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in records).encode()
-    data = gzip.compress(text, mtime=0) if Path(path).suffix == ".gz" else text  # mtime 0: same records, same bytes
-    atomic_write_with(Path(path), lambda tmp: tmp.write_bytes(data))
 
 
 def main(argv: list[str]) -> int:

@@ -206,7 +206,6 @@ def check_prompts(cfg) -> None:
     when it is cheap; otherwise the count is conservative (every prompt counts) and generate refuses the rest.
     """
     from draftlab.data.prompts import load_prompts
-    from draftlab.data.samples import pool_size
 
     data = cfg.data
     try:
@@ -215,7 +214,7 @@ def check_prompts(cfg) -> None:
         key = "data.path" if data.path else "data.source"
         raise ConfigError(f"{key}: {str(err).splitlines()[0]}") from err
     chosen, exact = _first_usable(cfg, prompts.prompts)
-    if len(chosen) < pool_size(data):
+    if len(chosen) < _pool_size(data):
         within = f" within data.max_prompt_tokens={data.max_prompt_tokens}" if exact else ""
         raise ConfigError(f"data.samples: {data.samples} asked, but {prompts.source} has only {len(chosen)} "
                           f"unique prompts{within}")
@@ -234,12 +233,11 @@ def check_prompts(cfg) -> None:
 def _first_usable(cfg, prompts: list) -> tuple[list, bool]:
     """The first data.samples prompts generate would answer, and whether their lengths were checked."""
     from draftlab.data.prompts import pool_order, usable_pool
-    from draftlab.data.samples import pool_size
     from draftlab.target import load_tokenizer
 
     data = cfg.data
     tokenizer = load_tokenizer(cfg.target, Path(cfg.paths.root) / "models")
     if tokenizer is None:
-        return pool_order(prompts, data.val_fraction, data.val_samples)[:pool_size(data)], False
-    chosen = [p for p, _ in usable_pool(tokenizer, prompts, data, pool_size(data))]
+        return pool_order(prompts, data.val_fraction, data.val_samples)[:_pool_size(data)], False
+    chosen = [p for p, _ in usable_pool(tokenizer, prompts, data, _pool_size(data))]
     return chosen, True

@@ -93,8 +93,7 @@ def fingerprinted(key: str) -> bool:
     `hardware.name`) only changes how fast, where or how it is tracked: the one list the analysis uses too."""
     if any(_covers(skip, key) for skip in NOT_FINGERPRINTED):
         return False
-    return any(_covers(read, key) for spec in STAGES.values()
-               for read in spec.reads + spec.grows_with + spec.when_set)
+    return read_by(key, STAGES)
 
 
 # When generate starts SGLang itself (data.engine=server, no data.server.url), the serve.* launch settings that can

@@ -10,28 +10,18 @@ JSON-lines file (the format of `draftlab.analysis.records`) instead of MLflow.
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import shlex
 import sys
 from pathlib import Path
 
 from draftlab.analysis.core import AnalysisResult, analyze
 from draftlab.analysis.mlflow_source import load_records, log_to_parent
+from draftlab.analysis.records import read_records
 from draftlab.tracking.run_context import repo_root
 
 
 def default_out(parent_run_id: str) -> Path:
     return repo_root() / "outputs" / "analysis" / parent_run_id
-
-
-def read_records(path: Path) -> list[dict]:
-    """Records from a JSON list or a JSON-lines file, gzip-compressed when its name ends in .gz."""
-    raw = Path(path).read_bytes()
-    text = (gzip.decompress(raw) if Path(path).suffix == ".gz" else raw).decode()
-    if text.lstrip().startswith("["):
-        return json.loads(text)
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def analyze_parent(source: str, tracking_uri: str | None = None, out: Path | None = None,

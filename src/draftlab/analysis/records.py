@@ -20,15 +20,19 @@ S, the optimizer steps a run took, is `train/steps`; a run converged when early 
 
 from __future__ import annotations
 
+import gzip
+import json
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import yaml
 
 from draftlab.analysis.stats import pooled_sd
+from draftlab.fsutil import atomic_write_with
 from draftlab.stage_keys import fingerprinted
 
 # Distinct training tokens first (the x-axis of a data-scaling law), samples only as a last resort.
@@ -152,6 +156,22 @@ def n_source(records: list[dict]) -> str:
             return source
     raise ValueError("no data size in the records: need metrics train/train_tokens or extract/tokens, "
                      "or param data.samples, in every record")
+
+
+def read_records(path: Path) -> list[dict]:
+    """Records from a JSON list or a JSON-lines file, gzip-compressed when its name ends in .gz."""
+    raw = Path(path).read_bytes()
+    text = (gzip.decompress(raw) if Path(path).suffix == ".gz" else raw).decode()
+    if text.lstrip().startswith("["):
+        return json.loads(text)
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def write_records(path: Path, records: list[dict]) -> None:
+    """`read_records`' JSON lines, one record a line in the given order, gzip-compressed for a .gz name."""
+    text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in records).encode()
+    data = gzip.compress(text, mtime=0) if Path(path).suffix == ".gz" else text  # mtime 0: same records, same bytes
+    atomic_write_with(Path(path), lambda tmp: tmp.write_bytes(data))
 
 
 def normalise(records: list[dict]) -> tuple[list[Run], str]:

@@ -10,7 +10,7 @@ import numpy as np
 from draftlab.analysis.axes import Axes
 from draftlab.analysis.compare import Comparison
 from draftlab.analysis.fit import PowerLawFit
-from draftlab.analysis.records import Run, by_group, values
+from draftlab.analysis.records import Run, by_group, label, values
 from draftlab.analysis.stats import Estimate
 from draftlab.analysis.valnoise import ValNoise
 from draftlab.analysis.verdict import Thresholds, Verdict
@@ -31,7 +31,7 @@ def _data_table(runs: list[Run], loss_key: str) -> list[str]:
     cols = [loss_key] + [c for c in COLUMNS[1:] if any(c in r.metrics for r in runs)]
     lines = ["| N | data.samples | runs | " + " | ".join(cols) + " |", "|---" * (len(cols) + 3) + "|"]
     for n, group in by_group(runs):
-        samples = ", ".join(sorted({str(r.params.get("data.samples", "?")) for r in group}, key=lambda s: (len(s), s)))
+        samples = ", ".join(sorted({label(r.params.get("data.samples", "?")) for r in group}))
         lines.append(f"| {n:.4g} | {samples} | {len(group)} | "
                      + " | ".join(_cell(values(group, c)) for c in cols) + " |")
     return lines

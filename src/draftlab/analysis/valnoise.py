@@ -69,13 +69,13 @@ def val_noise(runs: list[Run], metric: str, n_boot: int, seed: int) -> ValNoise:
     universe = np.unique(np.concatenate([r.val_samples["index"] for r in have]))
     out.samples = int(universe.size)
     out.shared = all(np.array_equal(np.unique(r.val_samples["index"]), universe) for r in have)
+    positions = [np.searchsorted(universe, r.val_samples["index"]) for r in have]
     lengths = np.full((len(have), universe.size), np.nan)
-    for i, r in enumerate(have):
-        lengths[i, np.searchsorted(universe, r.val_samples["index"])] = r.val_samples["tokens"]
+    for row, r, pos in zip(lengths, have, positions):
+        row[pos] = r.val_samples["tokens"]
     out.differing = int((np.nanmax(lengths, axis=0) != np.nanmin(lengths, axis=0)).sum())
     counts = np.random.default_rng(seed).poisson(1.0, size=(n_boot, universe.size)).astype(float)
-    for r in have:
-        pos = np.searchsorted(universe, r.val_samples["index"])
+    for r, pos in zip(have, positions):
         w, v = r.val_samples["tokens"], r.val_samples[column]
         full = float((w * v).sum() / w.sum())
         cw = counts[:, pos] * w[None, :]
