@@ -96,11 +96,30 @@ def test_a_shared_validation_set_pairs_the_runs():
     assert vn.differing == 0 and "WARNING" not in vn.describe()
     shared[0]["val_samples"]["tokens"] = [60.0] * 500
     shared[1]["val_samples"]["tokens"] = [60.0] * 497 + [59.0] * 3  # three answers generated again, shorter
-    vn = val_noise(normalise(shared)[0], "val/loss", 200, 0)
-    assert vn.differing == 3 and "WARNING: 3 validation sample(s)" in vn.describe()
+    vn = val_noise(normalise(shared)[0], "val/loss", 200, 0)  # other answers: two sets, bootstrapped apart
+    assert vn.differing == 3 and vn.sets == 2 and "2 validation sets" in vn.describe()
+    assert np.std(vn.shifts["n1600s0"] - vn.shifts["n3200s0"]) > 0.05
     shared[1]["val_samples"]["index"] = list(range(500, 1000))  # each size its own split: no longer paired
     vn = val_noise(normalise(shared)[0], "val/loss", 200, 0)
     assert not vn.shared and np.std(vn.shifts["n1600s0"] - vn.shifts["n3200s0"]) > 0.05
+
+
+def test_runs_on_one_set_stay_paired_beside_a_set_generated_again():
+    """Two sessions' pools: equal lengths within each, other lengths between; a run scored on a subset of one set
+    joins that set."""
+    rng = np.random.default_rng(2)
+    values, first, again = rng.normal(8.0, 3.0, 400), [60.0] * 400, [70.0] * 10 + [60.0] * 390
+
+    def run(n, seed, tokens, k=400):
+        return rec(n, seed, 8.0, 2.0, val={"index": list(range(k)), "loss": values[:k].tolist(), "tau": [2.0] * k,
+                                           "tokens": tokens[:k]})
+
+    vn = val_noise(normalise([run(1600, 0, first), run(1600, 1, first), run(3200, 0, again),
+                              run(3200, 1, again, k=300)])[0], "val/loss", 300, 0)
+    assert vn.sets == 2 and vn.differing == 10 and not vn.shared
+    np.testing.assert_allclose(vn.shifts["n1600s0"], vn.shifts["n1600s1"], atol=1e-12)
+    assert np.std(vn.shifts["n1600s0"] - vn.shifts["n3200s0"]) > 0.05
+    assert np.corrcoef(vn.shifts["n3200s0"], vn.shifts["n3200s1"])[0, 1] > 0.6  # 300 of its 400 samples shared
 
 
 def test_two_sizes_at_convergence_ask_for_a_third():

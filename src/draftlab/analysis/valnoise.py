@@ -8,8 +8,11 @@ and gives each run the shift of its weighted mean from its full-set mean. Fits a
 their seed-noise draws, so their intervals hold both sources.
 
 Records without per-sample results (older runs) contribute no shift: the report then says that its intervals
-leave validation-sample noise out. A sample scored on other token counts in other runs is counted and warned of:
-one index then holds other answers (or other scoring), which pairing by index cannot see.
+leave validation-sample noise out. Runs are paired only within one validation set: runs whose samples agree in
+token count wherever they share an index. A sample scored on other token counts elsewhere holds other answers
+(a pool generated again: docs/tracking.md), and answers cut at data.max_new_tokens hide most such differences,
+so two sets that differ anywhere are bootstrapped independently: wider intervals between them, never a pairing
+of other answers.
 """
 
 from __future__ import annotations
@@ -30,9 +33,9 @@ class ValNoise:
     shifts: dict[str, np.ndarray] = field(default_factory=dict)  # run_id -> [n_boot] shift of its metric
     samples: int = 0  # validation samples in the union of the runs' sets
     shared: bool = False  # every run was scored on the same samples
+    sets: int = 0  # validation sets: runs on one set are paired, sets are bootstrapped independently
     missing: list[str] = field(default_factory=list)  # run ids without per-sample results
-    # samples scored on other token counts in other runs: one index, but other answers (a pool generated again on
-    # other code or settings) or other scoring, so "the same samples" is not the same set
+    # indices scored on other token counts in other runs: other answers (a pool generated again) or other scoring
     differing: int = 0
 
     @property
@@ -48,13 +51,16 @@ class ValNoise:
         if not self.shifts:
             return ("validation-sample noise is NOT in the intervals: the records hold no per-sample validation "
                     "results")
-        what = (f"a paired bootstrap over the {self.samples} validation samples every run shares" if self.shared
-                else f"a bootstrap over {self.samples} validation samples, which the runs do not all share "
-                     "(each size scored on its own split: unpaired where they differ)")
+        if self.sets > 1 and self.differing:
+            what = (f"a bootstrap over the validation samples, paired within each of the {self.sets} validation sets "
+                    f"the runs were scored on and independent between them ({self.differing} of {self.samples} "
+                    "indices hold answers of other lengths in other sets: answers generated again)")
+        elif self.shared:
+            what = f"a paired bootstrap over the {self.samples} validation samples every run shares"
+        else:
+            what = (f"a bootstrap over {self.samples} validation samples, which the runs do not all share (each size "
+                    "scored on its own split: unpaired where they differ)")
         gap = f"; {len(self.missing)} run(s) without per-sample results add none" if self.missing else ""
-        if self.differing:
-            gap += (f"; WARNING: {self.differing} validation sample(s) were scored on other token counts in other "
-                    "runs: the sets differ in content (answers generated again) or in what is scored")
         return f"validation-sample noise is in the intervals: {what}{gap}"
 
 
@@ -66,18 +72,43 @@ def val_noise(runs: list[Run], metric: str, n_boot: int, seed: int) -> ValNoise:
     out.missing = [r.run_id for r in runs if r not in have]
     if not have or n_boot <= 0:
         return out
-    universe = np.unique(np.concatenate([r.val_samples["index"] for r in have]))
-    out.samples = int(universe.size)
-    out.shared = all(np.array_equal(np.unique(r.val_samples["index"]), universe) for r in have)
-    positions = [np.searchsorted(universe, r.val_samples["index"]) for r in have]
-    lengths = np.full((len(have), universe.size), np.nan)
-    for row, r, pos in zip(lengths, have, positions):
-        row[pos] = r.val_samples["tokens"]
+    sets = _val_sets(have)
+    out.sets = len(set(sets))
+    indices = np.unique(np.concatenate([r.val_samples["index"] for r in have]))
+    out.samples = int(indices.size)
+    out.shared = out.sets == 1 and all(np.array_equal(np.unique(r.val_samples["index"]), indices) for r in have)
+    lengths = np.full((len(have), indices.size), np.nan)
+    for row, r in zip(lengths, have):
+        row[np.searchsorted(indices, r.val_samples["index"])] = r.val_samples["tokens"]
     out.differing = int((np.nanmax(lengths, axis=0) != np.nanmin(lengths, axis=0)).sum())
-    counts = np.random.default_rng(seed).poisson(1.0, size=(n_boot, universe.size)).astype(float)
-    for r, pos in zip(have, positions):
+    # one bootstrap count per (set, index, tokens): shared within a set, drawn afresh for each other set
+    keys = [list(zip([k] * len(r.val_samples["index"]), r.val_samples["index"], r.val_samples["tokens"]))
+            for k, r in zip(sets, have)]
+    universe = {key: i for i, key in enumerate(sorted({key for run in keys for key in run}))}
+    counts = np.random.default_rng(seed).poisson(1.0, size=(n_boot, len(universe))).astype(float)
+    for r, run_keys in zip(have, keys):
+        pos = np.array([universe[key] for key in run_keys])
         w, v = r.val_samples["tokens"], r.val_samples[column]
         full = float((w * v).sum() / w.sum())
         cw = counts[:, pos] * w[None, :]
         out.shifts[r.run_id] = (cw @ v) / np.maximum(cw.sum(axis=1), 1e-300) - full
+    return out
+
+
+def _val_sets(runs: list[Run]) -> list[int]:
+    """A set number per run: a run joins the first set it shares indices with and agrees with in token count
+    everywhere, so a run on a subset that agrees with two sets never joins them into one."""
+    sets: list[dict[float, float]] = []  # each set's tokens by index, over its runs so far
+    out = []
+    for r in runs:
+        tokens = dict(zip(r.val_samples["index"].tolist(), r.val_samples["tokens"].tolist()))
+        for number, known in enumerate(sets):
+            common = tokens.keys() & known.keys()
+            if common and all(tokens[k] == known[k] for k in common):
+                known.update(tokens)
+                break
+        else:
+            number = len(sets)
+            sets.append(tokens)
+        out.append(number)
     return out
