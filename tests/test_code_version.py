@@ -73,6 +73,8 @@ def test_edited_train_code_reruns_train_and_bench_under_run_task(tiny_cfg, packa
     # A reused stage names the commit that made it, a rerun one the commit that runs now.
     assert reporter.tags["generate/produced_by"] == "1111" and reporter.tags["extract/produced_by"] == "1111"
     assert reporter.tags["train/produced_by"] == "2222" and reporter.tags["bench/produced_by"] == "2222"
+    # and the device it ran on: the reused record's, the CPU here
+    assert {reporter.tags[f"{name}/produced_on"] for name in STAGES} == {"cpu"}
 
 
 def test_dvc_yaml_lists_each_stage_code_as_deps():

@@ -144,3 +144,18 @@ def test_epochs_sweep_continues_from_the_shorter_run(tiny_cfg, caplog):
     scratch = run_task(tiny_cfg(*common, "train.epochs=2"))
     assert continued["train/steps"] == scratch["train/steps"]
     assert continued["val/loss"] == pytest.approx(scratch["val/loss"], rel=1e-5)
+
+
+def test_a_stage_names_the_gpu_it_ran_on(monkeypatch):
+    """The device of a completion record: a GPU by name and SM count once a stage initialised CUDA, else cpu."""
+    import sys
+    from types import SimpleNamespace
+
+    from draftlab import pipeline
+
+    props = SimpleNamespace(name="NVIDIA H100 80GB HBM3", multi_processor_count=132)
+    cuda = SimpleNamespace(is_initialized=lambda: True, current_device=lambda: 0, get_device_properties=lambda i: props)
+    monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=cuda))
+    assert pipeline._device() == "NVIDIA H100 80GB HBM3 (132 SMs)"
+    cuda.is_initialized = lambda: False
+    assert pipeline._device() == "cpu"

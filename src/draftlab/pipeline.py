@@ -3,13 +3,15 @@
 Each stage's folder is `paths.root/<stage>/<key>/` (keys: `draftlab.stage_keys`), so parallel jobs of a sweep
 never collide and equal work is done once. Incremental stages (generate, extract) leave `data.samples` out of
 their folder key: the folder is a pool that grows, and a finished request is remembered by a completion record
-keyed by the full key. The record also names the commit that produced it, logged as `<stage>/produced_by` when
-a later job reuses it, and keeps the stage's warnings, which that job raises again for its summary.
+keyed by the full key. The record also names the commit that produced it and the device it ran on, logged as
+`<stage>/produced_by` and `<stage>/produced_on` when a later job reuses it, and keeps the stage's warnings, which
+that job raises again for its summary.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -50,11 +52,11 @@ def run_stages(cfg, reporter: Reporter, names: list[str] | None = None) -> dict[
                 reporter.metrics(warmed)
                 results.update(warmed)
             stage_cfg = _continuation(cfg) if name == "train" else cfg
-            metrics, produced_by = run_stage(stage_cfg, stage, inputs, reporter, commit)
+            metrics, provenance = run_stage(stage_cfg, stage, inputs, reporter, commit)
             if name == "generate" and warmup is not None:
                 warmup.generate_done()
             tags.update({f"fingerprint.{name}": stage.key, f"folder.{name}": str(stage.folder),
-                         f"{name}/produced_by": produced_by, f"code.{name}": stage.code})
+                         f"code.{name}": stage.code, **{f"{name}/{k}": v for k, v in provenance.items()}})
             results.update(metrics)
     finally:
         if warmup is not None:  # a stage before train failed, or the job has no train stage
@@ -103,8 +105,9 @@ def _continuation(cfg):
 
 
 def run_stage(cfg, stage: PlannedStage, inputs: dict[str, Path], reporter: Reporter,
-              commit: str = "unknown") -> tuple[dict[str, float], str]:
-    """(metrics, commit that produced them): runs the stage through `invoke`, or reuses its completion record."""
+              commit: str = "unknown") -> tuple[dict[str, float], dict[str, str]]:
+    """(metrics, {"produced_by": commit, "produced_on": device}): runs the stage through `invoke`, or reuses its
+    completion record."""
     name = stage.spec.name
     record = read_json(stage.done_record)
     if record is None:
@@ -117,11 +120,22 @@ def run_stage(cfg, stage: PlannedStage, inputs: dict[str, Path], reporter: Repor
                 files = () if stage.spec.incremental else (stage.folder / "metrics.json",)
                 with collect_warnings(exclude=STAGE_WARNINGS_EXCLUDE) as warned:
                     metrics = invoke(name, cfg, stage.folder, inputs, reporter, metrics_files=files)
-                atomic_write_json(stage.done_record, {"metrics": metrics, "produced_by": commit,
+                provenance = {"produced_by": commit, "produced_on": _device()}
+                atomic_write_json(stage.done_record, {"metrics": metrics, **provenance,
                                                       "warnings": stage_warnings(warned)})
-                return metrics, commit
+                return metrics, provenance
     log.info("stage %s: cached in %s (produced by commit %s), skipped", name, stage.folder, record["produced_by"])
     repeat_stage_warnings(log, name, record)
     metrics = {**record["metrics"], f"{name}/cached": 1.0, f"{name}/seconds": 0.0}
     reporter.metrics(metrics, step=final_step(metrics))
-    return metrics, record["produced_by"]
+    return metrics, {"produced_by": record["produced_by"], "produced_on": record.get("produced_on", "unknown")}
+
+
+def _device() -> str:
+    """The device this process ran the stage on: the GPU's name and SM count, else "cpu". Greedy answers generated
+    again can differ between machines (docs/tracking.md), so each completion record names its device."""
+    torch = sys.modules.get("torch")  # never imported just to ask: a stage that ran on the GPU imported it
+    if torch is None or not torch.cuda.is_initialized():
+        return "cpu"
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return f"{props.name} ({props.multi_processor_count} SMs)"
