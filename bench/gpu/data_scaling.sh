@@ -9,7 +9,9 @@
 #                                              # one; or sweep numbers (4,5). PART:OVERRIDES adds overrides to its
 #                                              # sweeps: '1:data.samples=6400' runs the first sweep's 6400-sample jobs
 #   bash bench/gpu/data_scaling.sh watch       # progress every minute until they end or BUDGET s (540), then collect
-#   bash bench/gpu/data_scaling.sh collect     # $OUT/sweeps.tgz (every job's results.json, config and log) and log.txt
+#   bash bench/gpu/data_scaling.sh collect     # $OUT/sweeps.tgz (every job's results.json, config and log), log.txt
+#                                              # and pool.tgz: the pool's first 2,048 samples (the validation set),
+#                                              # which install unpacks when carried as .gpu-stage/pool/pool.tgz
 # The sweeps are read from the experiment file's header, so the two cannot drift apart. Each runs with the joblib
 # launcher, JOBS (2) jobs side by side (docs/scale.md), tracking off: the records come back in results.json, and
 # bench/gpu/README.md's last commands turn them into the report.
@@ -22,7 +24,28 @@ code=$G/code
 export PYTHONUNBUFFERED=1
 . "$here/machine.sh"
 
-install() { gpu_install .gpu-stage "$G"; }
+install() { gpu_install .gpu-stage "$G" && install_pool; }
+
+install_pool() {  # a carried pool prefix (.gpu-stage/pool/pool.tgz, an earlier session's) -> the jobs' pool
+  local tgz=.gpu-stage/pool/pool.tgz
+  [ -f "$tgz" ] || return 0
+  mkdir -p "$G/dl/generate" && tar -xzf "$tgz" --skip-old-files -C "$G/dl/generate" || return 1
+  touch "$G/pool-carried"
+  echo "pool: $(tar -tzf "$tgz" | head -n 1 | cut -d/ -f1) carried: its validation answers are the jobs'"
+}
+
+pool_out() {  # this session's pool prefix -> $OUT/pool.tgz (made once), for the next session's install
+  [ -e "$G/pool-carried" ] && return 0
+  if [ ! -f "$G/pool.tgz" ]; then
+    local pools=("$G"/dl/generate/*/manifest.json)
+    [ ${#pools[@]} = 1 ] && [ -f "${pools[0]}" ] || return 0  # none yet, or not one pool: nothing to carry
+    local pool=${pools[0]%/manifest.json}
+    rm -rf "$G/prefix" && mkdir -p "$G/prefix"
+    (cd "$code" && PYTHONPATH=src:$G/site-dl python3 bench/gpu/pool_prefix.py "$pool" "$G/prefix") || return 0
+    tar -czf "$G/pool.tmp" -C "$G/prefix" "${pool##*/}" && mv "$G/pool.tmp" "$G/pool.tgz"
+  fi
+  cp "$G/pool.tgz" "$OUT/pool.tgz"
+}
 
 sweeps() {  # the overrides of the header's commands, one line each
   sed -n 's/^#   python src\/run.py -m experiment=data_scaling_gpu *//p' "$code/conf/experiment/data_scaling_gpu.yaml" \
@@ -90,6 +113,7 @@ collect() {
   [ -n "${OUT:-}" ] || return 0
   (cd "$G" && find sweeps \( -name results.json -o -name '*.log' -o -path '*/.hydra/*.yaml' \) -print0 2> /dev/null \
     | tar -czf "$OUT/sweeps.tgz" --null -T -)
+  pool_out
   gpu_log_out "$G"
 }
 

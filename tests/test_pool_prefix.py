@@ -1,0 +1,70 @@
+"""bench/gpu/pool_prefix.py and data_scaling.sh's pool.tgz: a session's validation answers carried into the next.
+A pool generated again answers the validation set again (docs/tracking.md); a carried prefix keeps its answers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import bench_script
+from draftlab.data.samples import Sample, read_manifest, read_samples, write_samples
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "bench" / "gpu" / "data_scaling.sh"
+
+
+def pool(folder: Path, n: int = 8, shard_size: int = 3) -> Path:
+    samples = [Sample(i, torch.arange(i, i + 5), torch.tensor([False, False, True, True, True]),
+                      "val" if i < 2 else "train", f"prompt {i}", f"answer {i}", f"c{i}") for i in range(n)]
+    write_samples(folder, samples, fingerprint="fp-pool", shard_size=shard_size)
+    return folder
+
+
+def same(a: Sample, b: Sample) -> bool:
+    return (a.index, a.split, a.prompt, a.response, a.conversation_id) == (b.index, b.split, b.prompt, b.response,
+                                                                          b.conversation_id) \
+        and torch.equal(a.input_ids, b.input_ids) and torch.equal(a.loss_mask, b.loss_mask)
+
+
+def test_the_prefix_is_the_pools_first_samples_under_its_fingerprint(tmp_path):
+    write_prefix = bench_script("gpu/pool_prefix").write_prefix
+    source = pool(tmp_path / "generate" / "abc123")
+    target = write_prefix(source, tmp_path / "out", 4, 4)
+    assert target == tmp_path / "out" / "abc123" and read_manifest(target)["fingerprint"] == "fp-pool"
+    got, want = list(read_samples(target, with_text=True)), list(read_samples(source, limit=4, with_text=True))
+    assert len(got) == 4 and all(same(a, b) for a, b in zip(got, want))
+    with pytest.raises(FileExistsError):
+        write_prefix(source, tmp_path / "out", 4, 4)
+    with pytest.raises(ValueError, match="not a multiple of --batch-size 4"):
+        write_prefix(source, tmp_path / "other", 6, 4)
+    with pytest.raises(ValueError, match="8 samples, fewer than the 12"):
+        write_prefix(source, tmp_path / "other", 12, 4)
+
+
+def test_collect_sends_the_prefix_and_install_puts_it_under_the_next_sessions_pool(tmp_path):
+    """One session's collect writes $OUT/pool.tgz; the next carries it as .gpu-stage/pool/ and its jobs' pool
+    starts with the same samples."""
+    first, second, out, tree = (tmp_path / name for name in ("g1", "g2", "out", "tree"))
+    for g in (first, second):
+        g.mkdir()
+        (g / "code").symlink_to(REPO)
+    source = pool(first / "dl" / "generate" / "abc123", n=4096, shard_size=1024)
+    out.mkdir()
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "OUT": str(out), "HOME": str(tmp_path),
+           "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    subprocess.run(["bash", str(SCRIPT), "collect"], env={**env, "G": str(first)}, check=True, capture_output=True)
+    (tree / ".gpu-stage" / "pool").mkdir(parents=True)
+    (out / "pool.tgz").rename(tree / ".gpu-stage" / "pool" / "pool.tgz")
+    done = subprocess.run(["bash", str(SCRIPT), "install_pool"], env={**env, "G": str(second)}, cwd=tree,
+                          check=True, capture_output=True, text=True)
+    assert "pool: abc123 carried" in done.stdout
+    got = list(read_samples(second / "dl" / "generate" / "abc123", with_text=True))
+    assert len(got) == 2048 and all(same(a, b) for a, b in zip(got, read_samples(source, limit=2048,
+                                                                                    with_text=True)))
+    subprocess.run(["bash", str(SCRIPT), "collect"], env={**env, "G": str(second)}, check=True, capture_output=True)
+    assert not (out / "pool.tgz").exists()  # a carried pool is not sent back again
