@@ -70,7 +70,8 @@ def _fit_section(fit: PowerLawFit, level: float) -> list[str]:
             f"| **gain per doubling at N_max** | **{fit.gain_per_doubling.fmt()}**{spread} |",
             f"| local gain per doubling (two largest N, no curve) | {fit.local_gain.fmt()} |",
             f"| projected at 2x N_max (the furthest projected) | {fit.projections['2x'].fmt()}{spread_2x} |",
-            f"| {limit} | {fit.ceiling.fmt() if fit.ceiling is not None else 'none stated'} |"]
+            f"| {limit} (the families' mean, the union of their intervals) | "
+            f"{fit.ceiling.fmt() if fit.ceiling is not None else 'none stated'} |"]
     out += _families_table(fit)
     out += ["", f"{limit.capitalize()}: {fit.ceiling_note}."]
     if fit.note:
