@@ -155,7 +155,7 @@ def test_the_decode_warm_up_ends_with_generate_and_the_unroll_s_before_train(tin
     from draftlab import pipeline
 
     calls = _recording_warmup(monkeypatch)
-    monkeypatch.setattr(pipeline, "run_stage", lambda *args: ({}, "commit"))  # each stage done at once
+    monkeypatch.setattr(pipeline, "run_stage", lambda *args: ({}, {"produced_by": "commit"}))  # each stage done at once
     pipeline.run_stages(validate(tiny_cfg()), RecordingReporter(), stages)
     assert calls == expected
 
