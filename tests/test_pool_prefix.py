@@ -66,3 +66,17 @@ def test_collect_sends_the_prefix_and_install_puts_it_under_the_next_sessions_po
     assert len(got) == 2048 and got == fields(read_samples(source, limit=2048, with_text=True))
     subprocess.run(["bash", str(SCRIPT), "collect"], env={**env, "G": str(second)}, check=True, capture_output=True)
     assert not (out / "pool.tgz").exists()  # a carried pool is not sent back again
+
+
+def test_compare_counts_validation_answers_of_other_lengths(tmp_path):
+    """Each answer has 3 loss positions; a run scored on these answers matches, one scored on others does not."""
+    module = bench_script("gpu/pool_prefix")
+    source = pool(tmp_path / "generate" / "abc123")
+    records = tmp_path / "records.jsonl"
+    lines = ['{"run_id": "same", "val_samples": {"index": [0, 1], "tokens": [3, 3]}}',
+             '{"run_id": "again", "val_samples": {"index": [0, 1], "tokens": [3, 7]}}', '{"run_id": "none"}']
+    records.write_text("\n".join(lines) + "\n")
+    assert module.compare(source, records) == [("same", 2, 0), ("again", 2, 1)]
+    assert module.main([str(source), "--compare", str(records)]) == 0
+    with pytest.raises(SystemExit):
+        module.main([str(source)])  # neither OUT nor --compare

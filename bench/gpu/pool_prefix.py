@@ -6,6 +6,11 @@ differ (docs/tracking.md): runs of two sessions are then scored on two validatio
 this prefix extends it (the generate stage makes only the missing samples), so its runs score on the same answers.
 
     python bench/gpu/pool_prefix.py POOL OUT [--samples 2048]   # writes OUT/<POOL's folder name>/
+    python bench/gpu/pool_prefix.py POOL --compare RECORDS       # its validation answers against the runs'
+
+`--compare` reads the per-sample token counts of each run in RECORDS (import-runs --records) and counts the
+validation answers whose length differs from the pool's: 0 for every run means the same validation set, as far as
+lengths show (docs/tracking.md).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from draftlab.analysis.records import read_records
 from draftlab.data.samples import SampleWriter, read_manifest, read_samples
 
 
@@ -34,14 +40,34 @@ def write_prefix(pool: Path, out: Path, samples: int, batch_size: int) -> Path:
     return target
 
 
+def compare(pool: Path, records: Path) -> list[tuple[str, int, int]]:
+    """(run id, validation answers both hold, of them how many differ in length) for each run with per-sample
+    results; an answer's length is its count of loss positions, the `tokens` of the run's val_samples."""
+    lengths = {s.index: int(s.loss_mask.sum()) for s in read_samples(pool, split="val")}
+    out = []
+    for record in read_records(records):
+        val = record.get("val_samples") or {}
+        shared = [(i, t) for i, t in zip(val.get("index", []), val.get("tokens", [])) if int(i) in lengths]
+        if shared:
+            out.append((str(record.get("run_id")), len(shared), sum(lengths[int(i)] != int(t) for i, t in shared)))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("pool", type=Path, help="a generate stage's folder (paths.root/generate/<key>)")
-    parser.add_argument("out", type=Path, help="the folder to write <key>/ into")
+    parser.add_argument("out", type=Path, nargs="?", help="the folder to write <key>/ into")
+    parser.add_argument("--compare", type=Path, metavar="RECORDS", help="count validation answers of other lengths")
     parser.add_argument("--samples", type=int, default=2048, help="samples to keep (data.val_samples and more)")
     parser.add_argument("--batch-size", type=int, default=2048, help="the pool's data.batch_size")
     args = parser.parse_args(argv)
+    if (args.out is None) == (args.compare is None):
+        parser.error("give OUT (write the prefix) or --compare RECORDS, one of them")
     try:
+        if args.compare is not None:
+            for run_id, shared, differ in compare(args.pool, args.compare):
+                print(f"{run_id}: {differ} of {shared} validation answers differ in length")
+            return 0
         target = write_prefix(args.pool, args.out, args.samples, args.batch_size)
     except (OSError, ValueError) as error:
         print(f"pool_prefix: {error}", file=sys.stderr)
