@@ -289,3 +289,14 @@ def test_a_flat_steps_probe_outranks_the_slope_left_at_the_plateau():
     result = analyze(records, n_boot=300)
     assert result.axes["val/loss"].steps.name == "steps probe" and result.details.steps_state == "flat"
     assert result.tag == "bottleneck:capacity", result.report
+
+
+def test_a_job_without_a_train_stage_is_left_out_by_name():
+    """A generate-only job of the sweep has no loss to weigh: left out and named, N still counted in tokens."""
+    records = plateau_sweep(samples=False)
+    generate_only = {"run_id": "generate-only", "params": {"data.samples": "102400", "stages": "[generate]"},
+                     "metrics": {"generate/samples": 103400.0}}
+    with_it, without = analyze(records + [generate_only], n_boot=100), analyze(records, n_boot=100)
+    assert "1 record(s) without a validation loss left out: generate-only" in with_it.report
+    assert "N from `metrics:train/train_tokens`" in with_it.report
+    assert with_it.numbers == without.numbers

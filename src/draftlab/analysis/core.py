@@ -13,8 +13,8 @@ from draftlab.analysis.axes import Axes, measure_axes
 from draftlab.analysis.codecheck import mixed_code
 from draftlab.analysis.compare import Comparison, compare_all, train_val_gap
 from draftlab.analysis.fit import PowerLawFit, fit_power_law
-from draftlab.analysis.records import (TAU_KEY, baseline_config, by_group, direction, loss_key, metric_noise,
-                                       normalise, step_clusters, values)
+from draftlab.analysis.records import (LOSS_KEYS, TAU_KEY, baseline_config, by_group, direction, loss_key,
+                                       metric_noise, normalise, step_clusters, values)
 from draftlab.analysis.report import render
 from draftlab.analysis.valnoise import ValNoise, val_noise
 from draftlab.analysis.verdict import Thresholds, Verdict, decide
@@ -182,6 +182,10 @@ def analyze(records: list[dict], out_dir: str | Path | None = None, thresholds: 
         out_dir = report_path.parent / f"{report_path.stem}_figures"
     if not records:
         return _nothing("no finished job records (did the sweep run any job to the end?)", out_dir)
+    # a job without a train stage (e.g. stages=[generate]) has no result to weigh, and would move N's source
+    trained = [bool(set(r.get("metrics") or {}) & set(LOSS_KEYS)) for r in records]
+    left_out = [str(r.get("run_id", i)) for i, (r, t) in enumerate(zip(records, trained)) if not t]
+    records = [r for r, t in zip(records, trained) if t] or records  # none trained: the loss check below says so
     try:
         runs, n_source = normalise(records)
     except ValueError as err:
@@ -224,7 +228,7 @@ def analyze(records: list[dict], out_dir: str | Path | None = None, thresholds: 
         paths = _plots(fits, series, base_runs, comparisons, axes, out, level)
     links = f"{Path(out_dir).name}/" if report_path is not None else ""
     report = render(verdict, fits, comparisons, runs, series, baseline, lk, n_source, gap, paths,
-                    thresholds, level, others, axes, vnoise[lk], links, command)
+                    thresholds, level, others, axes, vnoise[lk], links, command, left_out)
     if out_dir is not None:
         paths["report"] = report_path or Path(out_dir) / "report.md"
         paths["report"].write_text(report)
