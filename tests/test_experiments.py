@@ -114,3 +114,14 @@ def test_the_gpu_script_refuses_a_bad_part_before_it_starts(tmp_path, parts):
                           env={"G": str(tmp_path), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True)
     assert done.returncode == 2 and not (tmp_path / "pid").exists()
     assert ("PART..." in done.stderr) if not parts else (f"not {parts[-1].split(':')[0]}" in done.stderr)
+
+
+def test_the_gpu_script_asks_for_the_largest_size_first(tmp_path):
+    """Every session's pool is first asked for the experiment's largest size, so its shards are cut alike."""
+    import subprocess
+
+    (tmp_path / "code").symlink_to(CONF.parent)
+    done = subprocess.run(["bash", str(CONF.parent / "bench" / "gpu" / "data_scaling.sh"), "largest"],
+                          env={"G": str(tmp_path), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, check=True)
+    sizes = OmegaConf.load(CONF / "experiment" / "data_scaling_gpu.yaml").hydra.sweeper.params["data.samples"]
+    assert int(done.stdout) == max(int(n) for n in str(sizes).split(",")) == 51200

@@ -73,10 +73,25 @@ part() {  # part PART: the numbers of PART's sweeps, in the header's order
 run_parts() {  # run_parts PART...: each part's sweeps in order (start checked them); a failed sweep stops the rest
   local spec
   gpu_wait_smollm2 "$G" || return 1
+  make_pool || return 1
   for spec in "$@"; do
     if [[ $spec == *:* ]]; then run_part "${spec%%:*}" "${spec#*:}" "-${spec//[^0-9a-z]/_}"; else run_part "$spec"; fi \
       || return 1
   done
+}
+
+largest() {  # the experiment's largest data.samples
+  sed -n 's/^ *data\.samples: *//p' "$code/conf/experiment/data_scaling_gpu.yaml" | tr , '\n' | sort -n | tail -n 1
+}
+
+make_pool() {  # the pool asked for the largest size first, in one request, so every session cuts its shards alike
+  local n  # (a pool first asked for fewer samples answers its first shard, the validation set, apart: docs/tracking.md)
+  n=$(largest)
+  echo "pool: generating $n samples first"
+  # shellcheck disable=SC2086  # EXTRA is words
+  (cd "$code" && PYTHONPATH=src:$G/site-dl python3 src/run.py -m experiment=data_scaling_gpu "data.samples=$n" \
+    train.seed=0 'stages=[generate]' data.source=jsonl "data.path=$G/carried/prompts.jsonl" tracking.enabled=false \
+    "paths.root=$G/dl" "hydra.sweep.dir=$G/pool-job" ${EXTRA:-} < /dev/null)
 }
 
 run_part() {  # run_part PART [OVERRIDES [DIR_SUFFIX]]: PART's sweeps, OVERRIDES after each sweep's own
@@ -117,6 +132,6 @@ collect() {
   gpu_log_out "$G"
 }
 
-step=${1:?usage: data_scaling.sh install|start PART...|watch|collect|part PART|sweeps}
+step=${1:?usage: data_scaling.sh install|start PART...|watch|collect|part PART|sweeps|largest}
 shift
 "$step" "$@"
