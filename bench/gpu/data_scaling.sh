@@ -3,11 +3,12 @@
 # machine without internet, in steps, from the root of a device call's tree that carries .gpu-stage/
 # (bench/gpu/stage.sh; the GGUF's halves come with calls of their own, as in bench/peers/README.md):
 #   bash bench/gpu/data_scaling.sh install     # bench/gpu/machine.sh; the code copied to $G/code (first time)
-#   bash bench/gpu/data_scaling.sh start PART...  # the PARTs' sweeps one after another, detached; a part is one
-#                                              # session's worth: a = the header's first (3 sizes x 2 seeds), b = the
-#                                              # next two (3 sizes, the steps probe), c = the ablations; all = every
-#                                              # one; or sweep numbers (4,5). PART:OVERRIDES adds overrides to its
-#                                              # sweeps: '1:data.samples=6400' runs the first sweep's 6400-sample jobs
+#   bash bench/gpu/data_scaling.sh start PART...  # the pool at the largest size, then the PARTs' sweeps one after
+#                                              # another, detached; a part is one session's worth: a = the header's
+#                                              # first (3 sizes x 2 seeds), b = the next two (3 sizes, the steps
+#                                              # probe), c = the ablations; all = every one; or sweep numbers (4,5).
+#                                              # PART:OVERRIDES adds overrides to its sweeps: '1:data.samples=6400'
+#                                              # runs the first sweep's 6400-sample jobs
 #   bash bench/gpu/data_scaling.sh watch       # progress every minute until they end or BUDGET s (540), then collect
 #   bash bench/gpu/data_scaling.sh collect     # $OUT/sweeps.tgz (every job's results.json, config and log), log.txt
 #                                              # and pool.tgz: the pool's first 2,048 samples (the validation set),
