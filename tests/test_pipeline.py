@@ -147,15 +147,19 @@ def test_epochs_sweep_continues_from_the_shorter_run(tiny_cfg, caplog):
 
 
 def test_a_stage_names_the_gpu_it_ran_on(monkeypatch):
-    """The device of a completion record: a GPU by name and SM count once a stage initialised CUDA, else cpu."""
+    """The device of a completion record: a GPU by name and SM count once a stage initialised CUDA, "no GPU work"
+    where it did not on a GPU machine, else cpu."""
     import sys
     from types import SimpleNamespace
 
     from draftlab import pipeline
 
     props = SimpleNamespace(name="NVIDIA H100 80GB HBM3", multi_processor_count=132)
-    cuda = SimpleNamespace(is_initialized=lambda: True, current_device=lambda: 0, get_device_properties=lambda i: props)
+    cuda = SimpleNamespace(is_initialized=lambda: True, is_available=lambda: True, current_device=lambda: 0,
+                           get_device_properties=lambda i: props)
     monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=cuda))
     assert pipeline._device() == "NVIDIA H100 80GB HBM3 (132 SMs)"
-    cuda.is_initialized = lambda: False
+    cuda.is_initialized = lambda: False  # a GPU there, but the stage found its work done
+    assert pipeline._device() == "no GPU work"
+    cuda.is_available = lambda: False
     assert pipeline._device() == "cpu"

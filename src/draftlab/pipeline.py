@@ -132,10 +132,11 @@ def run_stage(cfg, stage: PlannedStage, inputs: dict[str, Path], reporter: Repor
 
 
 def _device() -> str:
-    """The device this process ran the stage on: the GPU's name and SM count, else "cpu". Greedy answers generated
-    again can differ between machines (docs/tracking.md), so each completion record names its device."""
-    torch = sys.modules.get("torch")  # never imported just to ask: a stage that ran on the GPU imported it
-    if torch is None or not torch.cuda.is_initialized():
-        return "cpu"
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    return f"{props.name} ({props.multi_processor_count} SMs)"
+    """The device this process ran the stage on: the GPU's name and SM count; "no GPU work" where a GPU is there
+    but the stage used none (a pool that already held the samples); else "cpu". Greedy answers generated again
+    can differ between machines (docs/tracking.md), so each completion record names its device."""
+    torch = sys.modules.get("torch")  # never imported just to ask: a stage that computed anything imported it
+    if torch is not None and torch.cuda.is_initialized():
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        return f"{props.name} ({props.multi_processor_count} SMs)"
+    return "no GPU work" if torch is not None and torch.cuda.is_available() else "cpu"
