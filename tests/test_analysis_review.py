@@ -93,7 +93,7 @@ def test_a_shared_validation_set_pairs_the_runs():
     vn = val_noise(runs, "val/loss", 200, 0)
     assert vn.shared and vn.known and np.std(vn.shifts["n1600s0"]) > 0.05
     np.testing.assert_allclose(vn.shifts["n1600s0"], vn.shifts["n3200s0"], atol=1e-12)
-    assert vn.differing == 0 and "WARNING" not in vn.describe()
+    assert vn.differing == 0 and vn.sets == 1 and "paired bootstrap over the 500" in vn.describe()
     shared[0]["val_samples"]["tokens"] = [60.0] * 500
     shared[1]["val_samples"]["tokens"] = [60.0] * 497 + [59.0] * 3  # three answers generated again, shorter
     vn = val_noise(normalise(shared)[0], "val/loss", 200, 0)  # other answers: two sets, bootstrapped apart

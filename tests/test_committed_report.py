@@ -1,4 +1,4 @@
-"""docs/data_scaling.md is what the analysis makes of the committed records now: an analysis change that moves
+"""docs/data_scaling.md is what the analysis makes of the committed records: an analysis change that moves
 its numbers or words fails here until the report is generated again (README: "docs/data_scaling.md from ...")."""
 
 from pathlib import Path

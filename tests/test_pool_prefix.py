@@ -43,6 +43,8 @@ def test_the_prefix_is_the_pools_first_samples_under_its_fingerprint(tmp_path):
         write_prefix(source, tmp_path / "other", 6, 4)
     with pytest.raises(ValueError, match="8 samples, fewer than the 12"):
         write_prefix(source, tmp_path / "other", 12, 4)
+    with pytest.raises(ValueError, match="the validation set goes on past sample 1"):  # samples 0 and 1 are val
+        write_prefix(source, tmp_path / "other", 1, 1)
 
 
 def test_collect_sends_the_prefix_and_install_puts_it_under_the_next_sessions_pool(tmp_path):
@@ -80,3 +82,19 @@ def test_compare_counts_validation_answers_of_other_lengths(tmp_path):
     assert module.main([str(source), "--compare", str(records)]) == 0
     with pytest.raises(SystemExit):
         module.main([str(source)])  # neither OUT nor --compare
+
+
+def test_a_carried_pool_the_jobs_did_not_extend_is_dropped_with_a_warning(tmp_path):
+    """Another generate key (other code or settings) makes the jobs a pool of their own: the carried one is not
+    theirs, is said so, and gives way to the session's own pool.tgz."""
+    (tmp_path / "code").symlink_to(REPO)
+    (tmp_path / "dl" / "generate" / "abc123").mkdir(parents=True)
+    (tmp_path / "pool-carried").write_text("abc123\n")
+    env = {"G": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(["bash", str(SCRIPT), "check_carried"], env=env, capture_output=True, text=True)
+    assert done.returncode == 0 and "the jobs extend the carried abc123" in done.stdout
+    (tmp_path / "dl" / "generate" / "def456").mkdir()
+    done = subprocess.run(["bash", str(SCRIPT), "check_carried"], env=env, capture_output=True, text=True)
+    assert "WARNING: the jobs made their own pool, not the carried abc123" in done.stdout
+    assert sorted(p.name for p in (tmp_path / "dl" / "generate").iterdir()) == ["def456"]
+    assert not (tmp_path / "pool-carried").exists()

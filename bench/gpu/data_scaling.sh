@@ -31,12 +31,12 @@ install_pool() {  # a carried pool prefix (.gpu-stage/pool/pool.tgz, an earlier 
   local tgz=.gpu-stage/pool/pool.tgz
   [ -f "$tgz" ] || return 0
   mkdir -p "$G/dl/generate" && tar -xzf "$tgz" --skip-old-files -C "$G/dl/generate" || return 1
-  touch "$G/pool-carried"
-  echo "pool: $(tar -tzf "$tgz" | head -n 1 | cut -d/ -f1) carried: its validation answers are the jobs'"
+  tar -tzf "$tgz" | head -n 1 | cut -d/ -f1 > "$G/pool-carried"
+  echo "pool: $(cat "$G/pool-carried") carried"
 }
 
 pool_out() {  # this session's pool prefix -> $OUT/pool.tgz (made once), for the next session's install
-  [ -e "$G/pool-carried" ] && return 0
+  [ -e "$G/pool-carried" ] && return 0  # the jobs extend a carried pool: its prefix is already here
   if [ ! -f "$G/pool.tgz" ]; then
     local pools=("$G"/dl/generate/*/manifest.json)
     [ ${#pools[@]} = 1 ] && [ -f "${pools[0]}" ] || return 0  # none yet, or not one pool: nothing to carry
@@ -92,7 +92,18 @@ make_pool() {  # the pool asked for the largest size first, in one request, so e
   # shellcheck disable=SC2086  # EXTRA is words
   (cd "$code" && PYTHONPATH=src:$G/site-dl python3 src/run.py -m experiment=data_scaling_gpu "data.samples=$n" \
     train.seed=0 'stages=[generate]' data.source=jsonl "data.path=$G/carried/prompts.jsonl" tracking.enabled=false \
-    "paths.root=$G/dl" "hydra.sweep.dir=$G/pool-job" ${EXTRA:-} < /dev/null)
+    "paths.root=$G/dl" "hydra.sweep.dir=$G/pool-job" ${EXTRA:-} < /dev/null) || return 1
+  check_carried
+}
+
+check_carried() {  # a carried pool this commit's jobs did not extend (another generate key) is not theirs: say so
+  [ -s "$G/pool-carried" ] || return 0
+  local key pools
+  key=$(cat "$G/pool-carried")
+  pools=$(ls "$G/dl/generate")
+  [ "$pools" = "$key" ] && { echo "pool: the jobs extend the carried $key"; return 0; }
+  echo "pool: WARNING: the jobs made their own pool, not the carried $key: their validation answers are their own"
+  rm -rf "${G:?}/dl/generate/$key" "$G/pool-carried"  # this session's pool goes back as pool.tgz instead
 }
 
 run_part() {  # run_part PART [OVERRIDES [DIR_SUFFIX]]: PART's sweeps, OVERRIDES after each sweep's own

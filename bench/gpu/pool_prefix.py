@@ -19,7 +19,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from draftlab.analysis.records import read_records
 from draftlab.data.samples import SampleWriter, read_manifest, read_samples
 
 
@@ -35,14 +34,19 @@ def write_prefix(pool: Path, out: Path, samples: int, batch_size: int) -> Path:
     target = out / pool.name
     if read_manifest(target) is not None:
         raise FileExistsError(f"{target}: a pool is already there")
+    kept = list(read_samples(pool, limit=min(samples + 1, manifest["num_samples"]), with_text=True))
+    if len(kept) > samples and kept[samples].split == "val":  # the validation set comes first: keep all of it
+        raise ValueError(f"--samples {samples}: the validation set goes on past sample {samples}")
     writer = SampleWriter(target, manifest["fingerprint"], meta=manifest.get("meta"))
-    writer.write_shard(list(read_samples(pool, limit=samples, with_text=True)))
+    writer.write_shard(kept[:samples])
     return target
 
 
 def compare(pool: Path, records: Path) -> list[tuple[str, int, int]]:
     """(run id, validation answers both hold, of them how many differ in length) for each run with per-sample
     results; an answer's length is its count of loss positions, the `tokens` of the run's val_samples."""
+    from draftlab.analysis.records import read_records  # the analysis package (scipy, matplotlib): only here
+
     lengths = {s.index: int(s.loss_mask.sum()) for s in read_samples(pool, split="val")}
     out = []
     for record in read_records(records):

@@ -54,7 +54,7 @@ class ValNoise:
         if self.sets > 1 and self.differing:
             what = (f"a bootstrap over the validation samples, paired within each of the {self.sets} validation sets "
                     f"the runs were scored on and independent between them ({self.differing} of {self.samples} "
-                    "indices hold answers of other lengths in other sets: answers generated again)")
+                    "indices hold answers of other lengths in other sets: answers generated again or scored otherwise)")
         elif self.shared:
             what = f"a paired bootstrap over the {self.samples} validation samples every run shares"
         else:
@@ -97,7 +97,9 @@ def val_noise(runs: list[Run], metric: str, n_boot: int, seed: int) -> ValNoise:
 
 def _val_sets(runs: list[Run]) -> list[int]:
     """A set number per run: a run joins the first set it shares indices with and agrees with in token count
-    everywhere, so a run on a subset that agrees with two sets never joins them into one."""
+    everywhere, so a run on a subset that agrees with two sets never joins them into one. The grouping follows the
+    runs' order and may split what is one set (disjoint indices bridged only later): intervals wider, never paired
+    across other answers."""
     sets: list[dict[float, float]] = []  # each set's tokens by index, over its runs so far
     out = []
     for r in runs:
