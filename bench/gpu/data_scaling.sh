@@ -89,10 +89,7 @@ make_pool() {  # the pool asked for the largest size first, in one request, so e
   local n  # (a pool first asked for fewer samples answers its first shard, the validation set, apart: docs/tracking.md)
   n=$(largest)
   echo "pool: generating $n samples first"
-  # shellcheck disable=SC2086  # EXTRA is words
-  (cd "$code" && PYTHONPATH=src:$G/site-dl python3 src/run.py -m experiment=data_scaling_gpu "data.samples=$n" \
-    train.seed=0 'stages=[generate]' data.source=jsonl "data.path=$G/carried/prompts.jsonl" tracking.enabled=false \
-    "paths.root=$G/dl" "hydra.sweep.dir=$G/pool-job" ${EXTRA:-} < /dev/null) || return 1
+  multirun "$G/pool-job" "data.samples=$n" train.seed=0 'stages=[generate]' || return 1
   check_carried
 }
 
@@ -114,11 +111,18 @@ run_part() {  # run_part PART [OVERRIDES [DIR_SUFFIX]]: PART's sweeps, OVERRIDES
     [[ $chosen == *" $k "* ]] || continue
     echo "sweep $k: $overrides${2:+ $2}"
     # shellcheck disable=SC2086  # the header's overrides are words
-    (cd "$code" && PYTHONPATH=src:$G/site-dl python3 src/run.py -m experiment=data_scaling_gpu $overrides ${2:-} \
-      data.source=jsonl "data.path=$G/carried/prompts.jsonl" tracking.enabled=false "paths.root=$G/dl" \
-      hydra/launcher=joblib hydra.launcher.n_jobs="${JOBS:-2}" "hydra.sweep.dir=$G/sweeps/s$k${3:-}" ${EXTRA:-} \
-      < /dev/null) || return 1  # not the loop's stdin: that holds the sweeps still to run
+    multirun "$G/sweeps/s$k${3:-}" $overrides ${2:-} hydra/launcher=joblib hydra.launcher.n_jobs="${JOBS:-2}" \
+      || return 1
   done < <(sweeps)
+}
+
+multirun() {  # multirun SWEEP_DIR OVERRIDE...: the experiment on the carried prompts, untracked, EXTRA last
+  local dir=$1
+  shift
+  # shellcheck disable=SC2086  # EXTRA is words
+  (cd "$code" && PYTHONPATH=src:$G/site-dl python3 src/run.py -m experiment=data_scaling_gpu "$@" \
+    data.source=jsonl "data.path=$G/carried/prompts.jsonl" tracking.enabled=false "paths.root=$G/dl" \
+    "hydra.sweep.dir=$dir" ${EXTRA:-} < /dev/null)  # not the caller's stdin: run_part's holds the sweeps to run
 }
 
 start() {

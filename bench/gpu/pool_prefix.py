@@ -45,7 +45,7 @@ def write_prefix(pool: Path, out: Path, samples: int, batch_size: int) -> Path:
 def compare(pool: Path, records: Path) -> list[tuple[str, int, int]]:
     """(run id, validation answers both hold, of them how many differ in length) for each run with per-sample
     results; an answer's length is its count of loss positions, the `tokens` of the run's val_samples."""
-    from draftlab.analysis.records import read_records  # the analysis package (scipy, matplotlib): only here
+    from draftlab.analysis.records import read_records  # scipy comes with it: only when comparing
 
     lengths = {s.index: int(s.loss_mask.sum()) for s in read_samples(pool, split="val")}
     out = []

@@ -2,7 +2,17 @@
 comparisons at equal data, prices, and a verdict (under-trained, data-limited, at a bottleneck: features /
 capacity / optimisation, or undetermined). See core.analyze."""
 
-from draftlab.analysis.core import AnalysisResult, analyze
-from draftlab.analysis.verdict import Thresholds
-
 __all__ = ["AnalysisResult", "Thresholds", "analyze"]
+
+
+def __getattr__(name: str):
+    """The package's names on first use: `records` alone (import-runs, bench scripts) then loads no plotting."""
+    if name in ("AnalysisResult", "analyze"):
+        from draftlab.analysis import core
+
+        return getattr(core, name)
+    if name == "Thresholds":
+        from draftlab.analysis.verdict import Thresholds
+
+        return Thresholds
+    raise AttributeError(f"module 'draftlab.analysis' has no attribute {name!r}")

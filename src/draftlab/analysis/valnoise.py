@@ -72,18 +72,14 @@ def val_noise(runs: list[Run], metric: str, n_boot: int, seed: int) -> ValNoise:
     out.missing = [r.run_id for r in runs if r not in have]
     if not have or n_boot <= 0:
         return out
-    sets = _val_sets(have)
-    out.sets = len(set(sets))
-    indices = np.unique(np.concatenate([r.val_samples["index"] for r in have]))
-    out.samples = int(indices.size)
-    out.shared = out.sets == 1 and all(np.array_equal(np.unique(r.val_samples["index"]), indices) for r in have)
-    lengths = np.full((len(have), indices.size), np.nan)
-    for row, r in zip(lengths, have):
-        row[np.searchsorted(indices, r.val_samples["index"])] = r.val_samples["tokens"]
-    out.differing = int((np.nanmax(lengths, axis=0) != np.nanmin(lengths, axis=0)).sum())
-    # one bootstrap count per (set, index, tokens): shared within a set, drawn afresh for each other set
-    keys = [list(zip([k] * len(r.val_samples["index"]), r.val_samples["index"], r.val_samples["tokens"]))
-            for k, r in zip(sets, have)]
+    sets, tokens = _val_sets(have)
+    indices = set().union(*tokens)
+    out.sets, out.samples = len(tokens), len(indices)
+    out.shared = out.sets == 1 and all(len(np.unique(r.val_samples["index"])) == out.samples for r in have)
+    # runs of one set agree wherever they share an index, so an index differs exactly where the sets' maps do
+    out.differing = sum(len({t[i] for t in tokens if i in t}) > 1 for i in indices)
+    # one bootstrap count per (set, index): shared within a set, drawn afresh for each other set
+    keys = [[(k, i) for i in r.val_samples["index"].tolist()] for k, r in zip(sets, have)]
     universe = {key: i for i, key in enumerate(sorted({key for run in keys for key in run}))}
     counts = np.random.default_rng(seed).poisson(1.0, size=(n_boot, len(universe))).astype(float)
     for r, run_keys in zip(have, keys):
@@ -95,11 +91,11 @@ def val_noise(runs: list[Run], metric: str, n_boot: int, seed: int) -> ValNoise:
     return out
 
 
-def _val_sets(runs: list[Run]) -> list[int]:
-    """A set number per run: a run joins the first set it shares indices with and agrees with in token count
-    everywhere, so a run on a subset that agrees with two sets never joins them into one. The grouping follows the
-    runs' order and may split what is one set (disjoint indices bridged only later): intervals wider, never paired
-    across other answers."""
+def _val_sets(runs: list[Run]) -> tuple[list[int], list[dict[float, float]]]:
+    """A set number per run, and each set's token counts by index: a run joins the first set it shares indices
+    with and agrees with in token count everywhere, so a run on a subset that agrees with two sets never joins them
+    into one. The grouping follows the runs' order and may split what is one set (disjoint indices bridged only
+    later): intervals wider, never paired across other answers."""
     sets: list[dict[float, float]] = []  # each set's tokens by index, over its runs so far
     out = []
     for r in runs:
@@ -113,4 +109,4 @@ def _val_sets(runs: list[Run]) -> list[int]:
             number = len(sets)
             sets.append(tokens)
         out.append(number)
-    return out
+    return out, sets
