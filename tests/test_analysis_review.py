@@ -264,6 +264,12 @@ def test_comparisons_at_equal_data_include_validation_noise():
 
     plain, noisy = interval(False), interval(True)
     assert plain.value == pytest.approx(noisy.value) and noisy.hi - noisy.lo > 2 * (plain.hi - plain.lo)
+    # the baseline (auto) is best: against itself it is 0 exactly, and the report says so
+    result = analyze(ablation(True), n_boot=300)
+    (c,) = [c for c in result.comparisons if c.key == "extract.layers" and c.metric == "val/loss"]
+    assert c.best == c.baseline == "auto"
+    assert (c.best_vs_baseline.value, c.best_vs_baseline.lo, c.best_vs_baseline.hi) == (0.0, 0.0, 0.0)
+    assert "| the baseline is best |" in result.report
 
 
 def test_steps_probes_stay_out_of_comparisons_at_equal_data():

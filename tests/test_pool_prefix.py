@@ -30,21 +30,22 @@ def fields(samples) -> list[tuple]:
             for s in samples]
 
 
-def test_the_prefix_is_the_pools_first_samples_under_its_fingerprint(tmp_path):
+def test_the_prefix_is_the_pools_first_shards_under_its_fingerprint(tmp_path):
     write_prefix = bench_script("gpu/pool_prefix").write_prefix
-    source = pool(tmp_path / "generate" / "abc123")
-    target = write_prefix(source, tmp_path / "out", 4, 4)
+    source = pool(tmp_path / "generate" / "abc123")  # shards of 3, 3 and 2 samples
+    target = write_prefix(source, tmp_path / "out", 2)
     assert target == tmp_path / "out" / "abc123" and read_manifest(target)["fingerprint"] == "fp-pool"
+    assert read_manifest(target)["shards"] == read_manifest(source)["shards"][:2]
     got = fields(read_samples(target, with_text=True))
-    assert len(got) == 4 and got == fields(read_samples(source, limit=4, with_text=True))
+    assert len(got) == 6 and got == fields(read_samples(source, limit=6, with_text=True))
     with pytest.raises(FileExistsError):
-        write_prefix(source, tmp_path / "out", 4, 4)
-    with pytest.raises(ValueError, match="not a multiple of --batch-size 4"):
-        write_prefix(source, tmp_path / "other", 6, 4)
-    with pytest.raises(ValueError, match="8 samples, fewer than the 12"):
-        write_prefix(source, tmp_path / "other", 12, 4)
+        write_prefix(source, tmp_path / "out", 1)
+    with pytest.raises(ValueError, match="--shards 4: .* holds 3 shards"):
+        write_prefix(source, tmp_path / "other", 4)
+    one_each = pool(tmp_path / "generate" / "one", shard_size=1)
     with pytest.raises(ValueError, match="the validation set goes on past sample 1"):  # samples 0 and 1 are val
-        write_prefix(source, tmp_path / "other", 1, 1)
+        write_prefix(one_each, tmp_path / "other", 1)
+    assert not (tmp_path / "other").exists()  # refused before anything is written
 
 
 def test_collect_sends_the_prefix_and_install_puts_it_under_the_next_sessions_pool(tmp_path):
@@ -58,14 +59,17 @@ def test_collect_sends_the_prefix_and_install_puts_it_under_the_next_sessions_po
     out.mkdir()
     env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "OUT": str(out), "HOME": str(tmp_path),
            "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
-    subprocess.run(["bash", str(SCRIPT), "collect"], env={**env, "G": str(first)}, check=True, capture_output=True)
+    done = subprocess.run(["bash", str(SCRIPT), "collect"], env={**env, "G": str(first)}, check=True,
+                          capture_output=True, text=True)
+    # its validation answers (indices 0 and 1, 3 loss positions each) against the committed runs'
+    assert "pool: validation answers of other lengths than the committed runs':" in done.stdout
     (tree / ".gpu-stage" / "pool").mkdir(parents=True)
     (out / "pool.tgz").rename(tree / ".gpu-stage" / "pool" / "pool.tgz")
     done = subprocess.run(["bash", str(SCRIPT), "install_pool"], env={**env, "G": str(second)}, cwd=tree,
                           check=True, capture_output=True, text=True)
     assert "pool: abc123 carried" in done.stdout
     got = fields(read_samples(second / "dl" / "generate" / "abc123", with_text=True))
-    assert len(got) == 2048 and got == fields(read_samples(source, limit=2048, with_text=True))
+    assert len(got) == 1024 and got == fields(read_samples(source, limit=1024, with_text=True))  # the first shard
     subprocess.run(["bash", str(SCRIPT), "collect"], env={**env, "G": str(second)}, check=True, capture_output=True)
     assert not (out / "pool.tgz").exists()  # a carried pool is not sent back again
 

@@ -11,8 +11,9 @@
 #                                              # runs the first sweep's 6400-sample jobs
 #   bash bench/gpu/data_scaling.sh watch       # progress every minute until they end or BUDGET s (540), then collect
 #   bash bench/gpu/data_scaling.sh collect     # $OUT/sweeps.tgz (every job's results.json, config and log), log.txt
-#                                              # and pool.tgz: the pool's first 2,048 samples (the validation set),
-#                                              # which install unpacks when carried as .gpu-stage/pool/pool.tgz
+#                                              # and pool.tgz: the pool's first shard (the validation set in it),
+#                                              # which install unpacks when carried as .gpu-stage/pool/pool.tgz;
+#                                              # the log says how many committed runs share its validation answers
 # The sweeps are read from the experiment file's header, so the two cannot drift apart. Each runs with the joblib
 # launcher, JOBS (2) jobs side by side (docs/scale.md), tracking off: the records come back in results.json, and
 # bench/gpu/README.md's last commands turn them into the report.
@@ -35,12 +36,19 @@ install_pool() {  # a carried pool prefix (.gpu-stage/pool/pool.tgz, an earlier 
   echo "pool: $(cat "$G/pool-carried") carried"
 }
 
-pool_out() {  # this session's pool prefix -> $OUT/pool.tgz (made once), for the next session's install
+pool_out() {  # this session's pool: its validation answers against the committed runs' (once), and its first shard
+  # as $OUT/pool.tgz (made once), for a later session's install
+  local pools=("$G"/dl/generate/*/manifest.json) records=bench/results/data_scaling/records.jsonl.gz
+  [ ${#pools[@]} = 1 ] && [ -f "${pools[0]}" ] || return 0  # none yet, or not one pool: nothing to say or carry
+  local pool=${pools[0]%/manifest.json}
+  if [ ! -f "$G/pool-compared" ] && [ -f "$code/$records" ]; then
+    (cd "$code" && PYTHONPATH=src:$G/site-dl python3 bench/gpu/pool_prefix.py "$pool" --compare "$records") \
+      > "$G/pool-compared" || rm -f "$G/pool-compared"
+  fi
+  [ -f "$G/pool-compared" ] && awk -v say="pool: validation answers of other lengths than the committed runs':" \
+    '{n[$2]++} END {printf "%s", say; for (d in n) printf " %s in %d runs;", d, n[d]; print ""}' "$G/pool-compared"
   [ -e "$G/pool-carried" ] && return 0  # the jobs extend a carried pool: its prefix is already here
   if [ ! -f "$G/pool.tgz" ]; then
-    local pools=("$G"/dl/generate/*/manifest.json)
-    [ ${#pools[@]} = 1 ] && [ -f "${pools[0]}" ] || return 0  # none yet, or not one pool: nothing to carry
-    local pool=${pools[0]%/manifest.json}
     rm -rf "$G/prefix" && mkdir -p "$G/prefix"
     (cd "$code" && PYTHONPATH=src:$G/site-dl python3 bench/gpu/pool_prefix.py "$pool" "$G/prefix") || return 0
     tar -czf "$G/pool.tmp" -C "$G/prefix" "${pool##*/}" && mv "$G/pool.tmp" "$G/pool.tgz"

@@ -99,8 +99,10 @@ def compare_factor(runs: list[Run], baseline: tuple, key: str, metric: str, sigm
                 return d
             return Estimate(0.0 - d.value, 0.0 - d.hi, 0.0 - d.lo) if d.known else Estimate(0.0 - d.value)
 
-        return Comparison(key, category_of(key), metric, n, levels, best, worst,
-                          improvement(best, base_value), improvement(best, worst))
+        # the baseline against itself is 0 exactly, not the spread of two resamplings of one group
+        vs_baseline = Estimate(0.0, 0.0, 0.0) if best == base_value else improvement(best, base_value)
+        return Comparison(key, category_of(key), metric, n, levels, best, worst, vs_baseline,
+                          improvement(best, worst))
     return None
 
 

@@ -87,8 +87,9 @@ def _comparison_section(comparisons: list[Comparison]) -> list[str]:
     for c in comparisons:
         settings = "; ".join(f"{'**' if lv.baseline else ''}{lv.label}{'**' if lv.baseline else ''}: "
                              f"{lv.mean:.4g} ({lv.sd:.2g}, {lv.count})" for lv in c.levels)
-        out.append(f"| {c.key} ({c.category}) | {c.metric} | {c.n:.4g} | {settings} | "
-                   f"{c.best} {c.best_vs_baseline.fmt()} | {c.best_vs_worst.fmt()} |")
+        vs_baseline = "the baseline is best" if c.best == c.baseline else f"{c.best} {c.best_vs_baseline.fmt()}"
+        out.append(f"| {c.key} ({c.category}) | {c.metric} | {c.n:.4g} | {settings} | {vs_baseline} | "
+                   f"{c.best_vs_worst.fmt()} |")
     return out + ["", "Improvements are positive when the best setting is better (lower loss, higher tau); "
                   "the baseline is in bold.", ""]
 
