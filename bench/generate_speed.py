@@ -104,7 +104,7 @@ def main() -> None:
     cfg = default_config({"target": {"device": args.device, "dtype": args.dtype}, "paths": {"root": args.root}})
     started = time.perf_counter()
     target = load_target(cfg.target, Path(args.root) / "models")
-    texts = [json.loads(line)["prompt"] for line in args.prompts.read_text().splitlines() if line.strip()]
+    texts = [json.loads(line)["prompt"] for line in args.prompts.read_text().split("\n") if line.strip()]
     prompts = [ids for ids in (target.chat_ids(t) for t in texts) if len(ids) <= args.max_prompt_tokens]
     prompts = prompts[: args.count]
     common = {**machine(target), "prompts": len(prompts), "batch_size": args.batch_size,

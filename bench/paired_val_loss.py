@@ -262,7 +262,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--summary-only", action="store_true", help="summarise OUT/runs.jsonl, run nothing")
     args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     records_file = args.out / "runs.jsonl"
-    records = [json.loads(line) for line in records_file.read_text().splitlines()] if records_file.exists() else []
+    lines = records_file.read_text().split("\n") if records_file.exists() else []
+    records = [json.loads(line) for line in lines if line.strip()]
     if args.add:
         add_records(p, records, args.add)
         write_records(records_file, records)

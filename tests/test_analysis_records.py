@@ -6,7 +6,7 @@ import pytest
 
 from conftest import compose_config
 from draftlab.analysis.axes import stage_costs
-from draftlab.analysis.records import normalise
+from draftlab.analysis.records import normalise, read_records, write_records
 from draftlab.config import validate
 from draftlab.tracking.run_context import flatten
 from draftlab.stage_keys import NOT_FINGERPRINTED, fingerprinted
@@ -72,3 +72,17 @@ def test_a_resumed_job_is_priced_by_the_steps_its_own_process_took():
     # a resumed job that found its run finished trained nothing: it prices nothing
     runs, _ = normalise([_costed(1000, 3.0, **{"train/new_steps": 0})])
     assert "train_s_per_step" not in stage_costs(runs)
+
+
+def test_records_whose_text_holds_line_separators_read_back(tmp_path):
+    """A JSON string may hold U+2028 or U+001C unescaped (another tool's records): only "\n" ends a line."""
+    import gzip
+    import json
+
+    records = [{"run_id": "a\u2028b", "params": {"note": "x\x1cy\x85z"}}, {"run_id": "c"}]
+    text = "\n".join(json.dumps(r, ensure_ascii=False) for r in records) + "\n"
+    (tmp_path / "records.jsonl").write_text(text)
+    (tmp_path / "records.jsonl.gz").write_bytes(gzip.compress(text.encode()))
+    assert read_records(tmp_path / "records.jsonl") == read_records(tmp_path / "records.jsonl.gz") == records
+    write_records(tmp_path / "again.jsonl.gz", records)
+    assert read_records(tmp_path / "again.jsonl.gz") == records

@@ -164,7 +164,8 @@ def read_records(path: Path) -> list[dict]:
     text = (gzip.decompress(raw) if Path(path).suffix == ".gz" else raw).decode()
     if text.lstrip().startswith("["):
         return json.loads(text)
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    # JSON lines end at "\n" alone: splitlines() would also cut at U+2028 and the like, legal inside a string
+    return [json.loads(line) for line in text.split("\n") if line.strip()]
 
 
 def write_records(path: Path, records: list[dict]) -> None:

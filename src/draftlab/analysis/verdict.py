@@ -140,7 +140,8 @@ def _combine(states: list[str]) -> str:
 def _per_second(axis: Axis) -> str:
     if not math.isfinite(axis.seconds) or axis.seconds <= 0:
         return "price unknown (no measured stage seconds)"
-    return f"about {axis.seconds:,.0f} s of measured stage time ({1000.0 * axis.gain.value / axis.seconds:+.3g} per 1000 s)"
+    per_ks = 1000.0 * axis.gain.value / axis.seconds
+    return f"about {axis.seconds:,.0f} s of measured stage time ({per_ks:+.3g} per 1000 s)"
 
 
 def pricing(axes: Axes) -> str:
