@@ -22,7 +22,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from draftlab.data.samples import read_manifest, read_samples
+from safetensors.torch import load_file
+
+from draftlab.data.samples import read_manifest, read_samples, unpack
 from draftlab.fsutil import atomic_write_json
 
 
@@ -35,9 +37,10 @@ def write_prefix(pool: Path, out: Path, shards: int = 1) -> Path:
         raise ValueError(f"--shards {shards}: {pool} holds {len(manifest['shards'])} shards")
     kept = manifest["shards"][:shards]
     samples = sum(shard["samples"] for shard in kept)
-    after = list(read_samples(pool, limit=min(samples + 1, manifest["num_samples"])))[samples:]
-    if after and after[0].split == "val":  # the validation set comes first: keep all of it
-        raise ValueError(f"--shards {shards}: the validation set goes on past sample {samples}")
+    if shards < len(manifest["shards"]):  # the validation set comes first: the next shard must not start in it
+        _, split, _ = next(unpack(load_file(str(pool / f"{manifest['shards'][shards]['name']}.safetensors"))))
+        if split == "val":
+            raise ValueError(f"--shards {shards}: the validation set goes on past sample {samples}")
     target = out / pool.name
     if read_manifest(target) is not None:
         raise FileExistsError(f"{target}: a pool is already there")

@@ -93,16 +93,16 @@ def compare_factor(runs: list[Run], baseline: tuple, key: str, metric: str, sigm
         best, worst = ranked[0].label, ranked[-1].label
 
         def improvement(a: str, b: str) -> Estimate:
+            if a == b:  # a setting against itself is 0 exactly, not the spread of two resamplings of one group
+                return Estimate(0.0, 0.0, 0.0)
             d = mean_diff(values(cells[a], metric), values(cells[b], metric), sigma, df, level)
             d = _with_val_noise(d, cells[a], cells[b], vnoise, level)
             if sign > 0:
                 return d
             return Estimate(0.0 - d.value, 0.0 - d.hi, 0.0 - d.lo) if d.known else Estimate(0.0 - d.value)
 
-        # the baseline against itself is 0 exactly, not the spread of two resamplings of one group
-        vs_baseline = Estimate(0.0, 0.0, 0.0) if best == base_value else improvement(best, base_value)
-        return Comparison(key, category_of(key), metric, n, levels, best, worst, vs_baseline,
-                          improvement(best, worst))
+        return Comparison(key, category_of(key), metric, n, levels, best, worst,
+                          improvement(best, base_value), improvement(best, worst))
     return None
 
 
