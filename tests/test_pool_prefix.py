@@ -25,6 +25,13 @@ def pool(folder: Path, n: int = 8, shard_size: int = 3) -> Path:
     return folder
 
 
+def code_copy(code: Path) -> None:
+    """What machine.sh's install copies to G/code: src, conf and bench without bench/results."""
+    (code / "bench").mkdir(parents=True)
+    for part in ("src", "conf", "bench/gpu"):
+        (code / part).symlink_to(REPO / part)
+
+
 def fields(samples) -> list[tuple]:
     return [(s.index, s.split, s.prompt, s.response, s.conversation_id, s.input_ids.tolist(), s.loss_mask.tolist())
             for s in samples]
@@ -53,13 +60,15 @@ def test_collect_sends_the_prefix_and_install_puts_it_under_the_next_sessions_po
     starts with the same samples."""
     first, second, out, tree = (tmp_path / name for name in ("g1", "g2", "out", "tree"))
     for g in (first, second):
-        g.mkdir()
-        (g / "code").symlink_to(REPO)
+        code_copy(g / "code")
+    records = Path("bench", "results", "data_scaling", "records.jsonl.gz")
+    (tree / records).parent.mkdir(parents=True)
+    (tree / records).symlink_to(REPO / records)  # the call's tree holds the records; the code copy does not
     source = pool(first / "dl" / "generate" / "abc123", n=4096, shard_size=1024)
     out.mkdir()
     env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "OUT": str(out), "HOME": str(tmp_path),
            "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
-    done = subprocess.run(["bash", str(SCRIPT), "collect"], env={**env, "G": str(first)}, check=True,
+    done = subprocess.run(["bash", str(SCRIPT), "collect"], env={**env, "G": str(first)}, cwd=tree, check=True,
                           capture_output=True, text=True)
     # its validation answers (indices 0 and 1, 3 loss positions each) against the committed runs'
     assert "pool: validation answers of other lengths than the committed runs':" in done.stdout

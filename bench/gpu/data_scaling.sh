@@ -38,10 +38,11 @@ install_pool() {  # a carried pool prefix (.gpu-stage/pool/pool.tgz, an earlier 
 
 pool_out() {  # this session's pool: its validation answers against the committed runs' (once), and its first shard
   # as $OUT/pool.tgz (made once), for a later session's install
-  local pools=("$G"/dl/generate/*/manifest.json) records=bench/results/data_scaling/records.jsonl.gz
+  # the records come from the call's tree: the code copy leaves bench/results out (machine.sh)
+  local pools=("$G"/dl/generate/*/manifest.json) records=$PWD/bench/results/data_scaling/records.jsonl.gz
   [ ${#pools[@]} = 1 ] && [ -f "${pools[0]}" ] || return 0  # none yet, or not one pool: nothing to say or carry
   local pool=${pools[0]%/manifest.json}
-  if [ ! -f "$G/pool-compared" ] && [ -f "$code/$records" ]; then
+  if [ ! -f "$G/pool-compared" ] && [ -f "$records" ]; then
     (cd "$code" && PYTHONPATH=src:$G/site-dl python3 bench/gpu/pool_prefix.py "$pool" --compare "$records") \
       > "$G/pool-compared" || rm -f "$G/pool-compared"
   fi
