@@ -2,8 +2,9 @@
 
 Cloud GPU machines are often virtual machines on a shared host. On 2026-12-04 one H200 machine ran the same plain
 forward at 220k-464k tok/s and the reference's training step at 60.8k and then 86.0k tok/s, a spread larger than the
-10% a comparison must resolve. A launch-bound run slows when the host takes its CPUs away, and /proc/stat's `steal` counts exactly that time; recording it beside each timed run says
-which runs to distrust instead of guessing. Linux only: elsewhere the snapshot is None and so are the shares.
+10% a comparison must resolve. A launch-bound run slows when the host takes its CPUs away, and /proc/stat's `steal`
+counts exactly that time; recording it beside each timed run says which runs to distrust instead of guessing.
+Linux only: elsewhere the snapshot is None and so are the shares.
 
 Stolen time is not the whole story. On 2026-12-04 a machine that lost 0-0.8% of its CPU time ran the reference's step at
 47-52k, then 78-95k, then 61-68k tok/s within 20 minutes, its GPU at the top clock and at most 54% busy where

@@ -1,12 +1,12 @@
 """The real trainer (train/loop.py's Trainer: reads, packed unroll, loss, optimizer, validation, checkpoints) on
 synthetic SmolLM2-shaped shards, with its time broken down, against the time it takes only to read its batches.
 
-bench/train_throughput.py times the step alone on tensors already on the device. On the H200 the sweep's
-trainer once ran well below that (5.5 steps/s, against 17 for the step alone), so this runs the whole trainer with the sweep's validation and
-checkpoint cadence (every 100 steps, 1 in 8 samples held out) and says where its wall time went: waiting for
-batches (train/data_wait_frac), validation passes, checkpoint writes, and the rest (the steps, logging). The
-synthetic pool is small, so its epochs are short and each epoch's end adds a checkpoint and a cold read-ahead
-that the sweep's long epochs amortise: they are in the checkpoint and data-wait columns, not in the rest.
+bench/train_throughput.py times the step alone on tensors already on the device. A sweep's trainer can run well
+below that (5.5 steps/s against 17 for the step alone, measured on an H200), so this runs the whole trainer with the
+sweep's validation and checkpoint cadence (every 100 steps, 1 in 8 samples held out) and says where its wall time
+went: waiting for batches (train/data_wait_frac), validation passes, checkpoint writes, and the rest (the steps,
+logging). The synthetic pool is small, so its epochs are short and each epoch's end adds a checkpoint and a cold
+read-ahead that the sweep's long epochs amortise: they are in the checkpoint and data-wait columns, not in the rest.
 
     python bench/trainer_speed.py --device cuda --batch-tokens 16384 --samples 2048 --steps 300
     python bench/trainer_speed.py --device cuda --steps 60 --profile 10 --profile-from 40 --profile-out prof.txt
