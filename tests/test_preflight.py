@@ -134,15 +134,13 @@ def test_prompts_are_not_read_again_once_the_pool_holds_them(tiny_cfg, monkeypat
         preflight(validate(tiny_cfg("data.samples=16", "tracking.enabled=false")))  # the pool must grow
 
 
-@pytest.mark.parametrize("samples, val_samples", [(8, 0), (8, None), (1600, 1000)])
-def test_the_pool_check_counts_as_generate_does(samples, val_samples):
+@pytest.mark.parametrize("samples, val_samples, size", [(8, 0, 8), (8, None, 8), (1600, 1000, 2600)])
+def test_the_pool_holds_the_training_samples_and_the_validation_set(samples, val_samples, size):
     from types import SimpleNamespace
 
-    from draftlab.data.samples import pool_size
-    from draftlab.preflight import _pool_size
+    from draftlab.data.pool import pool_size
 
-    data = SimpleNamespace(samples=samples, val_samples=val_samples)
-    assert _pool_size(data) == pool_size(data)
+    assert pool_size(SimpleNamespace(samples=samples, val_samples=val_samples)) == size
 
 
 def test_a_cached_preflight_does_not_import_torch(tiny_cfg, tmp_path):

@@ -12,6 +12,10 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+# mkstemp makes its file 0600; a renamed one gets the mode open() would give, so a shared cache stays readable.
+# Read once at import: os.umask can only be read by setting it, which is not safe beside the writer threads.
+_UMASK = os.umask(0)
+os.umask(_UMASK)
 
 @contextlib.contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
@@ -22,6 +26,7 @@ def atomic_path(path: Path) -> Iterator[Path]:
     os.close(fd)
     try:
         yield Path(tmp)
+        os.chmod(tmp, 0o666 & ~_UMASK)
         os.replace(tmp, path)
     except OSError as err:
         if err.filename:  # already names its file

@@ -13,6 +13,7 @@ import logging
 from pathlib import Path
 
 from draftlab.config import ConfigError
+from draftlab.data.pool import pool_size
 
 log = logging.getLogger("draftlab")
 
@@ -188,15 +189,9 @@ def _pool_holds(cfg) -> bool:
 
     try:  # planning hashes the prompt file: a missing one is check_prompts' to report
         manifest = plan(cfg)["generate"].folder / "manifest.json"
-        return json.loads(manifest.read_text())["num_samples"] >= _pool_size(cfg.data)
+        return json.loads(manifest.read_text())["num_samples"] >= pool_size(cfg.data)
     except (OSError, ValueError, KeyError, TypeError):
         return False
-
-
-def _pool_size(data) -> int:
-    """`draftlab.data.samples.pool_size`, whose module imports torch: 1.6 s of an all-cached rerun that needs none
-    (BENCHMARKS.md "The README's run and an all-cached rerun"). tests/test_preflight.py holds the two equal."""
-    return int(data.samples) + int(data.val_samples or 0)
 
 
 def check_prompts(cfg) -> None:
@@ -214,7 +209,7 @@ def check_prompts(cfg) -> None:
         key = "data.path" if data.path else "data.source"
         raise ConfigError(f"{key}: {str(err).splitlines()[0]}") from err
     chosen, exact = _first_usable(cfg, prompts.prompts)
-    if len(chosen) < _pool_size(data):
+    if len(chosen) < pool_size(data):
         within = f" within data.max_prompt_tokens={data.max_prompt_tokens}" if exact else ""
         raise ConfigError(f"data.samples: {data.samples} asked, but {prompts.source} has only {len(chosen)} "
                           f"unique prompts{within}")
@@ -238,6 +233,6 @@ def _first_usable(cfg, prompts: list) -> tuple[list, bool]:
     data = cfg.data
     tokenizer = load_tokenizer(cfg.target, Path(cfg.paths.root) / "models")
     if tokenizer is None:
-        return pool_order(prompts, data.val_fraction, data.val_samples)[:_pool_size(data)], False
-    chosen = [p for p, _ in usable_pool(tokenizer, prompts, data, _pool_size(data))]
+        return pool_order(prompts, data.val_fraction, data.val_samples)[:pool_size(data)], False
+    chosen = [p for p, _ in usable_pool(tokenizer, prompts, data, pool_size(data))]
     return chosen, True

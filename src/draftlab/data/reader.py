@@ -19,7 +19,8 @@ from safetensors.torch import load_file
 
 from draftlab.data.features import (FORMAT, HEAD_FILE, SMALL_TENSORS, WIDE_TENSORS, Entry, HiddenTap, model_mask,
                                     offline_entries, pad_batch, read_manifest, stored_top1, target_head, target_info)
-from draftlab.data.samples import SPLITS, pool_size, read_samples
+from draftlab.data.pool import pool_size
+from draftlab.data.samples import SPLITS, read_samples
 from draftlab.data.vocab import read_vocab, vocab_path
 
 PLAN_WINDOW = 256  # samples sorted by length together: little padding, still a shuffled order

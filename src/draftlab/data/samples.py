@@ -101,12 +101,6 @@ class SampleWriter:
         atomic_write_json(self.folder / "manifest.json", self.manifest)
 
 
-def pool_size(data) -> int:
-    """Samples a job reads from the shared pool: data.samples to train on, plus the fixed validation set
-    (data.val_samples, made first: data/prompts.pool_order)."""
-    return int(data.samples) + int(data.val_samples or 0)
-
-
 def read_manifest(folder: Path) -> dict | None:
     manifest = read_json(Path(folder) / "manifest.json")
     if manifest is not None and manifest.get("format") != FORMAT:
@@ -143,7 +137,8 @@ def read_samples(folder: Path, limit: int | None = None, split: str | None = Non
 
 
 def _read_texts(path: Path) -> dict[int, dict]:
-    records = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
+    # "\n" only: str.splitlines also splits at U+2028 and other breaks that ensure_ascii=False leaves in a text
+    records = (json.loads(line) for line in path.read_text().split("\n") if line.strip())
     return {r["index"]: r for r in records}
 
 

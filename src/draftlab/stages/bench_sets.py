@@ -28,7 +28,7 @@ def tokenize(cfg, sets: list[BenchSet], texts: dict[str, list[str]], samples_fol
              held_out) -> dict[str, list[list[int]]]:
     """Each set's prompt ids, in the order of `sets`. held_out(folder, count, limit) reads the val split."""
     from draftlab.data.prompts import Prompt
-    from draftlab.data.samples import pool_size
+    from draftlab.data.pool import pool_size
     from draftlab.target import usable_prompts
 
     count, width = cfg.bench.prompts, cfg.data.max_prompt_tokens

@@ -24,6 +24,7 @@ from draftlab.data.features import (FORMAT, HEAD_FILE, HiddenTap, model_mask, of
                                     read_manifest, stored_top1, target_head, target_info)
 from draftlab.data.layers import (CONVENTION, LAST_WARNING, capture_points, num_target_layers, resolve_layers,
                                   sglang_servable, spec_name, target_capture)
+from draftlab.data.pool import pool_size
 from draftlab.data.room import estimated_bytes_per_token, free_bytes, room_needed
 from draftlab.data.vocab import count_tokens, vocab_name, vocab_path, write_vocab
 from draftlab.fsutil import atomic_save_safetensors, atomic_write_json
@@ -200,7 +201,7 @@ def _empty_pool(out: Path) -> None:
 
 def run(cfg, out: Path, inputs: dict[str, Path], reporter) -> dict:
     out, samples_dir = Path(out), Path(inputs["generate"])
-    n = samples_fmt.pool_size(cfg.data)
+    n = pool_size(cfg.data)
     samples_manifest = samples_fmt.read_manifest(samples_dir)
     if samples_manifest is None or samples_manifest["num_samples"] < n:
         raise FileNotFoundError(f"{samples_dir}: fewer than {n} generated samples (data.samples + data.val_samples)")

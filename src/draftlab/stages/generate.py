@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 
 from draftlab.data.prompts import Prompt, load_prompts, split_for, usable_pool
-from draftlab.data.samples import Sample, SampleWriter, count_samples, pool_size, read_manifest, read_samples
+from draftlab.data.pool import pool_size
+from draftlab.data.samples import Sample, SampleWriter, count_samples, read_manifest, read_samples
 from draftlab.progress import bar
 from draftlab.provenance import file_sha256
 from draftlab.stage_keys import data_sha256, plan
