@@ -134,33 +134,41 @@ def _write_shard(writer: SampleWriter, target: Target, data, first: int, items: 
 def _answer_shard(target: Target, data, first: int, items: list[tuple[Prompt, list[int]]],
                   whole_shard: bool = False, on_batch=None, engine=None) -> list[list[int]]:
     """The answers to a shard's prompts, in order."""
+    prompts = [ids for _, ids in items]
     if engine is not None:  # the server answers the whole shard, data.server.concurrency requests at a time
-        answers = engine.answer([ids for _, ids in items], first, data)
-        if on_batch is not None:
-            on_batch(len(items))
-        return answers
+        answers = engine.answer(prompts, first, data)
+    elif whole_shard:  # continuous, graphs: one call refills up to batch_size rows (fastgen.py, graphgen.py)
+        answers = _answer_whole_shard(target, data, prompts)
+    else:
+        return _answer_batches(target, data, first, prompts, on_batch)
+    if on_batch is not None:
+        on_batch(len(items))
+    return answers
+
+
+def _answer_whole_shard(target: Target, data, prompts: list[list[int]]) -> list[list[int]]:
+    if data.generator == "graphs":
+        from draftlab.generation.graphgen import generate_graphs
+
+        return generate_graphs(target, prompts, data.max_new_tokens, data.batch_size, data.max_prompt_tokens,
+                               compile=data.compile_decode)
+    from draftlab.generation.fastgen import generate_continuous
+
+    return generate_continuous(target, prompts, data.max_new_tokens, data.batch_size)
+
+
+def _answer_batches(target: Target, data, first: int, prompts: list[list[int]], on_batch=None) -> list[list[int]]:
+    """data.batch_size prompts at a time, each batch seeded by its first index."""
     answers = []
-    # continuous, graphs: the whole shard in one call, refilling up to batch_size rows (fastgen.py, graphgen.py)
-    step = len(items) if whole_shard else data.batch_size
-    for start in range(0, len(items), step):
-        chunk = items[start:start + step]
+    for start in range(0, len(prompts), data.batch_size):
+        chunk = prompts[start:start + data.batch_size]
         torch.manual_seed(data.seed * 1_000_003 + first + start)  # sampling depends on the batch, not on history
-        if whole_shard and data.generator == "graphs":
-            from draftlab.generation.graphgen import generate_graphs
-
-            answers += generate_graphs(target, [ids for _, ids in chunk], data.max_new_tokens, data.batch_size,
-                                       data.max_prompt_tokens, compile=data.compile_decode)
-        elif whole_shard:
-            from draftlab.generation.fastgen import generate_continuous
-
-            answers += generate_continuous(target, [ids for _, ids in chunk], data.max_new_tokens, data.batch_size)
-        elif data.generator == "static":
+        if data.generator == "static":
             from draftlab.generation.fastgen import generate_static
 
-            answers += generate_static(target, [ids for _, ids in chunk], data.max_new_tokens, data.temperature,
-                                       data.max_prompt_tokens)
+            answers += generate_static(target, chunk, data.max_new_tokens, data.temperature, data.max_prompt_tokens)
         else:
-            answers += generate_batch(target, [ids for _, ids in chunk], data.max_new_tokens, data.temperature)
+            answers += generate_batch(target, chunk, data.max_new_tokens, data.temperature)
         if on_batch is not None:
             on_batch(len(chunk))
     return answers
