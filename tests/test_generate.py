@@ -153,3 +153,25 @@ def test_the_pool_tokenised_in_chunks_gives_each_prompt_its_own_ids():
     for chunk in (7, 64, 2048):  # chunks that end inside, at and past the limit
         assert usable_prompts(tok, prompts, limit_tokens, 100, chunk=chunk) == expected
     assert len(usable_prompts(tok, prompts, limit_tokens, 10_000)) == sum(n <= limit_tokens for n in lengths)
+
+
+def test_whole_shard_generators_answer_a_shard_alike_whatever_was_asked_first(tiny_cfg, tmp_path, monkeypatch):
+    """Which prompts share a prefill decides a bf16 answer (docs/tracking.md): a pool first asked for fewer samples
+    than a shard must still hand the generator the whole shard, as a pool asked for more does."""
+    from draftlab.generation import fastgen
+
+    calls = []
+    real = fastgen.generate_continuous
+
+    def recording(target, prompts, *args, **kwargs):
+        calls.append([tuple(p) for p in prompts])
+        return real(target, prompts, *args, **kwargs)
+
+    monkeypatch.setattr(fastgen, "generate_continuous", recording)
+    settings = ("data.shard_size=16", "data.batch_size=4", "data.generator=continuous")
+    small = _run(validate(tiny_cfg("data.samples=6", *settings)), tmp_path / "small")
+    small_calls, calls[:] = list(calls), []
+    _run(validate(tiny_cfg("data.samples=24", *settings)), tmp_path / "large")
+    assert small_calls[0] == calls[0] and len(small_calls[0]) == 16
+    assert small["generate/samples"] == 6 and count_samples(tmp_path / "small") == 16
+    assert _samples(tmp_path / "small") == _samples(tmp_path / "large", 16)

@@ -4,7 +4,8 @@ The output folder is a pool shared by every `data.samples`: a run makes sure the
 `data.val_samples`, the fixed validation set made first) exist and
 generates only the missing ones, shard by shard. Batches always start at multiples of `data.batch_size` and are
 seeded by their first index, so a resumed or extended run writes exactly what an uninterrupted one would (the
-pool may hold up to one batch more than asked for).
+pool may hold up to one batch more than asked for). The whole-shard generators (continuous, graphs) answer whole
+shards only, so a shard's answers never depend on how many samples the first run asked for.
 """
 
 from __future__ import annotations
@@ -78,7 +79,10 @@ def _generate(cfg, out: Path, target, engine, prompts, fingerprint: str, have: i
                     "another way (data.generator=%s, data.engine=%s), so it does nothing", data.generator, data.engine)
     writer = SampleWriter(out, fingerprint, meta={"target": target.fingerprint, "source": prompts.source,
                                                   "records_read": prompts.records_read})
-    goal = -(-need // data.batch_size) * data.batch_size  # whole batches only
+    # whole batches only; whole shards for the whole-shard generators, whose schedule (which rows share a prefill)
+    # would otherwise depend on data.samples, and with it a bf16 answer (docs/tracking.md)
+    unit = data.shard_size if whole_shard else data.batch_size
+    goal = -(-need // unit) * unit
     # every prompt of the pool tokenised before any is answered, so that a file with too few usable prompts is
     # refused now, not after the shards before the shortfall (on the H200: 50,000 asked of 49,916, after 80 s)
     usable = usable_pool(target.tokenizer, prompts.prompts, data, goal)
