@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
+
 @contextlib.contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
     """Yields a temporary path beside `path`; renames it over `path` only if the block succeeds."""

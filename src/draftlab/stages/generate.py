@@ -5,7 +5,7 @@ The output folder is a pool shared by every `data.samples`: a run makes sure the
 generates only the missing ones, shard by shard. Batches always start at multiples of `data.batch_size` and are
 seeded by their first index, so a resumed or extended run writes exactly what an uninterrupted one would (the
 pool may hold up to one batch more than asked for). The whole-shard generators (continuous, graphs) answer whole
-shards only, so a shard's answers never depend on how many samples the first run asked for.
+shards only (up to a shard more), so a shard's answers never depend on how many samples the first run asked for.
 """
 
 from __future__ import annotations
