@@ -95,7 +95,7 @@ largest() {  # the experiment's largest data.samples
 }
 
 make_pool() {  # the pool asked for the largest size first, in one request, so every session cuts its shards alike
-  local n  # (a pool first asked for fewer samples answers its first shard, the validation set, apart: docs/tracking.md)
+  local n  # (the records' generate code answered a first shard cut at a smaller size apart: bench/gpu/README.md)
   n=$(largest)
   echo "pool: generating $n samples first"
   multirun "$G/pool-job" "data.samples=$n" train.seed=0 'stages=[generate]' || return 1
