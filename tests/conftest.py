@@ -1,4 +1,5 @@
-"""Shared fixtures: configs composed from conf/ the way src/run.py composes them; the tiny recipe is experiment=smoke."""
+"""Shared fixtures: configs composed from conf/ the way src/run.py composes them; the tiny recipe is
+experiment=smoke."""
 
 from __future__ import annotations
 

@@ -4,8 +4,9 @@ request and response shapes (see draftlab/serve/remote.py for where they come fr
     python tests/standin_generate_server.py --api sglang|vllm [--fail-every N] [--delay-ms MS] [--port P]
 
 Binds 127.0.0.1 (on a free port unless --port) and prints `PORT <n>` when ready; SGLang's launch flags are
-accepted and ignored, so the launch builder can start it in place of `python -m sglang.launch_server`. Greedy answers come from draftlab's own
-`generate_batch` on one prompt at a time, so they must equal the local (batched) path token for token.
+accepted and ignored, so the launch builder can start it in place of `python -m sglang.launch_server`. Greedy
+answers come from draftlab's own `generate_batch` on one prompt at a time, so they must equal the local (batched)
+path token for token.
 --fail-every N answers every Nth request with 503 (a transient error the client must retry).
 """
 

@@ -42,8 +42,9 @@ def killed_run(root: Path, stage: str, kill_at: int, after: bool) -> None:
     command = [sys.executable, str(CHILD), str(root), stage, str(kill_at), "after" if after else "before"]
     env = {**os.environ, "DRAFTLAB_PROGRESS": "0"}
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == -signal.SIGKILL, \
-        f"the {stage} job exited with {proc.returncode} instead of dying at replacement {kill_at}:\n{proc.stderr[-4000:]}"
+    assert proc.returncode == -signal.SIGKILL, (
+        f"the {stage} job exited with {proc.returncode} instead of dying at replacement {kill_at}:\n"
+        f"{proc.stderr[-4000:]}")
 
 
 def normalised(path: Path, root: Path):

@@ -30,7 +30,8 @@ def test_train_epochs_still_sets_a_budget_in_passes():
         validate(compose_config(["train.init_from=shorter"]))
 
 
-@pytest.mark.parametrize("experiment", sorted(p.stem for p in (CONF / "experiment").glob("*.yaml") if p.stem != "smoke"))
+@pytest.mark.parametrize("experiment",
+                         sorted(p.stem for p in (CONF / "experiment").glob("*.yaml") if p.stem != "smoke"))
 def test_every_experiment_has_a_budget_on_the_smoke_recipe(experiment):
     """A sweep's callback validates the base config, without the sweeper's values: each named recipe, also on top
     of the tiny one (as the tests sweep it), must have a training budget of its own."""

@@ -46,8 +46,8 @@ def probe(tmp_path_factory):
     no_graph = server_argv_for_probe(build_server_argv(default_config({"serve": {"cuda_graph": False}}).serve, target,
                                                        folders["good"]))
     bad_ndt = [a if a != "4" or spec[i - 1] != "--speculative-num-draft-tokens" else "8" for i, a in enumerate(spec)]
-    args_jobs = {"spec": spec, "baseline": base, "no_graph": no_graph, "retired_flag": spec + ["--cuda-graph-max-bs", "8"],
-                 "bad_ndt": bad_ndt}
+    args_jobs = {"spec": spec, "baseline": base, "no_graph": no_graph,
+                 "retired_flag": spec + ["--cuda-graph-max-bs", "8"], "bad_ndt": bad_ndt}
     jobs = [{"kind": "args", "argv": argv} for argv in args_jobs.values()]
     jobs += [{"kind": "weights", "draft": str(folder)} for folder in folders.values()]
     results = run_probe(jobs)

@@ -100,7 +100,8 @@ def test_load_like_sglang_splits_fused_checkpoints(tmp_path):
                          replace=fused)
     state, report = keymap.load_like_sglang(folder)
     assert report.ok, report.lines()
-    assert torch.equal(state["layers.0.self_attn.v_proj.weight"], draft_tensors(config)["layers.0.self_attn.v_proj.weight"])
+    key = "layers.0.self_attn.v_proj.weight"
+    assert torch.equal(state[key], draft_tensors(config)[key])
 
 
 def test_load_like_sglang_maps_later_layer_norms_by_what_sglang_reads(tmp_path):

@@ -100,7 +100,8 @@ def test_a_job_that_reuses_a_stage_repeats_its_warnings(tiny_cfg, caplog, tmp_pa
 
 def test_a_stage_record_keeps_the_stages_warnings_not_the_stores():
 
-    from draftlab.tracking.summary import STAGE_WARNINGS_EXCLUDE, collect_warnings, repeat_stage_warnings, stage_warnings
+    from draftlab.tracking.summary import (STAGE_WARNINGS_EXCLUDE, collect_warnings, repeat_stage_warnings,
+                                           stage_warnings)
 
     with collect_warnings(exclude=STAGE_WARNINGS_EXCLUDE) as warned:
         logging.getLogger("draftlab.tracking.runs").warning("tracking: could not log to run r1")

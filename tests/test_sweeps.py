@@ -72,4 +72,5 @@ def test_steps_vs_data_sweep_then_analysis_prices_both_axes(tmp_path):
     parent = client.get_run(parent.info.run_id)  # the sweep callback logged its analysis at the end
     assert parent.data.tags["verdict"] in ("under-trained", "data-limited", "undetermined", "bottleneck:capacity",
                                            "bottleneck:features", "bottleneck:unidentified")
-    assert "analysis/loss_steps_gain_2x" in parent.data.metrics and "analysis/loss_data_cost_2x_s" in parent.data.metrics
+    assert "analysis/loss_steps_gain_2x" in parent.data.metrics
+    assert "analysis/loss_data_cost_2x_s" in parent.data.metrics

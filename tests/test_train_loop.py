@@ -194,7 +194,8 @@ def test_fused_cpu_adamw_updates_as_the_foreach_one():
         fused.step()
         plain.step()
     moved = 0.0
-    for (name, a), b, start in zip(fused_model.named_parameters(), plain_model.parameters(), _model(source).parameters()):
+    starts = _model(source).parameters()
+    for (name, a), b, start in zip(fused_model.named_parameters(), plain_model.parameters(), starts):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-7), name
         moved = max(moved, float((a - start).detach().abs().max()))
     assert moved > 0.01  # the steps did update the weights
@@ -261,8 +262,8 @@ def test_init_from_continues_for_more_epochs(tmp_path):
     short, _ = _run(tmp_path / "short", epochs=1)
     longer, _ = _run(tmp_path / "longer", epochs=2)
     cont_source = FakeSource(n_train=24, n_val=8)
-    trainer = Trainer(_model(cont_source, seed=123), cont_source, cont_source.lm_head, _settings(epochs=2, batch_tokens=100),
-                      tmp_path / "cont", RecordingReporter())
+    trainer = Trainer(_model(cont_source, seed=123), cont_source, cont_source.lm_head,
+                      _settings(epochs=2, batch_tokens=100), tmp_path / "cont", RecordingReporter())
     cont = trainer.run(init_from=tmp_path / "short")
     assert cont.steps == longer.steps  # same number of batches: continued, not restarted
     assert len(cont.history) == 2 and cont.history[0] == short.history[0]
@@ -282,8 +283,8 @@ def test_stage_run_exports_best_draft(tmp_path, monkeypatch):
     source = FakeSource(n_train=16, n_val=8)
     _install_fake_source(monkeypatch, source)
     cfg = default_config({"draft": {"vocab_size": VD}, "serve": {"num_steps": 2},
-                          "train": {"epochs": 2, "max_steps": None, "ttt_steps": 2, "batch_tokens": 200, "max_seq_len": 64,
-                                    "log_every": 2, "checkpoint_every": 4, "device": "cpu"}})
+                          "train": {"epochs": 2, "max_steps": None, "ttt_steps": 2, "batch_tokens": 200,
+                                    "max_seq_len": 64, "log_every": 2, "checkpoint_every": 4, "device": "cpu"}})
     rep = RecordingReporter()
     out = tmp_path / "train"
     clock = iter([10.0, 14.0])  # the stage reads the clock before and after its loop: 4 s

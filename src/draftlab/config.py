@@ -57,7 +57,8 @@ def check_layers_spec(value: Any) -> None:
     if len(set(ids)) != len(ids):
         raise ConfigError(f"extract.layers: layer ids must be unique, got {ids}")
     if ids != sorted(ids):
-        raise ConfigError(f"extract.layers: layer ids must be ascending (SGLang concatenates in ascending order), got {ids}")
+        raise ConfigError(f"extract.layers: layer ids must be ascending (SGLang concatenates in ascending order), "
+                          f"got {ids}")
 
 
 def _check_values(c: DictConfig) -> None:

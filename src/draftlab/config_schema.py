@@ -32,7 +32,8 @@ class TargetConfig:
     gguf_file: Optional[str] = MISSING  # a GGUF inside target.path, if any
     dtype: str = MISSING  # auto = bfloat16 on CUDA, float32 on CPU
     device: str = MISSING  # auto = cuda when available, else cpu
-    device_map: Optional[str] = MISSING  # e.g. auto: split the target over the visible GPUs (accelerate); wins over device
+    # e.g. auto: split the target over the visible GPUs (accelerate); wins over device
+    device_map: Optional[str] = MISSING
     # true: a target class missing from SGLang's capture contract is extracted with Llama's convention, unchecked
     allow_unlisted_arch: bool = MISSING
     tiny: Optional[TinyArch] = None  # the in-code model's shape, set by target=tiny (conf/target/tiny.yaml)

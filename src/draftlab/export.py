@@ -1,9 +1,10 @@
 """Writes a trained draft as a folder SGLang loads (`LlamaForCausalLMEagle3`), and reads such a folder back.
 
-The folder is `config.json` + `model.safetensors` (+ `draftlab_provenance.json`, see draft_provenance.py), where the tensors are the model's plain state dict: our
-parameter names are already the checkpoint keys SGLang expects (see model/draft.py), `d2t` holds offsets and
-`t2d` is a bool mask. The embedding is included: SGLang swaps in the target's when the widths agree, but keeps
-the draft's own otherwise. The folder appears complete or not at all (written beside it, then renamed).
+The folder is `config.json` + `model.safetensors` (+ `draftlab_provenance.json`, see draft_provenance.py), where
+the tensors are the model's plain state dict: our parameter names are already the checkpoint keys SGLang expects
+(see model/draft.py), `d2t` holds offsets and `t2d` is a bool mask. The embedding is included: SGLang swaps in
+the target's when the widths agree, but keeps the draft's own otherwise. The folder appears complete or not at all
+(written beside it, then renamed).
 """
 
 from __future__ import annotations

@@ -23,8 +23,9 @@ part of the generate stage's key.
 
 On the H200 continuous batching ran at 0.27x the plain path: without the flash-attention package
 transformers turns its CUDA graphs off (an attention mask is needed) and runs paged SDPA eagerly. It stays an
-option for machines with flash attention. Sampling (`data.temperature > 0`) stays on the plain path: its seeding per batch is what makes a resumed pool equal
-an uninterrupted one, and the order in which continuous batching draws random numbers depends on scheduling.
+option for machines with flash attention. Sampling (`data.temperature > 0`) stays on the plain path: its seeding
+per batch is what makes a resumed pool equal an uninterrupted one, and the order in which continuous batching
+draws random numbers depends on scheduling.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ log = logging.getLogger("draftlab.generate")
 
 def generate_static(target, prompts: list[list[int]], max_new_tokens: int, temperature: float,
                     width: int) -> list[list[int]]:
-    """The plain path's answers (generation/plain.py `generate_batch`) with a static cache, prompts padded to `width`."""
+    """The plain path's answers (generation/plain.py `generate_batch`) with a static cache, prompts padded to
+    `width`."""
     from draftlab.generation.plain import generate_batch
 
     return generate_batch(target, prompts, max_new_tokens, temperature, width=width, cache_implementation="static")

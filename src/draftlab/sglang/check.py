@@ -154,7 +154,8 @@ def _check_draft(folder: Path, target, rules: str, extract_manifest, scan_weight
 def _check_config(report: CheckReport, config: dict, target: dict | None) -> None:
     archs = config.get("architectures") or []
     if not archs or archs[0] != ARCH:
-        hint = " (the EAGLE repo's name; SGLang loads it as a plain target model)" if archs[:1] == ["LlamaForCausalLM"] else ""
+        eagle_repo = archs[:1] == ["LlamaForCausalLM"]
+        hint = " (the EAGLE repo's name; SGLang loads it as a plain target model)" if eagle_repo else ""
         report.error("architectures", f"{archs} must start with {ARCH!r}{hint}")
     for key in REQUIRED:
         if key not in config:
@@ -167,8 +168,8 @@ def _check_config(report: CheckReport, config: dict, target: dict | None) -> Non
     dv, vocab = config.get("draft_vocab_size"), config.get("vocab_size")
     if config.get("tie_word_embeddings"):
         if dv is not None and dv != vocab:
-            report.error("tie_word_embeddings", f"true with draft_vocab_size {dv} != vocab_size {vocab}: SGLang uses the "
-                         "first rows of the target embedding as the head and drops lm_head.weight (accept ~1)")
+            report.error("tie_word_embeddings", f"true with draft_vocab_size {dv} != vocab_size {vocab}: SGLang uses "
+                         "the first rows of the target embedding as the head and drops lm_head.weight (accept ~1)")
         else:
             report.warn("tie_word_embeddings", "true: lm_head.weight in the checkpoint is ignored")
     if "target_hidden_size" in config and config["target_hidden_size"] is None:

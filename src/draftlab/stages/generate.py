@@ -33,7 +33,8 @@ WHOLE_SHARD = ("continuous", "graphs")  # generators that take a whole shard and
 
 def run(cfg, out: Path, inputs: dict[str, Path], reporter) -> dict[str, float]:
     data = cfg.data
-    fingerprint = plan(cfg, upto="generate")["generate"].folder_key  # names the settings, code and prompt file of the pool
+    # names the settings, code and prompt file of the pool
+    fingerprint = plan(cfg, upto="generate")["generate"].folder_key
     _reset_if_foreign(out, fingerprint)
     have, need = count_samples(out), pool_size(data)
     if have >= need:

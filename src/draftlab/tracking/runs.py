@@ -40,7 +40,8 @@ def open_store(uri: str, timeout: float | None = None):
     from mlflow.tracking import MlflowClient  # imported before any clock starts: the import alone takes seconds
 
     from draftlab.fsutil import file_lock
-    from draftlab.tracking.store import HINT, STORE_TIMEOUT_S, StoreError, call_with_timeout, check_reachable, sqlite_path
+    from draftlab.tracking.store import (HINT, STORE_TIMEOUT_S, StoreError, call_with_timeout, check_reachable,
+                                         sqlite_path)
 
     check_reachable(uri)
 

@@ -159,8 +159,8 @@ def bench_rows(metrics: dict) -> list[tuple[str, str]]:
         line = tau_line(name, metrics)
         p = f"bench/{name}"
         if f"{p}/speedup" in metrics:
-            line += (f"; speed-up {metrics[f'{p}/speedup']:.3g}x (95% {metrics.get(f'{p}/speedup_lo', float('nan')):.3g}"
-                     f"-{metrics.get(f'{p}/speedup_hi', float('nan')):.3g})")
+            low, high = metrics.get(f"{p}/speedup_lo", float("nan")), metrics.get(f"{p}/speedup_hi", float("nan"))
+            line += f"; speed-up {metrics[f'{p}/speedup']:.3g}x (95% {low:.3g}-{high:.3g})"
         rows.append((f"bench {name}", line))
         if f"{p}/tf_tau" in metrics:
             rows.append(("  same answers", f"training's count {metrics[f'{p}/tf_tau']:.3g}, deployment's "

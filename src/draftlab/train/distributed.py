@@ -79,7 +79,10 @@ def broadcast_json(message: dict | None) -> dict:
     data = json.dumps(message).encode() if is_main() else b""
     size = torch.tensor([len(data)], dtype=torch.int64)
     dist.broadcast(size, 0, group=_CONTROL)
-    buf = torch.frombuffer(bytearray(data), dtype=torch.uint8) if is_main() else torch.empty(int(size), dtype=torch.uint8)
+    if is_main():
+        buf = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    else:
+        buf = torch.empty(int(size), dtype=torch.uint8)
     dist.broadcast(buf, 0, group=_CONTROL)
     return json.loads(bytes(buf.tolist()).decode())
 

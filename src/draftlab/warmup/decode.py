@@ -1,6 +1,6 @@
 """The decode step's compile built ahead (`data.compile_decode`), in a process of its own while the generate stage
-converts the target and tokenises its prompts (started by draftlab/warmup/launch.py whenever generate will compile its step
-on a GPU, stopped when generate ends).
+converts the target and tokenises its prompts (started by draftlab/warmup/launch.py whenever generate will
+compile its step on a GPU, stopped when generate ends).
 
 The graphs generator compiles one decoder layer and reuses it for every layer (decode_slots.py). That compile took
 6.6 s on a cold cache in the 50,000-sample headline run on the H200 and 1.5-2.2 s on a warm one,
