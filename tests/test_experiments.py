@@ -116,12 +116,15 @@ def test_the_gpu_script_refuses_a_bad_part_before_it_starts(tmp_path, parts):
     assert ("PART..." in done.stderr) if not parts else (f"not {parts[-1].split(':')[0]}" in done.stderr)
 
 
-def test_the_gpu_script_asks_for_the_largest_size_first(tmp_path):
-    """Every session's pool is first asked for the experiment's largest size, so its shards are cut alike."""
+def test_the_gpu_script_asks_for_the_validation_sets_whole_shard_first(tmp_path):
+    """Every session's pool is first asked for exactly its first shard (the validation set and the training samples
+    after it), so each session answers that shard whole, as the committed records' pool was answered."""
     import subprocess
 
     (tmp_path / "code").symlink_to(CONF.parent)
-    done = subprocess.run(["bash", str(CONF.parent / "bench" / "gpu" / "data_scaling.sh"), "largest"],
+    done = subprocess.run(["bash", str(CONF.parent / "bench" / "gpu" / "data_scaling.sh"), "first_shard"],
                           env={"G": str(tmp_path), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, check=True)
-    sizes = OmegaConf.load(CONF / "experiment" / "data_scaling_gpu.yaml").hydra.sweeper.params["data.samples"]
-    assert int(done.stdout) == max(int(n) for n in str(sizes).split(",")) == 51200
+    gpu = OmegaConf.load(CONF / "hardware" / "gpu.yaml")
+    experiment = OmegaConf.load(CONF / "experiment" / "data_scaling_gpu.yaml")
+    assert "shard_size" not in experiment.data  # the experiment keeps the hardware's shards
+    assert int(done.stdout) + experiment.data.val_samples == gpu.data.shard_size == 16384

@@ -3,7 +3,7 @@
 # machine without internet, in steps, from the root of a device call's tree that carries .gpu-stage/
 # (bench/gpu/stage.sh; the GGUF's halves come with calls of their own, as in bench/peers/README.md):
 #   bash bench/gpu/data_scaling.sh install     # bench/gpu/machine.sh; the code copied to $G/code (first time)
-#   bash bench/gpu/data_scaling.sh start PART...  # the pool at the largest size, then the PARTs' sweeps one after
+#   bash bench/gpu/data_scaling.sh start PART...  # the pool's first shard, then the PARTs' sweeps one after
 #                                              # another, detached; a part is one session's worth: a = the header's
 #                                              # first (3 sizes x 2 seeds), b = the next two (3 sizes, the steps
 #                                              # probe), c = the ablations; all = every one; or sweep numbers (4,5).
@@ -90,14 +90,17 @@ run_parts() {  # run_parts PART...: each part's sweeps in order (start checked t
   done
 }
 
-largest() {  # the experiment's largest data.samples
-  sed -n 's/^ *data\.samples: *//p' "$code/conf/experiment/data_scaling_gpu.yaml" | tr , '\n' | sort -n | tail -n 1
+first_shard() {  # the samples that fill the pool's first shard, the one the validation set opens: data.shard_size
+  local shard val  # of hardware=gpu less the experiment's data.val_samples
+  shard=$(sed -n '/^data:/,/^[a-z]/s/^  shard_size: *\([0-9]*\).*/\1/p' "$code/conf/hardware/gpu.yaml")
+  val=$(sed -n 's/^  val_samples: *\([0-9]*\).*/\1/p' "$code/conf/experiment/data_scaling_gpu.yaml")
+  echo $((shard - val))
 }
 
-make_pool() {  # the pool asked for the largest size first, in one request, so every session cuts its shards alike
-  local n  # (the records' generate code answered a first shard cut at a smaller size apart: bench/gpu/README.md)
-  n=$(largest)
-  echo "pool: generating $n samples first"
+make_pool() {  # the pool's first shard alone first, so every session answers it whole and alike; the jobs add the
+  local n  # rest (the records' generate code answered a first shard cut at a smaller size apart: bench/gpu/README.md)
+  n=$(first_shard)
+  echo "pool: generating $n samples first (the first shard: the validation set's)"
   multirun "$G/pool-job" "data.samples=$n" train.seed=0 'stages=[generate]' || return 1
   check_carried
 }
