@@ -73,7 +73,7 @@ gpu_wait() {
     sleep 20
     now=$(($(date +%s) - begin))
     if [ $((now % 60)) -lt 20 ]; then
-      echo "$now s: $(tail -c 400 "$g/log.txt" | tr '\r' '\n' | grep . | tail -n 1 | cut -c1-160)"
+      echo "$now s: $(tail -c 400 "$g/log.txt" | tr '\r' '\n' | grep -a . | tail -n 1 | cut -c1-160)"
       nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
     fi
   done
