@@ -4,6 +4,8 @@ script that runs the data-scaling ones."""
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -122,8 +124,9 @@ def test_the_gpu_script_asks_for_the_validation_sets_whole_shard_first(tmp_path)
     import subprocess
 
     (tmp_path / "code").symlink_to(CONF.parent)
+    path = f"{Path(sys.executable).parent}:/usr/bin:/bin"  # its python3 composes the experiment
     done = subprocess.run(["bash", str(CONF.parent / "bench" / "gpu" / "data_scaling.sh"), "first_shard"],
-                          env={"G": str(tmp_path), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, check=True)
+                          env={"G": str(tmp_path), "PATH": path}, capture_output=True, text=True, check=True)
     gpu = OmegaConf.load(CONF / "hardware" / "gpu.yaml")
     experiment = OmegaConf.load(CONF / "experiment" / "data_scaling_gpu.yaml")
     assert "shard_size" not in experiment.data  # the experiment keeps the hardware's shards

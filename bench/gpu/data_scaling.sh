@@ -91,15 +91,14 @@ run_parts() {  # run_parts PART...: each part's sweeps in order (start checked t
 }
 
 first_shard() {  # the samples that fill the pool's first shard, the one the validation set opens: data.shard_size
-  local shard val  # of hardware=gpu less the experiment's data.val_samples
-  shard=$(sed -n '/^data:/,/^[a-z]/s/^  shard_size: *\([0-9]*\).*/\1/p' "$code/conf/hardware/gpu.yaml")
-  val=$(sed -n 's/^  val_samples: *\([0-9]*\).*/\1/p' "$code/conf/experiment/data_scaling_gpu.yaml")
-  echo $((shard - val))
+  # less data.val_samples, read from the experiment as Hydra composes it (hardware=gpu's shards)
+  (cd "$code" && PYTHONPATH=src:$G/site-dl python3 src/run.py experiment=data_scaling_gpu --cfg job --package data) \
+    | awk '/^shard_size:/ {s = $2} /^val_samples:/ {v = $2} END {if (s == "" || v == "") exit 1; print s - v}'
 }
 
 make_pool() {  # the pool's first shard alone first, so every session answers it whole and alike; the jobs add the
   local n  # rest (the records' generate code answered a first shard cut at a smaller size apart: bench/gpu/README.md)
-  n=$(first_shard)
+  n=$(first_shard) || { echo "pool: could not read data.shard_size and data.val_samples"; return 1; }
   echo "pool: generating $n samples first (the first shard: the validation set's)"
   multirun "$G/pool-job" "data.samples=$n" train.seed=0 'stages=[generate]' || return 1
   check_carried
@@ -160,6 +159,6 @@ collect() {
   gpu_log_out "$G"
 }
 
-step=${1:?usage: data_scaling.sh install|start PART...|watch|collect|part PART|sweeps|largest}
+step=${1:?usage: data_scaling.sh install|start PART...|watch|collect|part PART|sweeps|first_shard}
 shift
 "$step" "$@"
