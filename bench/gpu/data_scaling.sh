@@ -108,10 +108,10 @@ check_carried() {  # a carried pool this commit's jobs did not extend (another g
   [ -s "$G/pool-carried" ] || return 0
   local key pools
   key=$(cat "$G/pool-carried")
-  pools=$(ls "$G/dl/generate")
+  pools=$(find "$G/dl/generate" -mindepth 1 -maxdepth 1 -type d -printf '%f\n')  # not the stage's <key>.lock
   [ "$pools" = "$key" ] && { echo "pool: the jobs extend the carried $key"; return 0; }
   echo "pool: WARNING: the jobs made their own pool, not the carried $key: their validation answers are their own"
-  rm -rf "${G:?}/dl/generate/$key" "$G/pool-carried"  # this session's pool goes back as pool.tgz instead
+  rm -rf "${G:?}/dl/generate/$key"{,.lock} "$G/pool-carried"  # this session's pool goes back as pool.tgz instead
 }
 
 run_part() {  # run_part PART [OVERRIDES [DIR_SUFFIX]]: PART's sweeps, OVERRIDES after each sweep's own

@@ -66,11 +66,11 @@ gpu_wait_smollm2() {
   done
 }
 
-gpu_wait() {
-  local g=$1 begin now
+gpu_wait() {  # never past BUDGET s: the call's own limit has to hold the collect that follows
+  local g=$1 begin now left
   begin=$(date +%s)
-  while [ ! -f "$g/rc" ] && [ $(($(date +%s) - begin)) -lt "${BUDGET:-540}" ]; do
-    sleep 20
+  while [ ! -f "$g/rc" ] && left=$((${BUDGET:-540} - ($(date +%s) - begin))) && [ "$left" -gt 0 ]; do
+    sleep $((left < 20 ? left : 20))
     now=$(($(date +%s) - begin))
     if [ $((now % 60)) -lt 20 ]; then
       echo "$now s: $(tail -c 400 "$g/log.txt" | tr '\r' '\n' | grep -a . | tail -n 1 | cut -c1-160)"
