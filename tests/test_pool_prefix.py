@@ -95,12 +95,14 @@ def test_a_carried_pool_the_jobs_did_not_extend_is_dropped_with_a_warning(tmp_pa
     theirs, is said so, and gives way to the session's own pool.tgz."""
     (tmp_path / "code").symlink_to(REPO)
     (tmp_path / "dl" / "generate" / "abc123").mkdir(parents=True)
+    (tmp_path / "dl" / "generate" / "abc123" / "manifest.json").write_text("{}")
     (tmp_path / "dl" / "generate" / "abc123.lock").touch()  # the pipeline's lock beside the stage folder
     (tmp_path / "pool-carried").write_text("abc123\n")
     env = {"G": str(tmp_path), "PATH": "/usr/bin:/bin"}
     done = subprocess.run(["bash", str(SCRIPT), "check_carried"], env=env, capture_output=True, text=True)
     assert done.returncode == 0 and "the jobs extend the carried abc123" in done.stdout
     (tmp_path / "dl" / "generate" / "def456").mkdir()
+    (tmp_path / "dl" / "generate" / "def456" / "manifest.json").write_text("{}")
     done = subprocess.run(["bash", str(SCRIPT), "check_carried"], env=env, capture_output=True, text=True)
     assert "WARNING: the jobs made their own pool, not the carried abc123" in done.stdout
     assert sorted(p.name for p in (tmp_path / "dl" / "generate").iterdir()) == ["def456"]

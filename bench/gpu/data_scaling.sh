@@ -36,12 +36,21 @@ install_pool() {  # a carried pool prefix (.gpu-stage/pool/pool.tgz, an earlier 
   echo "pool: $(cat "$G/pool-carried") carried"
 }
 
+pools() {  # the generate pools made so far, a key a line: the folders with a manifest (not the stage's <key>.lock)
+  local manifest
+  for manifest in "$G"/dl/generate/*/manifest.json; do
+    [ -f "$manifest" ] && basename "$(dirname "$manifest")"
+  done
+  return 0
+}
+
 pool_out() {  # this session's pool: its validation answers against the committed runs' (once), and its first shard
   # as $OUT/pool.tgz (made once), for a later session's install
   # the records come from the call's tree: the code copy leaves bench/results out (machine.sh)
-  local pools=("$G"/dl/generate/*/manifest.json) records=$PWD/bench/results/data_scaling/records.jsonl.gz
-  [ ${#pools[@]} = 1 ] && [ -f "${pools[0]}" ] || return 0  # none yet, or not one pool: nothing to say or carry
-  local pool=${pools[0]%/manifest.json}
+  local keys records=$PWD/bench/results/data_scaling/records.jsonl.gz
+  keys=$(pools)
+  [ -n "$keys" ] && [ "$(wc -l <<< "$keys")" = 1 ] || return 0  # none yet, or not one pool: nothing to say or carry
+  local pool=$G/dl/generate/$keys
   if [ ! -f "$G/pool-compared" ] && [ -f "$records" ]; then
     (cd "$code" && PYTHONPATH=src:$G/site-dl python3 bench/gpu/pool_prefix.py "$pool" --compare "$records") \
       > "$G/pool-compared" || rm -f "$G/pool-compared"
@@ -106,10 +115,9 @@ make_pool() {  # the pool's first shard alone first, so every session answers it
 
 check_carried() {  # a carried pool this commit's jobs did not extend (another generate key) is not theirs: say so
   [ -s "$G/pool-carried" ] || return 0
-  local key pools
+  local key
   key=$(cat "$G/pool-carried")
-  pools=$(find "$G/dl/generate" -mindepth 1 -maxdepth 1 -type d -printf '%f\n')  # not the stage's <key>.lock
-  [ "$pools" = "$key" ] && { echo "pool: the jobs extend the carried $key"; return 0; }
+  [ "$(pools)" = "$key" ] && { echo "pool: the jobs extend the carried $key"; return 0; }
   echo "pool: WARNING: the jobs made their own pool, not the carried $key: their validation answers are their own"
   rm -rf "${G:?}/dl/generate/$key"{,.lock} "$G/pool-carried"  # this session's pool goes back as pool.tgz instead
 }
