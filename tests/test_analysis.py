@@ -137,6 +137,7 @@ def test_bigger_draft_at_fixed_data_names_capacity():
     records += [record(16000, sd, 5.8 + rng.normal(0, 0.005), **{"draft.num_layers": 2}) for sd in (0, 1)]
     result = analyze(records)
     assert result.bottleneck == "capacity" and result.details.findings[0].direct
+    assert "serve draft.num_layers=2 with the bench stage" in result.details.findings[0].text
 
 
 def test_steep_curve_at_one_step_budget_is_not_data_limited():

@@ -166,10 +166,12 @@ def _comparison_finding(c: Comparison, m: float, th: Thresholds) -> Finding | No
         e, text = c.best_vs_baseline, f"{c.key}={c.best} beats the baseline {c.key}={c.baseline} on {c.metric} by"
     if not _resolved(e, m, th):
         return None
-    advice = ""
-    if c.category == "features":
-        advice = (f": the feature choice matters, keep {c.key}={c.best} and try other or more layers"
-                  if c.best == c.baseline else f": switch to {c.key}={c.best}")
+    if c.category == "features" and c.best == c.baseline:
+        advice = f": the feature choice matters, keep {c.key}={c.best} and try other or more layers"
+    elif c.category == "capacity":  # a larger draft is slower per draft step: only serving says whether it pays
+        advice = f": a larger draft learns more here; serve {c.key}={c.best} with the bench stage to see if it pays"
+    else:
+        advice = f": switch to {c.key}={c.best}"
     return Finding(c.category, True, e.value / m, f"{text} {e.fmt()} {at} (material: {m:.3g}){advice}")
 
 
