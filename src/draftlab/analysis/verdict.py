@@ -168,7 +168,7 @@ def _comparison_finding(c: Comparison, m: float, th: Thresholds) -> Finding | No
         return None
     if c.category == "features" and c.best == c.baseline:
         advice = f": the feature choice matters, keep {c.key}={c.best} and try other or more layers"
-    elif c.category == "capacity":  # a larger draft is slower per draft step: only serving says whether it pays
+    elif c.category == "capacity":  # val loss and predicted tau do not see the larger draft's cost per step
         advice = f": a larger draft learns more here; serve {c.key}={c.best} with the bench stage to see if it pays"
     else:
         advice = f": switch to {c.key}={c.best}"
