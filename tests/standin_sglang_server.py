@@ -9,6 +9,7 @@ Accepts SGLang's flags (ignores the ones it does not need) plus stand-in flags:
   --standin-child-pidfile F  fork a child in the same process group and write its pid to F
   --standin-accept-length T  tokens per verify step reported in meta_info (default 3.0)
   --standin-step-ms MS    simulated time of one forward step (default 1.0)
+  --standin-draft-ms MS   simulated time of one draft step, added per speculative step (default 0.0)
 """
 
 import argparse
@@ -47,6 +48,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--standin-child-pidfile")
     p.add_argument("--standin-accept-length", type=float, default=3.0)
     p.add_argument("--standin-step-ms", type=float, default=1.0)
+    p.add_argument("--standin-draft-ms", type=float, default=0.0)
     args, _unknown = p.parse_known_args()
     return args
 
@@ -119,10 +121,14 @@ def make_handler(args):
             steps = n
             if args.speculative_algorithm:
                 steps = math.ceil(n / args.standin_accept_length)
-                meta.update(spec_verify_ct=steps, spec_accept_length=n / steps)
+                correct, extra = divmod(n - steps, steps)  # each step commits its correct drafts + a bonus
+                hist = [0] * (correct + 2)
+                hist[correct], hist[correct + 1] = steps - extra, extra
+                meta.update(spec_verify_ct=steps, spec_accept_length=n / steps, spec_correct_drafts_histogram=hist)
                 State.verify_ct += steps
                 State.tokens += n
-            time.sleep(steps * args.standin_step_ms / 1000)
+            draft_ms = args.standin_draft_ms * (args.speculative_num_steps or 0)
+            time.sleep(steps * (args.standin_step_ms + draft_ms) / 1000)
             self.reply(200, {"text": "x" * n, "output_ids": list(range(n)), "meta_info": meta})
 
     return Handler

@@ -271,22 +271,29 @@ def test_sampling_bench_runs(target, samples, tmp_path, make_train):
     assert metrics["bench/tau"] >= 1.0 and "bench/greedy_match_frac" not in metrics
 
 
-def test_sglang_backend_delegates_then_alarms(target, samples, tmp_path, make_train, monkeypatch):
-    import draftlab.sglang.bench as sglang_bench
+def fake_sglang(calls, tau_tokens=8):
+    """run_sglang_bench's stand-in: every prompt answered with 8 tokens in 8 / tau_tokens * 8 verify steps."""
     from draftlab.serve.intervals import set_metrics
-
-    calls = []
 
     def fake(cfg, target_path, draft_dir, sets, out, reporter):
         calls.append((target_path, Path(draft_dir), sets))
-        rows = [{"tokens": 8, "verify_steps": 8, "spec_s": 1.0, "baseline_tokens": 8, "base_s": 1.0}] * 2
-        metrics = {"bench/tau": 1.01, "bench/tokens_per_s": 10.0, "bench/baseline_tokens_per_s": 10.0,
-                   "bench/speedup": 1.0}
-        for name in sets:
-            metrics.update(set_metrics(f"bench/{name}", rows, 4, 0))
+        metrics, rows = {}, []
+        for name, prompts in sets.items():
+            set_rows = [{"set": name, "prompt": i, "tokens": tau_tokens, "verify_steps": 8, "spec_s": 1.0,
+                         "baseline_tokens": 8, "base_s": 1.0} for i in range(len(prompts))]
+            metrics.update(set_metrics(f"bench/sglang/{name}", set_rows, 4, 0))
+            rows += set_rows
+        metrics.update({"bench/sglang/bs1/speedup": 1.0, "bench/sglang/bs4/speedup": 0.9})
         return metrics, rows
 
-    monkeypatch.setattr(sglang_bench, "run_sglang_bench", fake)
+    return fake
+
+
+def test_sglang_backend_delegates_then_alarms(target, samples, tmp_path, make_train, monkeypatch):
+    import draftlab.sglang.bench as sglang_bench
+
+    calls = []
+    monkeypatch.setattr(sglang_bench, "run_sglang_bench", fake_sglang(calls))
     monkeypatch.setattr("draftlab.target.load_tokenizer", lambda *a: target.tokenizer)
     train = make_train(breakage="misnamed_fc")
     cfg = default_config({"target": {"name": "hf", "path": "/models/some-target"},
@@ -298,6 +305,34 @@ def test_sglang_backend_delegates_then_alarms(target, samples, tmp_path, make_tr
     assert list(calls[0][2]) == ["sharegpt_val", "humaneval"]
     assert calls[0][2]["sharegpt_val"] == [target.chat_ids(TEXTS[i]) for i in sorted(VAL)[:2]]
     assert len(calls[0][2]["humaneval"]) == 2
+
+
+def test_both_backends_side_by_side_sglang_deployed(target, samples, tmp_path, make_train, monkeypatch):
+    import draftlab.sglang.bench as sglang_bench
+    from draftlab.tracking.summary import bench_rows
+
+    calls = []
+    monkeypatch.setattr(sglang_bench, "run_sglang_bench", fake_sglang(calls, tau_tokens=16))  # tau 2 in SGLang
+    monkeypatch.setattr("draftlab.target.load_tokenizer", lambda *a: target.tokenizer)
+    monkeypatch.setattr("draftlab.target.load_target", lambda *a, **k: target)
+    monkeypatch.setattr("draftlab.target.serving_path", lambda *a: "/models/some-target")
+    cfg = default_config({"target": {"name": "tiny"}, "paths": {"root": str(tmp_path / "out")},
+                          "serve": {"backend": "both", "num_steps": 4},
+                          "bench": {"prompts": 3, "max_new_tokens": 40, "batch_sizes": [1, 4]}})
+    metrics = bench.run(cfg, tmp_path / "bench", {"generate": samples, "train": make_train(predicted=1.5)},
+                        RecordingReporter())
+    local = metrics["bench/sharegpt_val/tau"]
+    assert metrics["bench/tau"] == metrics["bench/sglang/sharegpt_val/tau"] == pytest.approx(16 / 8)
+    assert local != pytest.approx(2.0)  # the local engine measured for real, beside SGLang's numbers
+    gap = "bench/sglang/sharegpt_val/tau_gap"
+    assert metrics[gap] == pytest.approx(2.0 - local)
+    assert metrics[f"{gap}_lo"] <= metrics[gap] <= metrics[f"{gap}_hi"]
+    assert metrics["bench/bs4/speedup"] == 0.9 and "bench/bs4/tau" not in metrics  # bs4 is SGLang's alone
+    rows = json.loads((tmp_path / "bench" / "per_prompt.json").read_text())["rows"]
+    assert {r["engine"] for r in rows} == {"local", "sglang"}
+    labels = dict(bench_rows(metrics))
+    assert "bench sharegpt_val (local engine)" in labels and "bench sharegpt_val (SGLang)" in labels
+    assert "minus the local engine's tau" in labels["bench sharegpt_val (SGLang)"]
 
 
 def test_alarm_tells_a_weak_draft_from_a_broken_one():

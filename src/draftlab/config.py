@@ -143,7 +143,7 @@ def _check_values(c: DictConfig) -> None:
     if c.train.init_from not in (None, "shorter") and not Path(c.train.init_from).exists():
         raise ConfigError(f"train.init_from: {c.train.init_from} does not exist (a checkpoint or train folder, "
                           "or 'shorter')")
-    _choice("serve.backend", c.serve.backend, ("local", "sglang"))
+    _choice("serve.backend", c.serve.backend, ("local", "sglang", "both"))
     _positive("serve.num_steps", c.serve.num_steps)
     _positive("serve.topk", c.serve.topk)
     _choice("serve.sglang_rules", c.serve.sglang_rules, ("current", "legacy"))
@@ -171,6 +171,17 @@ def _check_bench_lists(bench) -> None:
         raise ConfigError(f"bench.batch_sizes: batch sizes must be integers > 0, got {list(sizes)}")
     if len(set(sizes)) != len(sizes):
         raise ConfigError(f"bench.batch_sizes: batch sizes must be unique, got {list(sizes)}")
+    grid = bench.sglang_grid
+    if not isinstance(grid, (list, ListConfig)):
+        raise ConfigError(f"bench.sglang_grid: expected a list of [steps, topk(, num_draft_tokens)], got {grid!r}")
+    for i, entry in enumerate(grid):
+        values = list(entry) if isinstance(entry, (list, ListConfig)) else []
+        if len(values) not in (2, 3) or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                                                for v in values):
+            raise ConfigError(f"bench.sglang_grid[{i}]: {entry!r} is not [steps, topk] or [steps, topk, "
+                              "num_draft_tokens] of integers > 0")
+    if bench.grid_prompts is not None:
+        _positive("bench.grid_prompts", bench.grid_prompts)
 
 
 def validate(cfg: DictConfig | dict) -> DictConfig:

@@ -137,7 +137,7 @@ class TrainConfig:
 
 @dataclass
 class ServeConfig:
-    backend: str = MISSING  # local (draftlab's engine) | sglang
+    backend: str = MISSING  # local (draftlab's engine) | sglang | both
     num_steps: int = MISSING  # draft tokens per verification (chain)
     topk: int = MISSING
     num_draft_tokens: Optional[int] = MISSING  # None = num_steps + 1 for a chain
@@ -155,6 +155,7 @@ class ServeConfig:
     draft_format: str = MISSING  # sglang | speculators
     python: str = MISSING  # interpreter that has sglang installed
     extra_args: list = MISSING
+    env: dict = MISSING  # environment variables for the server process only (its own PYTHONPATH, say)
 
 
 @dataclass
@@ -168,7 +169,9 @@ class BenchConfig:
     static_cache: bool = MISSING  # local engine: preallocated KV caches, fixed-shape steps (false = dynamic)
     cuda_graphs: str = MISSING  # auto | true | false: those steps as CUDA graphs (auto = on for a CUDA target)
     sets: list = MISSING  # sharegpt_val | humaneval | a .jsonl/.parquet prompt file (data/bench_sets.py)
-    batch_sizes: list = MISSING  # rows decoded at once, each reported as bench/bs<B>/... (local engine)
+    batch_sizes: list = MISSING  # rows decoded at once (local) or requests in flight (SGLang): bench/bs<B>/...
+    sglang_grid: list = MISSING  # [steps, topk(, num_draft_tokens)] settings, each one SGLang start
+    grid_prompts: Optional[int] = MISSING  # the first set's first N prompts for each grid setting (None = all)
 
 
 @dataclass

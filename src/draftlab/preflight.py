@@ -28,6 +28,7 @@ def preflight(cfg) -> None:
     check_val_fraction(cfg)
     check_bench_sets(cfg)
     check_pool_root(cfg)
+    check_sglang_server(cfg)
     if "generate" in cfg.stages and not _pool_holds(cfg):
         check_server(cfg)
         check_prompts(cfg)
@@ -115,7 +116,7 @@ def check_devices(cfg) -> None:
     not by an assertion deep inside torch once generate has run."""
     stages = set(cfg.stages)
     local = {"extract"} | ({"generate"} if cfg.data.engine != "server" else set()) | \
-        ({"bench"} if cfg.serve.backend == "local" else set())
+        ({"bench"} if cfg.serve.backend in ("local", "both") else set())
     wanted = {key: str(value) for key, value, used in (("target.device", cfg.target.device, local & stages),
                                                         ("train.device", cfg.train.device, "train" in stages))
               if used and value != "auto" and not (key == "target.device" and cfg.target.device_map)}
@@ -168,6 +169,19 @@ def check_pool_root(cfg) -> None:
     if not os.access(folder, os.W_OK):
         raise ConfigError(f"extract.pool_root: {folder} is not writable; point it at a writable folder, or "
                           f"extract.pool_root=null keeps the pool under paths.root")
+
+
+def check_sglang_server(cfg) -> None:
+    """A bench that will launch SGLang finds it now, not after generate, extract and train have run."""
+    if "bench" not in cfg.stages or cfg.serve.backend not in ("sglang", "both"):
+        return
+    from draftlab.sglang.server_python import ServerPythonError, server_sglang
+
+    try:
+        origin, version = server_sglang(cfg.serve)
+    except ServerPythonError as err:
+        raise ConfigError(str(err)) from None
+    log.info("preflight: the SGLang server will run sglang %s from %s", version, origin)
 
 
 def check_server(cfg) -> None:

@@ -59,6 +59,7 @@ STAGES: dict[str, StageSpec] = {
 # a sweep's analysis never compares runs on them (`fingerprinted`). tests/test_stage_reads.py checks that every key
 # a stage reads is in its reads or here.
 NOT_FINGERPRINTED = {"train.log_every", "train.device", "train.strategy", "serve.host", "serve.port", "serve.python",
+                     "serve.env",
                      # the same loss and gradients, compiled or not (tests/test_compiled_loss.py,
                      # tests/test_compiled_unroll.py): speed settings
                      "train.compile_loss", "train.compile_unroll", "train.compile_cpp_wrapper",

@@ -1,22 +1,26 @@
 """Stage `bench`: deployed acceptance and speed of the trained draft on held-out prompts.
 
 Inputs: `generate` (samples; the val split is never trained on) and `train` (`draft/` and `metrics.json`).
-With `serve.backend=local` the draft is loaded as SGLang would load it (serve/loader.py) and served by the
-local engine, on static KV caches with CUDA graphs or not as `bench.static_cache` / `bench.cuda_graphs` say
-(serve/modes.py); with `sglang` the work goes to `draftlab.sglang.bench.run_sglang_bench`. Either way the
-predicted-vs-deployed alarm (serve/alarm.py) runs last and may raise `DraftAlarm`.
+`serve.backend`: `local` loads the draft as SGLang would (serve/loader.py) and serves it with the local engine, on
+static KV caches with CUDA graphs or not as `bench.static_cache` / `bench.cuda_graphs` say (serve/modes.py);
+`sglang` launches the real SGLang server (sglang/bench.py); `both` runs SGLang first, then the local engine at batch
+size 1 on the same prompts, and reports the gap (serve/engine_gap.py). The predicted-vs-deployed alarm
+(serve/alarm.py) reads the deployed engine, SGLang when it ran, and may raise `DraftAlarm`; a draft that passes it
+then runs `bench.sglang_grid` (sglang/grid.py).
 
-Sets (`bench.sets`, stages/bench_sets.py): every set is measured in one engine, one prompt at a time, and reports
-`bench/<set>/tau` with `tau_lo`/`tau_hi` (95% bootstrap over prompts, serve/intervals.py), `accept_rate_{j}`,
-`speedup` (each with _lo/_hi), `tokens_per_s`, `baseline_tokens_per_s`, `prompts`. The first set also keeps the
-older names: `bench/tau` (completion tokens / verify steps, SGLang's count), `bench/accept_rate_{j}` (P(at least
-j+1 drafts accepted) per step, comparable to train's full_acc_j), `bench/tokens_per_s` and
-`bench/baseline_tokens_per_s` measured alternately prompt by prompt (spec first on even prompts, baseline first on
-odd ones, so drift and warm-up hit both equally), `bench/speedup`, `bench/tau_ratio`.
-Batch sizes (`bench.batch_sizes`): `bench/bs<B>/tokens_per_s`, `baseline_tokens_per_s`, `speedup` on the first
-set's prompts; B = 1 is the measurement above, larger B the batched engine (serve/batch_bench.py).
+Sets (`bench.sets`, stages/bench_sets.py): every set is measured in one engine, one prompt at a time. The local
+engine reports `bench/<set>/tau` with `tau_lo`/`tau_hi` (95% bootstrap over prompts, serve/intervals.py),
+`accept_rate_{j}`, `speedup` (each with _lo/_hi), `tokens_per_s`, `baseline_tokens_per_s`, `prompts`; SGLang the
+same under `bench/sglang/<set>/`. The deployed engine's first set also gives the headline keys: `bench/tau`
+(completion tokens / verify steps, SGLang's count), `bench/tokens_per_s` and `bench/baseline_tokens_per_s`
+(measured alternately prompt by prompt in the local engine, so drift and warm-up hit both equally),
+`bench/speedup`; the local engine alone adds `bench/accept_rate_{j}` (comparable to train's full_acc_j) and
+`bench/tau_ratio`. Batch sizes (`bench.batch_sizes`): `bench/bs<B>/tokens_per_s`, `baseline_tokens_per_s`,
+`speedup` on the first set's prompts; B = 1 is the measurement above, larger B the batched local engine
+(serve/batch_bench.py) or B concurrent requests to SGLang.
 Files: `accept_hist.json`, `accept_hist.png`, `accept_by_position.png`, `tau_by_set.png`, `speedup_by_batch.png`,
-`per_prompt.json` (the per-prompt table), `generations.jsonl`, `metrics.json`, then `manifest.json`.
+`per_prompt.json` (the per-prompt table, an `engine` column when SGLang ran), `generations.jsonl`, `metrics.json`,
+`sglang_bench.json` and `grid.json` (SGLang's per-request records), then `manifest.json`.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from draftlab import fsutil
 from draftlab.attention import variable_shape_attention
 from draftlab.progress import bar_over
 from draftlab.reporting import Reporter
-from draftlab.serve import alarm, step_costs
+from draftlab.serve import alarm, engine_gap, step_costs
 from draftlab.serve.engine import Generation, SpecEngine, target_decode
 from draftlab.serve.modes import DYNAMIC, EngineMode, engine_mode, graph_report, load_drafter, target_runner
 from draftlab.serve.static_target import static_cache_obstacle
@@ -194,9 +198,10 @@ def serve_dtype(spec: str, target_dtype: torch.dtype) -> torch.dtype:
     return target_dtype if spec == "auto" else getattr(torch, spec)
 
 
-def _run_local(cfg, sets, texts, samples: Path, draft_dir: Path, out: Path):
+def _run_local(cfg, sets, texts, samples: Path, draft_dir: Path, out: Path, batches: bool = True):
     """(metrics, draft problems, per-prompt rows, set names): every set measured in one engine (one warm-up,
-    one set of graph captures), then each batch size above 1 on the first set's prompts."""
+    one set of graph captures), then each batch size above 1 on the first set's prompts (unless `batches` is
+    false: beside SGLang, concurrent requests are SGLang's to measure)."""
     from draftlab.serve.batch_bench import batch_one_metrics, measure_batch_size
     from draftlab.target import load_target
 
@@ -240,7 +245,7 @@ def _run_local(cfg, sets, texts, samples: Path, draft_dir: Path, out: Path):
                  100 * metrics["bench/speedup_of_bound"], metrics["bench/speedup_bound"], metrics["bench/tau"], k,
                  run.step_ms["draft_step_ms"], run.step_ms["target_step_ms"],
                  metrics["bench/speedup_bound_with_verify"], run.step_ms["verify_step_ms"])
-    larger = [b for b in bench.batch_sizes if b > 1]
+    larger = [b for b in bench.batch_sizes if b > 1] if batches else []
     obstacle = static_cache_obstacle(target.model.config)
     if larger and obstacle:  # the batched engine writes each row into a preallocated static cache
         log.warning("bench: batch sizes %s skipped: %s, and the batched engine needs the static KV cache", larger,
@@ -270,7 +275,21 @@ def _run_sglang(cfg, sets, texts, samples: Path, draft_dir: Path, out: Path, rep
     target_path = serving_path(cfg.target, models)
     metrics, rows = run_sglang_bench(cfg, target_path, draft_dir, prompts, out, reporter)
     problems = load_like_sglang(draft_dir, cfg.serve.sglang_rules)[1].lines()
-    return dict(metrics), problems, rows, list(prompts)
+    return dict(metrics), problems, [{"engine": "sglang", **r} for r in rows], prompts
+
+
+def _grid(cfg, prompts: list, draft_dir: Path, rows, first: str, out: Path, reporter) -> dict:
+    """bench.sglang_grid (sglang/grid.py) on the first set's prompts, last: the engines' own numbers are kept
+    whatever happens to it."""
+    if not cfg.bench.sglang_grid:
+        return {}
+    from draftlab.sglang.grid import run_grid
+    from draftlab.target import serving_path
+
+    models = Path(cfg.paths.root) / "models"
+    base_rows = [r for r in rows if r.get("engine") == "sglang" and r["set"] == first]
+    draft = out / "draft-sglang" if (out / "draft-sglang").is_dir() else draft_dir  # as the main bench served it
+    return run_grid(cfg, serving_path(cfg.target, models), draft, prompts, base_rows, out, reporter)
 
 
 def _figures(metrics: dict, names: list[str], predicted, cfg, out: Path) -> list[Path]:
@@ -292,25 +311,39 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter: Reporter) -> dict[str
     predicted, predicted_key = alarm.read_predicted_tau(train_dir)
     sets, texts = bench_sets.read_texts(cfg)  # a bad prompt file fails here, before any model loads
 
-    run = None
-    if cfg.serve.backend == "sglang":
-        metrics, problems, rows, names = _run_sglang(cfg, sets, texts, inputs["generate"], draft_dir, out, reporter)
-    else:
-        metrics, problems, rows, names, run = _run_local(cfg, sets, texts, inputs["generate"], draft_dir, out)
-    bench_sets.warn_if_undecidable(names, metrics)
+    backend, run, metrics, rows, problems = cfg.serve.backend, None, {}, [], []
+    if backend in ("sglang", "both"):  # first: the deployed numbers, on a GPU this process has not filled yet
+        metrics, problems, rows, served = _run_sglang(cfg, sets, texts, inputs["generate"], draft_dir, out, reporter)
+        names = list(served)
+    if backend in ("local", "both"):
+        local, problems, local_rows, names, run = _run_local(cfg, sets, texts, inputs["generate"], draft_dir, out,
+                                                             batches=backend == "local")
+        metrics = {**local, **metrics}
+        for name in names if backend == "both" else ():
+            metrics.update(engine_gap.tau_gap(name, [r for r in local_rows if r["set"] == name],
+                                              [r for r in rows if r["set"] == name], cfg.bench.seed))
+        rows = rows + [{"engine": "local", **r} for r in local_rows]
+    if backend != "local":
+        metrics.update(engine_gap.deployed_metrics(metrics, names[0]))
+        fsutil.atomic_write_json(out / "metrics_before_grid.json", metrics)  # a grid cut short loses only its part
+    shown = [f"sglang/{n}" for n in names] if backend == "sglang" else names  # the sets' bench/<shown>/ keys
+    deployed = f"bench/{'sglang/' if backend != 'local' else ''}{names[0]}"
+    bench_sets.warn_if_undecidable(shown, metrics)
 
     context = {"draft_dir": str(draft_dir), "backend": cfg.serve.backend, "predicted_key": predicted_key,
                "metrics": metrics}
     try:
         accept_length = metrics.get("bench/accept_length", metrics.get("bench/server_accept_length"))
         result = alarm.check(metrics["bench/tau"], predicted, cfg.bench, problems, context, accept_length,
-                             tau_hi=metrics.get(f"bench/{names[0]}/tau_hi"))
+                             tau_hi=metrics.get(f"{deployed}/tau_hi"))
     except alarm.DraftAlarm as err:
         # the evidence stays on disk; no manifest, so the pipeline never treats the stage as done
         fsutil.atomic_write_json(out / "alarm.json", {"error": str(err), **err.details})
         reporter.tag("bench.alarm", "fail")
         raise
     metrics.update(result.metrics)
+    if backend != "local":  # only for a draft that passed the alarm: each setting is a server start
+        metrics.update(_grid(cfg, served[names[0]], draft_dir, rows, names[0], out, reporter))
     if predicted is not None:
         metrics["bench/predicted_tau"] = predicted
     if result.warnings:
@@ -322,12 +355,12 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter: Reporter) -> dict[str
             reporter.artifact(path)
     table = out / "per_prompt.json"
     fsutil.atomic_write_json(table, {"sets": names, "rows": rows})
-    for path in [table, *_figures(metrics, names, predicted, cfg, out)]:
+    for path in [table, *_figures(metrics, shown, predicted, cfg, out)]:
         reporter.artifact(path)
     reporter.metrics(metrics)
     fsutil.atomic_write_json(out / "metrics.json", metrics)
     fsutil.atomic_write_json(out / "manifest.json", {
         "format": FORMAT, "backend": cfg.serve.backend, "draft_dir": str(draft_dir), "sets": names,
-        "predicted_key": predicted_key, "prompts": {n: metrics[f"bench/{n}/prompts"] for n in names},
+        "predicted_key": predicted_key, "prompts": {n: metrics[f"bench/{s}/prompts"] for n, s in zip(names, shown)},
         "metrics": metrics, "complete": True})
     return metrics

@@ -149,33 +149,64 @@ def bench_set_names(metrics: dict) -> list[str]:
     return [k.split("/")[1] for k in metrics if k.startswith("bench/") and k.endswith("/tau_lo") and k.count("/") == 2]
 
 
-def bench_rows(metrics: dict) -> list[tuple[str, str]]:
-    """Each set's tau with its interval (and whether it decides anything) and speed-up; the speed-up per batch
-    size."""
+def sglang_set_names(metrics: dict) -> list[str]:
+    """The bench sets SGLang served (each has bench/sglang/<set>/tau_lo)."""
+    return [k.split("/")[2] for k in metrics
+            if k.startswith("bench/sglang/") and k.endswith("/tau_lo") and k.count("/") == 3]
+
+
+def _set_line(name: str, metrics: dict) -> str:
     from draftlab.serve.intervals import tau_line
 
-    rows = []
+    line, p = tau_line(name, metrics), f"bench/{name}"
+    if f"{p}/speedup" in metrics:
+        low, high = metrics.get(f"{p}/speedup_lo", float("nan")), metrics.get(f"{p}/speedup_hi", float("nan"))
+        line += f"; speed-up {metrics[f'{p}/speedup']:.3g}x (95% {low:.3g}-{high:.3g})"
+    if f"{p}/tau_gap" in metrics:
+        line += (f"; minus the local engine's tau: {metrics[f'{p}/tau_gap']:+.3g} (95% {metrics[f'{p}/tau_gap_lo']:+.3g}"
+                 f" to {metrics[f'{p}/tau_gap_hi']:+.3g})")
+    return line
+
+
+def bench_rows(metrics: dict) -> list[tuple[str, str]]:
+    """Each set's tau with its interval (and whether it decides anything) and speed-up, per engine; the speed-up
+    per batch size; SGLang's best serving setting. Beside SGLang, the local engine's rows say whose they are."""
+    rows, served = [], sglang_set_names(metrics)
+    local = " (local engine)" if served else ""
     for name in bench_set_names(metrics):
-        line = tau_line(name, metrics)
+        rows.append((f"bench {name}{local}", _set_line(name, metrics)))
         p = f"bench/{name}"
-        if f"{p}/speedup" in metrics:
-            low, high = metrics.get(f"{p}/speedup_lo", float("nan")), metrics.get(f"{p}/speedup_hi", float("nan"))
-            line += f"; speed-up {metrics[f'{p}/speedup']:.3g}x (95% {low:.3g}-{high:.3g})"
-        rows.append((f"bench {name}", line))
         if f"{p}/tf_tau" in metrics:
             rows.append(("  same answers", f"training's count {metrics[f'{p}/tf_tau']:.3g}, deployment's "
                                             f"{metrics[f'{p}/walk_tau']:.3g} (teacher-forced)"))
+    for name in served:
+        rows.append((f"bench {name} (SGLang)", _set_line(f"sglang/{name}", metrics)))
     sizes = sorted(int(k.split("/")[1][2:]) for k in metrics
                    if k.startswith("bench/bs") and k.endswith("/speedup") and k.split("/")[1][2:].isdigit())
     if sizes:
-        rows.append(("speed-up by batch", ", ".join(f"bs{b} {metrics[f'bench/bs{b}/speedup']:.3g}x" for b in sizes)))
+        rows.append(("speed-up by batch" + (" (SGLang)" if served else ""),
+                     ", ".join(f"bs{b} {metrics[f'bench/bs{b}/speedup']:.3g}x" for b in sizes)))
     if "bench/speedup_bound" in metrics:  # serve/step_costs.py
         m = metrics
-        rows.append(("speed-up bound", f"{m['bench/speedup_bound']:.3g}x; "
-                                       f"{m.get('bench/speedup_bound_with_verify', float('nan')):.3g}x with the verify"
-                                       f" (draft {m['bench/draft_step_ms']:.3g}, target {m['bench/target_step_ms']:.3g}"
-                                       f" ms); reached {100 * m['bench/speedup_of_bound']:.0f}%"))
+        rows.append((f"speed-up bound{local}", f"{m['bench/speedup_bound']:.3g}x; "
+                                               f"{m.get('bench/speedup_bound_with_verify', float('nan')):.3g}x with the"
+                                               f" verify (draft {m['bench/draft_step_ms']:.3g}, target "
+                                               f"{m['bench/target_step_ms']:.3g} ms); reached "
+                                               f"{100 * m['bench/speedup_of_bound']:.0f}%"))
+    if "bench/sglang/grid_best/steps" in metrics:  # sglang/grid.py
+        rows.append(("SGLang best setting", _grid_line(metrics)))
     return rows
+
+
+def _grid_line(m: dict) -> str:
+    from draftlab.sglang.grid import launch_flags
+
+    best = "bench/sglang/grid_best"
+    setting = tuple(int(m[f"{best}/{k}"]) for k in ("steps", "topk", "num_draft_tokens"))
+    line = f"{launch_flags(setting)}: speed-up {m[f'{best}/speedup']:.3g}x at tau {m[f'{best}/tau']:.3g}"
+    if f"{best}/speedup_of_bound" in m:
+        line += f", {100 * m[f'{best}/speedup_of_bound']:.0f}% of the {m[f'{best}/speedup_bound']:.3g}x its step costs allow"
+    return line
 
 
 def job_summary(metrics: dict, tags: dict, warnings: list[str], uri: str | None, run_id: str | None = None,
