@@ -1,5 +1,6 @@
 """The draft's serving settings chosen in SGLang: `bench.sglang_grid`, each (steps, topk, num_draft_tokens) one
-server start, measured on the first set's prompts against the baseline server's answers to the same prompts.
+server start, measured on the first set's prompts against the baseline server's answers to the same prompts. The
+main bench's own setting (serve.*) is a grid point too, read from its answers to the same prompts.
 
 Metrics under `bench/sglang/grid/s<steps>_k<topk>_n<ndt>/`: tau, tokens_per_s, speedup, cycle_ms (wall ms per
 verify step, prefill included). The best setting by speed-up is `bench/sglang/grid_best/...` and its launch flags
@@ -73,8 +74,10 @@ def run_grid(cfg: Any, target_path, draft: Path, prompts: list, base_rows: list[
     base_s = sum(r["base_s"] for r in base_rows)
     target_ms = 1000 * base_s / base_tokens
     client = SGLangClient(cfg.serve.host, cfg.serve.port)
-    results = []
-    for setting in chosen:
+    main = spec_params(cfg.serve)  # measured already by the main bench on these prompts: a grid point for free
+    results = [_point(main, [{"completion_tokens": r["tokens"], "spec_verify_ct": r["verify_steps"],
+                              "latency_s": r["spec_s"]} for r in base_rows], base_tokens / base_s)]
+    for setting in (s for s in chosen if s != main):
         serve = OmegaConf.merge(cfg.serve, {"num_steps": setting[0], "topk": setting[1],
                                             "num_draft_tokens": setting[2]})
         argv = with_command(build_server_argv(serve, target_path, draft, decode_log_interval=1), server_cmd)
@@ -83,15 +86,19 @@ def run_grid(cfg: Any, target_path, draft: Path, prompts: list, base_rows: list[
                                           f"{GRID}/{name}/startup"):
             requests.warm(client, prompts)
             records = requests.run_prompts(client, prompts, bench)
-        tokens = sum(r["completion_tokens"] for r in records)
-        verify = sum(r["spec_verify_ct"] or 0 for r in records)
-        seconds = sum(r["latency_s"] for r in records)
-        results.append({"setting": list(setting), "tau": tokens / verify if verify else float("nan"),
-                        "tokens_per_s": tokens / seconds, "speedup": (tokens / seconds) / (base_tokens / base_s),
-                        "cycle_ms": 1000 * seconds / verify if verify else float("nan"), "records": records})
+        results.append({**_point(setting, records, base_tokens / base_s), "records": records})
         log.info("sglang grid %s: tau %.3f, speed-up %.3fx", name, results[-1]["tau"], results[-1]["speedup"])
         atomic_write_json(out / "grid.json", {"target_ms": target_ms, "prompts": count, "settings": results})
     return grid_metrics(results, target_ms, count, out)
+
+
+def _point(setting: tuple[int, int, int], records: list[dict], base_rate: float) -> dict:
+    tokens = sum(r["completion_tokens"] for r in records)
+    verify = sum(r["spec_verify_ct"] or 0 for r in records)
+    seconds = sum(r["latency_s"] for r in records)
+    return {"setting": list(setting), "tau": tokens / verify if verify else float("nan"),
+            "tokens_per_s": tokens / seconds, "speedup": (tokens / seconds) / base_rate,
+            "cycle_ms": 1000 * seconds / verify if verify else float("nan")}
 
 
 def grid_metrics(results: list[dict], target_ms: float, count: int, out: Path) -> dict[str, float]:
