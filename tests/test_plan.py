@@ -204,3 +204,19 @@ def test_memory_estimate_within_10_percent_of_h100_readings():
                                 max_seq_len=r["batch_tokens"] // r["rows"], ttt_steps=r["ttt_steps"],
                                 strategy="auto", gpus=1, amp=True, pool_dtype="bfloat16")
         assert abs(estimate.total / (r["measured_gb"] * 1e9) - 1) < 0.10, r
+
+
+def test_plan_prints_the_best_setting_a_bench_measured_in_sglang(tmp_path):
+    from draftlab.stage_keys import plan as stage_plan
+
+    cfg = validate(compose_config(["target=hf", f"target.path={LLAMA}", f"paths.root={tmp_path / 'root'}"]))
+    (tmp_path / "root").mkdir()
+    assert "best setting" not in plan_mod.sglang_command(cfg)  # nothing benched yet
+    folder = stage_plan(cfg)["bench"].folder
+    folder.mkdir(parents=True)
+    best = {"steps": 3.0, "topk": 2.0, "num_draft_tokens": 6.0, "speedup": 2.4, "tau": 3.1}
+    (folder / "manifest.json").write_text(json.dumps(
+        {"metrics": {f"bench/sglang/grid_best/{k}": v for k, v in best.items()}}))
+    line = plan_mod.sglang_command(cfg)
+    assert line.endswith("the bench's best setting in SGLang: --speculative-algorithm EAGLE3 --speculative-num-steps 3 "
+                         "--speculative-eagle-topk 2 --speculative-num-draft-tokens 6 (speed-up 2.4x at tau 3.1)")

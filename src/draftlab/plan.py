@@ -270,9 +270,23 @@ def sglang_command(cfg) -> str:
         return "target=tiny exists only in code: no SGLang server can load it"
     target = cfg.target.path if cfg.target.name == "hf" else "<the converted SmolLM2 folder under paths.root/models>"
     try:
-        return shlex.join(build_server_argv(cfg.serve, target, "<draft folder>"))
+        command = shlex.join(build_server_argv(cfg.serve, target, "<draft folder>"))
     except LaunchError as err:
         return f"cannot build the command: {err}"
+    return command + grid_best(cfg)
+
+
+def grid_best(cfg) -> str:
+    """The best serving setting this config's bench measured in SGLang (bench.sglang_grid), when one did."""
+    from draftlab.sglang.grid import launch_flags
+
+    metrics = (_stage_manifest(cfg, "bench") or {}).get("metrics") or {}
+    best = "bench/sglang/grid_best"
+    if f"{best}/steps" not in metrics:
+        return ""
+    setting = tuple(int(metrics[f"{best}/{k}"]) for k in ("steps", "topk", "num_draft_tokens"))
+    return (f"; the bench's best setting in SGLang: {launch_flags(setting)} (speed-up "
+            f"{metrics[f'{best}/speedup']:.3g}x at tau {metrics[f'{best}/tau']:.3g})")
 
 
 # ------------------------------------------------------------------------------------------------ command line
