@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates a SEPARATE venv with the real sglang 0.5.23 package for the contract tests (pytest -m sglang).
+# Creates a SEPARATE venv with the real sglang 0.5.23 package for the contract tests (pytest -m sglang), and
+# unpacks 0.5.17's source beside it (scripts/sglang-source.sh).
 #
 # sglang pins CUDA builds (torch 2.14.1 + sgl-kernel + flashinfer ...) and cannot serve on a CPU machine, but
 # its argument parser and its EAGLE-3 draft class can run on the CPU: we install sglang --no-deps plus the
@@ -13,6 +14,7 @@ cd "$(dirname "$0")/.."
 VENV="${1:-${SGLANG_VENV:-.venv-sglang}}"
 PY="${PYTHON:-python3}"
 SGLANG_VERSION="0.5.23"
+OLDER_VERSIONS="0.5.17"  # the GPU machine's release
 
 start=$(date +%s)
 "$PY" -m venv "$VENV"
@@ -103,4 +105,10 @@ EOF
 echo "import draftlab_torchvision_stub" > "$SITE/draftlab_torchvision_stub.pth"
 
 "$VENV/bin/python" -c "import sglang.srt.server_args, sglang; print('sglang', sglang.__version__, 'ready')"
+
+# Older releases draftlab ships a capture contract for, as source beside the venv (no install): the contract
+# test reads their model files, and the launch test runs their argument parser on this venv's packages.
+for old in $OLDER_VERSIONS; do
+  scripts/sglang-source.sh "$VENV" "$old"
+done
 echo "installed in $(( $(date +%s) - start )) s, $(du -sh "$VENV" | cut -f1) on disk: $VENV"

@@ -65,7 +65,7 @@ def _closure(start: str, root: Path) -> dict[str, Path]:
         if file is None:  # a function or class imported from a module, not a module
             continue
         files[module] = file
-        # data a module reads is named after it (sglang/capture.py reads capture_contract.json): its code too
+        # data a module reads is named after it (sglang/capture.py reads capture_<version>.json): its code too
         files.update({f"{module}:{data.name}": data for data in sorted(file.parent.glob(f"{file.stem}_*.json"))})
         todo.extend(_imported_modules(file, module))
     return files

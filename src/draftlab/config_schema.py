@@ -152,6 +152,7 @@ class ServeConfig:
     port: int = MISSING
     startup_timeout_s: float = MISSING
     sglang_rules: str = MISSING  # current | legacy (only midlayer.* names)
+    sglang_version: Optional[str] = MISSING  # whose capture contract applies; None = the installed sglang's
     draft_format: str = MISSING  # sglang | speculators
     python: str = MISSING  # interpreter that has sglang installed
     extra_args: list = MISSING

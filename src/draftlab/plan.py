@@ -111,7 +111,8 @@ def build(cfg, gpus: int | None = None, answer_tokens: int | None = None) -> Pla
 
     config = target_config(cfg.target)
     text = text_config(config)
-    capture = for_target(config, allow_unlisted=bool(cfg.target.get("allow_unlisted_arch", False)))
+    capture = for_target(config, allow_unlisted=bool(cfg.target.get("allow_unlisted_arch", False)),
+                         version=cfg.serve.sglang_version)
     L = int(text["num_hidden_layers"])
     ids = resolve_layers(cfg.extract.layers, L, capture)
     points = capture_points(cfg.extract.layers, ids, L, capture)

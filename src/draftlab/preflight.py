@@ -23,6 +23,7 @@ HUB_NAME_HINT = "a Hugging Face model folder, or a hub name such as org/model"
 def preflight(cfg) -> None:
     check_paths_root(cfg.paths.root)
     check_target_path(cfg.target)
+    check_sglang_version(cfg)
     check_target_shape(cfg)
     check_devices(cfg)
     check_val_fraction(cfg)
@@ -90,6 +91,13 @@ def check_target_path(target) -> None:
         raise ConfigError(f"target.path: {raw} is a file; give its folder (and target.gguf_file for a GGUF)")
 
 
+def check_sglang_version(cfg) -> None:
+    """serve.sglang_version must name a shipped capture contract, whatever the target (a tiny one reads none)."""
+    from draftlab.sglang.capture import resolve_version
+
+    resolve_version(cfg.serve.sglang_version)
+
+
 def check_target_shape(cfg) -> None:
     """Layer ids and the draft vocabulary against the target's shape, read from its config alone."""
     from draftlab.data.layers import resolve_layers, target_capture
@@ -101,7 +109,8 @@ def check_target_shape(cfg) -> None:
         raise ConfigError(f"target.path: cannot read the config of {cfg.target.path}: "
                           f"{str(err).strip().splitlines()[0]}") from err
     # raises ConfigError naming extract.layers, or the target's class when SGLang cannot feed it a draft
-    resolve_layers(cfg.extract.layers, shape["num_hidden_layers"], target_capture(cfg.target))
+    resolve_layers(cfg.extract.layers, shape["num_hidden_layers"],
+                   target_capture(cfg.target, cfg.serve.sglang_version))
     if cfg.draft.vocab_size > shape["vocab_size"]:
         raise ConfigError(f"draft.vocab_size: {cfg.draft.vocab_size} is larger than the target vocabulary "
                           f"({shape['vocab_size']})")

@@ -36,18 +36,21 @@ class StageSpec:
 _TARGET = ("target.name", "target.path", "target.gguf_file", "target.dtype", "target.tiny")
 _PROMPTS = ("data.source", "data.path", "data.seed", "data.val_fraction", "data.max_prompt_tokens")
 _FIXED_VAL = ("data.val_samples",)  # a fixed validation set made first: another pool order, another pool
+_CONTRACT = ("serve.sglang_version",)
 
 STAGES: dict[str, StageSpec] = {
     "generate": StageSpec("generate", _TARGET + _PROMPTS + (
         "data.max_new_tokens", "data.temperature", "data.batch_size", "data.generator", "data.compile_decode",
         "data.engine"),
         grows_with=("data.samples",), when_set=_FIXED_VAL),
-    # allow_unlisted_arch picks the capture rule of a class missing from SGLang's contract: which layers are read
+    # allow_unlisted_arch picks the capture rule of a class missing from SGLang's contract, and sglang_version
+    # whose contract applies: which layers are read (online training reads them too)
     "extract": StageSpec("extract", _TARGET + ("target.allow_unlisted_arch", "extract.layers", "extract.dtype",
                                                "extract.mode"),
-                         needs=("generate",), grows_with=("data.samples", "draft.vocab_size"), when_set=_FIXED_VAL),
+                         needs=("generate",), grows_with=("data.samples", "draft.vocab_size"),
+                         when_set=_FIXED_VAL + _CONTRACT),
     "train": StageSpec("train", ("data.samples", "extract.mode", "draft", "train", "serve.num_steps"),
-                       needs=("generate", "extract"), when_set=_FIXED_VAL),
+                       needs=("generate", "extract"), when_set=_FIXED_VAL + _CONTRACT),
     # bench reads data.samples to pick the same held-out prompts whatever else the shared pool holds; the
     # prompts themselves come from generate's samples, whose key is one of bench's inputs.
     # data.max_prompt_tokens: which prompts of a bench set fit once templated

@@ -70,11 +70,13 @@ def capture_points(spec: Any, ids: list[int], num_layers: int, capture: ArchCapt
     return (capture or llama()).points(ids, num_layers)
 
 
-def target_capture(target_cfg) -> ArchCapture:
-    """The configured target's capture contract, from its config.json alone (no weights)."""
+def target_capture(target_cfg, sglang_version: str | None = None) -> ArchCapture:
+    """The configured target's capture contract under SGLang `sglang_version` (serve.sglang_version; None: see
+    capture.resolve_version), from its config.json alone (no weights)."""
     from draftlab.target_shape import target_config_json
 
-    return for_target(target_config_json(target_cfg), allow_unlisted=bool(target_cfg.get("allow_unlisted_arch")))
+    return for_target(target_config_json(target_cfg), allow_unlisted=bool(target_cfg.get("allow_unlisted_arch")),
+                      version=sglang_version)
 
 
 def num_target_layers(target_cfg, cache_dir: Path | str | None = None) -> int:

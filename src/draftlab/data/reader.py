@@ -287,7 +287,7 @@ def open_source(cfg, inputs: dict[str, Path], target=None) -> FeatureSource:
 
         target = load_target(cfg.target, Path(cfg.paths.root) / "models")
     if manifest is None:
-        capture = target_capture(cfg.target)
+        capture = target_capture(cfg.target, cfg.serve.sglang_version)
         layer_ids = resolve_layers(cfg.extract.layers, target.num_layers, capture)
         manifest = {"format": FORMAT, "mode": "online", "layer_ids": layer_ids, "target": target_info(target),
                     "capture_points": capture_points(cfg.extract.layers, layer_ids, target.num_layers, capture),

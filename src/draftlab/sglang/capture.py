@@ -1,5 +1,6 @@
-"""SGLang's EAGLE-3 capture contract (capture_contract.json, read from SGLang's model files by capture_reader.py):
-for the target's architecture, which hidden states the server feeds the draft for the ids in its config.
+"""SGLang's EAGLE-3 capture contract, one file per supported SGLang version (`capture_<version>.json`, read from
+that version's model files by capture_reader.py): for the target's architecture, which hidden states the server
+feeds the draft for the ids in its config.
 
 draftlab's layer ids are the ids written to `eagle_config.eagle_aux_hidden_state_layer_ids`. A capture point c is
 the residual stream entering decoder layer c (HF `hidden_states[c]`; c = L is the last layer's output before the
@@ -10,6 +11,7 @@ draft learns on are the ones the server captures for the same ids.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -17,7 +19,11 @@ from pathlib import Path
 from draftlab.config import ConfigError
 from draftlab.target_shape import text_config
 
-CONTRACT = Path(__file__).with_name("capture_contract.json")
+# `capture_<version>.json` beside this module: code_version counts `<module>_*.json` as this module's code, so
+# a regenerated contract changes the fingerprint of every stage that reads it
+HERE = Path(__file__).parent
+CONTRACT_NAME = re.compile(r"capture_(\d+(?:\.\d+)+)\.json")
+VERSION_KEY = "serve.sglang_version"
 # The id rules SGLang's model files use; capture_reader's `derive_rule` keeps the one every probe agrees with.
 RULES = {
     "plus1": lambda ids, L: [i + 1 for i in ids],
@@ -34,15 +40,68 @@ class CaptureError(ConfigError):
     """The target cannot feed an EAGLE-3 draft under SGLang (a config error: refused before any stage runs)."""
 
 
-@lru_cache(maxsize=1)
-def contract() -> dict:
-    return json.loads(CONTRACT.read_text())
+def contract_path(version: str) -> Path:
+    return HERE / f"capture_{version}.json"
+
+
+def shipped_versions() -> list[str]:
+    """The SGLang versions with a contract here, oldest first."""
+    found = [m.group(1) for p in HERE.glob("capture_*.json") if (m := CONTRACT_NAME.fullmatch(p.name))]
+    return sorted(found, key=lambda v: tuple(int(x) for x in v.split(".")))
+
+
+def installed_version() -> str | None:
+    """The version of the sglang package this interpreter has, from its metadata (sglang is never imported)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("sglang")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def resolve_version(requested: str | None = None) -> str:
+    """The SGLang version whose contract applies: `requested` (serve.sglang_version), else the installed sglang's,
+    else the newest shipped; CaptureError when there is no contract for it."""
+    shipped = shipped_versions()
+    version = str(requested) if requested is not None else installed_version() or shipped[-1]
+    if version not in shipped:
+        source = f"{VERSION_KEY}={version}" if requested is not None else f"the installed sglang {version}"
+        raise CaptureError(f"{VERSION_KEY}: no capture contract for {source}; shipped: {', '.join(shipped)}")
+    return version
+
+
+@lru_cache(maxsize=None)
+def contract(version: str | None = None) -> dict:
+    return json.loads(contract_path(resolve_version(version)).read_text())
 
 
 def _term(term: str, L: int) -> int:
     base, _, offset = term.replace("-", "+-").partition("+") if term[0] == "L" else ("", "", term)
     value = {"": 0, "L//2": L // 2, "L": L}[base]
     return value + (int(offset) if offset else 0)
+
+
+def derive_rule(table: list[tuple[int, list[int], list[int]]]) -> str | None:
+    """The one rule of RULES that maps every probe's ids (on its L) to what the method stored; None if not one."""
+    agreeing = [name for name, rule in RULES.items() if all(rule(ids, L) == got for L, ids, got in table)]
+    return agreeing[0] if len(agreeing) == 1 else None
+
+
+def derive_default(defaults: dict[int, list[int]]) -> list[str] | None:
+    """Each default index as `c`, `L//2+c` or `L+c`, whichever holds at every probed layer count."""
+    terms = []
+    for j in range(len(next(iter(defaults.values())))):
+        for form in ("", "L//2", "L"):
+            base = {L: 0 if form == "" else (L // 2 if form == "L//2" else L) for L in defaults}
+            offsets = {defaults[L][j] - base[L] for L in defaults}
+            if len(offsets) == 1:
+                c = offsets.pop()
+                terms.append(str(c) if not form else form + ("" if c == 0 else f"{c:+d}"))
+                break
+        else:
+            return None
+    return terms
 
 
 @dataclass(frozen=True)
@@ -89,9 +148,9 @@ class ArchCapture:
         return f"{self.arch}{via}, SGLang {self.version}: {rule}{listed}"
 
 
-def llama() -> ArchCapture:
+def llama(version: str | None = None) -> ArchCapture:
     """Llama's contract: what the tiny and embedded targets follow, and the fallback where no target is known."""
-    return for_target({"architectures": ["LlamaForCausalLM"]})
+    return for_target({"architectures": ["LlamaForCausalLM"]}, version=version)
 
 
 def architecture(config: dict) -> str | None:
@@ -106,11 +165,12 @@ def architecture(config: dict) -> str | None:
     return MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.get("model_type"))
 
 
-def for_target(config: dict, allow_unlisted: bool = False, data: dict | None = None) -> ArchCapture:
-    """The capture contract of the target whose config.json is `config` (in `data`, the checked-in contract by
-    default); CaptureError when SGLang cannot feed it a three-layer draft, naming the class, the SGLang version,
-    and what the server would feed instead."""
-    data = data or contract()
+def for_target(config: dict, allow_unlisted: bool = False, data: dict | None = None,
+               version: str | None = None) -> ArchCapture:
+    """The capture contract of the target whose config.json is `config` (in `data`, else the shipped contract of
+    SGLang `version`: see `resolve_version`); CaptureError when that SGLang cannot feed it a three-layer draft,
+    naming the class, the SGLang version and why."""
+    data = data or contract(version)
     version = data["sglang_version"]
     arch = architecture(config) or f"model_type {config.get('model_type')!r}"
     entry = data["architectures"].get(arch)
@@ -126,8 +186,11 @@ def for_target(config: dict, allow_unlisted: bool = False, data: dict | None = N
         return ArchCapture(arch, entry, version)
     if entry["captures"] is None and allow_unlisted:
         return ArchCapture(arch, FALLBACK, version, listed=False)
+    head = f"target class {arch} ({entry['file']}, SGLang {version}) cannot feed an EAGLE-3 draft: {entry['why']}"
+    server = data.get("without_method")
+    if "method_in" not in entry and server:  # no capture method: the model runner stops before serving
+        verb = "refuses to start" if server["checked"] else "fails at start-up"
+        raise CaptureError(f"{head}; SGLang {version}'s server {verb} with it ({server['error']} in "
+                           f"{server['where']})")
     override = f"; {ALLOW_KEY}=true accepts it at your own risk" if entry["captures"] is None else ""
-    raise CaptureError(
-        f"target class {arch} ({entry['file']}, SGLang {version}) cannot feed an EAGLE-3 draft: {entry['why']}. "
-        f"The server would feed the draft one layer, width {hidden} (its last hidden state), where the draft "
-        f"expects {wanted}{override}")
+    raise CaptureError(f"{head}, so it would not get the {wanted} features it expects{override}")

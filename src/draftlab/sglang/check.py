@@ -18,7 +18,7 @@ from pathlib import Path
 
 from draftlab.sglang import check_trained as trained
 from draftlab.sglang import keymap
-from draftlab.sglang.capture import CaptureError, for_target
+from draftlab.sglang.capture import CaptureError, for_target, resolve_version
 from draftlab.sglang.st_files import INT_DTYPES, DraftFilesError, UnreadableFile, load_tensors, read_headers
 from draftlab.sglang.targetinfo import load_target_config, manifest_layer_ids
 from draftlab.target_shape import text_config
@@ -45,6 +45,7 @@ class CheckReport:
     keys: keymap.KeyReport | None = None
     speculators_format: bool = False
     refusal: Finding | None = None  # a file that cannot be read: nothing else was checked
+    sglang_version: str | None = None  # whose capture contract applies (None: capture.resolve_version's default)
 
 
     @property
@@ -77,15 +78,17 @@ def is_speculators_config(config: dict) -> bool:
 
 
 def check_draft(folder, target=None, rules: str = "current", extract_manifest=None,
-                scan_weights: bool = True, allow_modified: bool = False) -> CheckReport:
+                scan_weights: bool = True, allow_modified: bool = False,
+                sglang_version: str | None = None) -> CheckReport:
     """With no target or manifest, the folder's draftlab_provenance.json (if any) supplies the target's facts and
     the training features' layer ids and width; `scan_weights` also reads every tensor (NaN/Inf, all zeros, norm
     range, head rows). A draft changed after export is refused unless `allow_modified`."""
     from safetensors import SafetensorError
 
-    report = CheckReport(Path(folder), rules)
+    report = CheckReport(Path(folder), rules, sglang_version=sglang_version)
     try:
-        return _check_draft(Path(folder), target, rules, extract_manifest, scan_weights, allow_modified)
+        return _check_draft(Path(folder), target, rules, extract_manifest, scan_weights, allow_modified,
+                            sglang_version)
     except UnreadableFile as err:
         report.refuse(err.path.name, str(err))
     except SafetensorError as err:  # a fault the header checks do not foresee: still named, still one line
@@ -94,8 +97,8 @@ def check_draft(folder, target=None, rules: str = "current", extract_manifest=No
 
 
 def _check_draft(folder: Path, target, rules: str, extract_manifest, scan_weights: bool,
-                 allow_modified: bool) -> CheckReport:
-    report = CheckReport(folder, rules)
+                 allow_modified: bool, sglang_version: str | None) -> CheckReport:
+    report = CheckReport(folder, rules, sglang_version=sglang_version)
     config_path = folder / "config.json"
     if not config_path.exists():
         report.error("config.json", f"missing in {folder}")
@@ -234,7 +237,7 @@ def _check_capture(report: CheckReport, where: str, ids: list[int], target: dict
     """What SGLang captures for `ids` on this target's class (its capture contract), against what it can capture
     and what the draft was trained on (the provenance's capture points)."""
     try:
-        capture = for_target(target)
+        capture = for_target(target, version=report.sglang_version)
     except CaptureError as err:
         report.error("target", str(err))
         return
@@ -334,12 +337,20 @@ def check_draft_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--allow-modified", action="store_true",
                         help="check a draft whose weights or config.json changed after export (its "
                         "draftlab_provenance.json hashes differ) instead of refusing it")
+    parser.add_argument("--sglang-version", help="the SGLang release that will serve the draft, whose capture "
+                        "contract applies (default: the installed sglang's, else the newest shipped)")
     args = parser.parse_args(argv)
+    try:
+        resolve_version(args.sglang_version)
+    except CaptureError as err:
+        print(f"check-draft: {err}", file=sys.stderr)
+        return 2
     if not Path(args.folder).is_dir():
         print(f"check-draft: {args.folder} is not a folder", file=sys.stderr)
         return 2
     report = check_draft(args.folder, args.target, args.rules, args.extract_manifest,
-                         scan_weights=not args.no_weight_scan, allow_modified=args.allow_modified)
+                         scan_weights=not args.no_weight_scan, allow_modified=args.allow_modified,
+                         sglang_version=args.sglang_version)
     if report.refusal is not None:  # nothing was checked: one line, as for any input that cannot be read
         print(f"check-draft: {report.refusal.message}", file=sys.stderr)
         return 2

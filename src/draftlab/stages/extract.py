@@ -207,7 +207,7 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter) -> dict:
         raise FileNotFoundError(f"{samples_dir}: fewer than {n} generated samples (data.samples + data.val_samples)")
     # Resolved from config.json / GGUF header: a bad extract.layers fails before any weights are read.
     num_layers = num_target_layers(cfg.target, Path(cfg.paths.root) / "models")
-    capture = target_capture(cfg.target)
+    capture = target_capture(cfg.target, cfg.serve.sglang_version)
     layer_ids = resolve_layers(cfg.extract.layers, num_layers, capture)
     points = capture_points(cfg.extract.layers, layer_ids, num_layers, capture)
     out.mkdir(parents=True, exist_ok=True)
