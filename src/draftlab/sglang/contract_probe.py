@@ -26,30 +26,66 @@ if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
 H200_MIB = 143771
 
 
-def run_args(job):
-    import sglang.srt.arg_groups.memory_hook as memory_hook
+def _pretend_h200():
+    """There is no GPU: resolution asks for the device's memory, so an H200's is answered. 0.5.23 asks through
+    its memory hook; 0.5.17 resolves inside ServerArgs.__post_init__ with the name server_args imported."""
+    try:
+        import sglang.srt.arg_groups.memory_hook as memory_hook
+    except ImportError:
+        memory_hook = None
+    if memory_hook is not None and hasattr(memory_hook, "get_device_memory_capacity"):
+        memory_hook.get_device_memory_capacity = lambda *a, **k: H200_MIB
+    import sglang.srt.server_args as server_args
 
-    memory_hook.get_device_memory_capacity = lambda *a, **k: H200_MIB
+    if hasattr(server_args, "get_device_memory_capacity"):
+        server_args.get_device_memory_capacity = lambda *a, **k: H200_MIB
+
+
+def _plain(value):
+    """A resolved value as JSON: nested configs (dataclasses, msgspec structs) become dicts."""
+    import dataclasses
+
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if dataclasses.is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if hasattr(value, "__struct_fields__"):
+        return {name: _plain(getattr(value, name)) for name in value.__struct_fields__}
+    return str(value)
+
+
+def run_args(job):
+    _pretend_h200()
+    import sglang
     from sglang.srt.server_args import prepare_server_args
 
     argv = list(job["argv"])
     if "--device" not in argv:
         argv += ["--device", "cuda"]  # without it resolution asks for an accelerator this host lacks
     try:
-        args = prepare_server_args(argv)
+        args = prepare_server_args(argv)  # 0.5.17 resolves here, in ServerArgs.__post_init__
     except SystemExit as err:  # argparse errors (e.g. an ambiguous flag) exit 2
         return {"ok": False, "stage": "parse", "error": f"argparse exit {err.code}"}
     except Exception as err:  # noqa: BLE001
         return {"ok": False, "stage": "parse", "error": f"{type(err).__name__}: {err}"}
     try:
-        args.resolve_once()
-        resolved = args.resolved_dict()
+        if hasattr(args, "resolve_once"):  # 0.5.23 parses first and resolves on request
+            args.resolve_once()
+            resolved = args.resolved_dict()
+        else:
+            resolved = {}
     except Exception as err:  # noqa: BLE001
         return {"ok": False, "stage": "resolve", "error": f"{type(err).__name__}: {err}"}
     keys = ("speculative_algorithm", "speculative_draft_model_path", "speculative_num_steps", "speculative_eagle_topk",
             "speculative_num_draft_tokens", "dtype", "tp_size", "host", "port", "mem_fraction_static",
-            "max_running_requests", "decode_log_interval", "cuda_graph_config", "model_path")
-    return {"ok": True, "resolved": {k: resolved.get(k) for k in keys}}
+            "max_running_requests", "decode_log_interval", "cuda_graph_config", "model_path", "attention_backend",
+            "sampling_backend", "grammar_backend", "mm_feature_transport", "disable_cuda_graph")
+    return {"ok": True, "version": sglang.__version__,
+            "resolved": {k: _plain(resolved[k] if k in resolved else getattr(args, k, None)) for k in keys}}
 
 
 def _init_single_process():
