@@ -69,6 +69,14 @@ def test_llama_auto_ids_and_qwen3_moe_layers(tmp_path):
     assert explicit.ids == [2, 10, 20] and explicit.points == [3, 11, 21]
 
 
+def test_the_plan_reads_the_contract_of_the_serving_release(tmp_path, capsys):
+    assert "SGLang 0.5.17" in make(tmp_path, LLAMA, "serve.sglang_version=0.5.17").describe
+    assert "SGLang 0.5.23" in make(tmp_path, LLAMA, "serve.sglang_version=0.5.23").describe
+    assert dispatch(["plan", *overrides(tmp_path, LLAMA, "serve.sglang_version=0.5.9")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "serve.sglang_version=0.5.9; shipped: 0.5.17, 0.5.23" in err[0]
+
+
 @pytest.mark.parametrize("folder,extra", [(KIMI, ()), (LLAMA, ()), (QWEN, ()),
                                           (LLAMA, ("draft.hidden_size=1024", "draft.num_heads=8",
                                                    "draft.num_kv_heads=2", "draft.intermediate_size=2816",

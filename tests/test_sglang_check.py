@@ -106,3 +106,17 @@ def test_cli_exit_codes(tmp_path, target, capsys):
     assert check_draft_main([str(good), "--target", str(target), "--rules", "legacy"]) == 1
     assert "layers.0.self_attn.q_proj.weight" in capsys.readouterr().err
     assert check_draft_main([str(good), "--target", str(tmp_path / "nowhere")]) == 1
+
+
+def test_the_serving_releases_contract_checks_the_target(tmp_path, target, capsys):
+    """Qwen3.5's vision class captures in SGLang 0.5.23; 0.5.17 has no setter that marks its layers."""
+    config = json.loads((target / "config.json").read_text()) | {"architectures": ["Qwen3_5ForConditionalGeneration"]}
+    (target / "config.json").write_text(json.dumps(config))
+    draft = write_draft(tmp_path / "d")
+    assert "target" not in errors_at(check_draft(draft, target, sglang_version="0.5.23"))
+    old = check_draft(draft, target, sglang_version="0.5.17")
+    assert any(f.where == "target" and "Qwen3_5ForConditionalGeneration" in f.message and "SGLang 0.5.17" in f.message
+               for f in old.errors)
+    assert check_draft_main([str(draft), "--target", str(target), "--sglang-version", "0.5.17",
+                             "--no-weight-scan"]) == 1
+    assert "_is_layer_to_capture" in capsys.readouterr().err

@@ -4,7 +4,8 @@ Nothing here is written by hand per model: every class registered in an `EntryCl
 bases (by the files' own imports), and its `set_eagle3_layers_to_capture` is executed, as written in SGLang, on a
 recording stand-in for `self` with probe id lists. What it stores into `layers_to_capture` (directly, through its
 inner model, or through a wrapper's `language_model`) decides the id rule and the default ids. The model files are
-parsed, not imported, so no GPU build is needed. `python -m draftlab capture-contract --write` regenerates the file.
+parsed, not imported, so no GPU build is needed. `python -m draftlab capture-contract --write` regenerates the
+contracts, one per SGLang release (`capture_<version>.json`), each from that release's own model files.
 """
 
 from __future__ import annotations
