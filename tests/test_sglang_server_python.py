@@ -37,3 +37,18 @@ def test_an_interpreter_without_sglang_is_refused_before_any_stage(tmp_path):
 def test_the_local_engine_asks_nothing(tmp_path):
     cfg = default_config({"serve": {"backend": "local", "python": str(tmp_path / "no-python")}})
     check_sglang_server(cfg)  # no SGLang will be launched: nothing to find
+
+
+def test_the_server_must_run_the_release_whose_contract_reads_the_layers(tmp_path, monkeypatch):
+    from draftlab.sglang import capture
+
+    monkeypatch.setattr(capture, "installed_version", lambda: None)  # null: the newest contract, 0.5.23
+    site = fake_site(tmp_path / "site", "0.5.17")
+    serve = {"backend": "sglang", "python": sys.executable, "env": {"PYTHONPATH": str(site)}}
+    with pytest.raises(ConfigError, match=r"^serve\.sglang_version: the server will run sglang 0\.5\.17 .*SGLang "
+                       r"0\.5\.23's capture contract; set serve\.sglang_version=0\.5\.17$"):
+        check_sglang_server(default_config({"serve": serve}))
+    check_sglang_server(default_config({"serve": {**serve, "sglang_version": "0.5.17"}}))
+    other = fake_site(tmp_path / "other", "0.5.20")
+    with pytest.raises(ConfigError, match=r"no capture contract ships for 0\.5\.20 \(shipped: 0\.5\.17, 0\.5\.23\)"):
+        check_sglang_server(default_config({"serve": {**serve, "env": {"PYTHONPATH": str(other)}}}))

@@ -191,6 +191,21 @@ def check_sglang_server(cfg) -> None:
     except ServerPythonError as err:
         raise ConfigError(str(err)) from None
     log.info("preflight: the SGLang server will run sglang %s from %s", version, origin)
+    check_serving_contract(cfg, version, origin)
+
+
+def check_serving_contract(cfg, version: str, origin: str) -> None:
+    """The features are read with serve.sglang_version's capture contract: the release the server runs must be
+    that one, or the draft would be fed other layers than it was trained on."""
+    from draftlab.sglang.capture import resolve_version, shipped_versions
+
+    contract = resolve_version(cfg.serve.sglang_version)
+    if version == contract:
+        return
+    fix = (f"set serve.sglang_version={version}" if version in shipped_versions()
+           else f"no capture contract ships for {version} (shipped: {', '.join(shipped_versions())})")
+    raise ConfigError(f"serve.sglang_version: the server will run sglang {version} ({origin}), but the layers are "
+                      f"read with SGLang {contract}'s capture contract; {fix}")
 
 
 def check_server(cfg) -> None:
