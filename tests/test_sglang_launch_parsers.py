@@ -18,8 +18,9 @@ pytestmark = [
                        "(or set DRAFTLAB_SGLANG_PYTHON) to run the SGLang contract tests"),
 ]
 
-# launch.py takes the serving release where its flags differ by version; until it does, its one command line is
-# checked against the release whose flags it writes, and 0.5.17 only through the flags below
+# Where launch.py takes the serving release (a `version` parameter), each release's own command line is checked;
+# without one, its single command line is checked against 0.5.23, whose flags it writes, and 0.5.17 through the
+# GPU flags below
 VERSIONED = "version" in inspect.signature(build_server_argv).parameters
 LAUNCH_VERSIONS = shipped_versions() if VERSIONED else ["0.5.23"]
 # The flags bench/gpu's launch line passes on the GPU machine (shared/reference/sglang-gpu/README.md), and the
@@ -93,7 +94,7 @@ def test_which_gpu_launch_flags_each_release_accepts(version, folders):
     assert resolved["--attention-backend"]["attention_backend"] == "triton"
     assert resolved["--mm-feature-transport"]["mm_feature_transport"] == "cpu"
     assert resolved["--decode-log-interval"]["decode_log_interval"] == 1
-    for flag in ("--disable-cuda-graph", "--cuda-graph-backend-decode"):  # the old spelling and the new one
+    for flag in ("--disable-cuda-graph", "--cuda-graph-backend-decode"):  # the deprecated spelling and the current one
         graphs = resolved[flag]["cuda_graph_config"]
         assert graphs["decode"]["backend"] == graphs["prefill"]["backend"] == "disabled", flag
     for flag in {"--cuda-graph-max-bs", "--cuda-graph-max-bs-decode"} - REJECTED[version]:
