@@ -43,13 +43,15 @@ class DraftCheckError(RuntimeError):
     """check-draft failed; the draft was not launched."""
 
 
-def prepare_draft(draft_dir: Path, out: Path, target_path, rules: str, extract_manifest=None) -> Path:
-    """A speculators-format draft is converted to SGLang format; then check-draft must pass."""
+def prepare_draft(draft_dir: Path, out: Path, target_path, rules: str, extract_manifest=None,
+                  sglang_version: str | None = None) -> Path:
+    """A speculators-format draft is converted to SGLang format; then check-draft must pass, against the contract
+    of the SGLang version that serves it."""
     draft_dir = Path(draft_dir)
     if detect_format(draft_dir) == "speculators":
         draft_dir = convert(draft_dir, out / "draft-sglang", "sglang")
         log.info("converted the speculators-format draft to SGLang format in %s", draft_dir)
-    report = check_draft(draft_dir, target_path, rules, extract_manifest)
+    report = check_draft(draft_dir, target_path, rules, extract_manifest, sglang_version=sglang_version)
     atomic_write_text(out / "check-draft.txt", report.summary() + "\n")
     if not report.ok:
         raise DraftCheckError("check-draft failed, SGLang not launched:\n" + report.summary())
@@ -90,7 +92,8 @@ def run_sglang_bench(cfg: Any, target_path, draft_dir, sets: dict[str, list], ou
     if not sets or not all(sets.values()):
         raise ValueError("prompts: every bench set needs at least one prompt")
     out.mkdir(parents=True, exist_ok=True)
-    draft = prepare_draft(draft_dir, out, target_path, serve.sglang_rules, extract_manifest)
+    draft = prepare_draft(draft_dir, out, target_path, serve.sglang_rules, extract_manifest,
+                          getattr(serve, "sglang_version", None))
     steps, topk, ndt = spec_params(serve)
     spec_argv = with_command(build_server_argv(serve, target_path, draft, decode_log_interval=1), server_cmd)
     base_argv = with_command(build_baseline_argv(serve, target_path), server_cmd)
