@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftlab.sglang import check_trained as trained
-from draftlab.sglang import keymap
+from draftlab.sglang import draft_keys, keymap
 from draftlab.sglang.capture import CaptureError, for_target
 from draftlab.sglang.st_files import INT_DTYPES, DraftFilesError, UnreadableFile, load_tensors, read_headers
 from draftlab.sglang.targetinfo import load_target_config, manifest_layer_ids
@@ -114,6 +114,9 @@ def _check_draft(folder: Path, target, rules: str, extract_manifest, scan_weight
                      "transformer_layer_config / Eagle3Speculator); SGLang 0.5.23 cannot load it. Convert it: "
                      f"python -m draftlab convert {folder} <dst> --to sglang")
         return report
+    if not isinstance(config.get("eagle_config") or {}, dict):  # every later check reads keys from it
+        draft_keys.check_eagle_config(report, config)
+        return report
     try:  # every weight file whole before anything reads tensors from it
         headers, files_error = read_headers(folder), None
     except UnreadableFile:
@@ -137,6 +140,7 @@ def _check_draft(folder: Path, target, rules: str, extract_manifest, scan_weight
         trained.check_layer_ids(report, config, prov)
         tcfg = {**tcfg, "capture_points": prov.get("capture_points")}
     _check_config(report, config, tcfg)
+    draft_keys.check_keys(report, config, tcfg, headers, trained=prov is not None)
     _check_layer_ids(report, config, tcfg, extract_manifest)
     if any(k not in config for k in REQUIRED) or report.rules not in keymap.RULES:
         return report  # shapes cannot be derived; the config errors say why
