@@ -178,6 +178,8 @@ def target_config(target_cfg) -> dict:
 
     try:
         return target_config_json(target_cfg)
+    except ConfigError:
+        raise  # already names target.path and what is wrong
     except (OSError, ValueError) as err:
         raise ConfigError(f"target.path: cannot read the config of {target_cfg.path}: "
                           f"{str(err).strip().splitlines()[0]}") from err
@@ -299,6 +301,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_intermixed_args(argv)
     if args.gpus is not None and args.gpus < 1:
         raise ConfigError(f"--gpus: {args.gpus}; at least 1")
+    if args.answer_tokens is not None and args.answer_tokens < 1:
+        raise ConfigError(f"--answer-tokens: {args.answer_tokens}; at least 1")
     cfg = compose(args.overrides)
     plan = build(cfg, args.gpus, args.answer_tokens)
     print("\n".join(plan.lines()))
