@@ -20,7 +20,7 @@ log = logging.getLogger("draftlab")
 REFUSALS = [("draftlab.serve.remote", "ServerError"), ("draftlab.sglang.monitor", "ServerStartError"),
             ("draftlab.sglang.client", "SGLangClientError"), ("draftlab.sglang.launch", "LaunchError"),
             ("draftlab.sglang.bench", "DraftCheckError"), ("draftlab.serve.loader", "DraftLoadError"),
-            ("draftlab.sglang.st_files", "DraftFilesError")]
+            ("draftlab.sglang.st_files", "DraftFilesError"), ("draftlab.serve.alarm", "DraftAlarm")]
 # conf/config.yaml's hydra.run.dir / sweep.dir end in the pid, so two jobs started at once never share a folder
 # (run.log interleaved, results.json overwritten). Cached: a sweep's jobs see their launcher's value.
 OmegaConf.register_new_resolver("draftlab.pid", os.getpid, use_cache=True, replace=True)

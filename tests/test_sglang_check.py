@@ -105,4 +105,4 @@ def test_cli_exit_codes(tmp_path, target, capsys):
     assert check_draft_main([str(good), "--target", str(target)]) == 0
     assert check_draft_main([str(good), "--target", str(target), "--rules", "legacy"]) == 1
     assert "layers.0.self_attn.q_proj.weight" in capsys.readouterr().err
-    assert check_draft_main([str(good), "--target", str(tmp_path / "nowhere")]) == 1
+    assert check_draft_main([str(good), "--target", str(tmp_path / "nowhere")]) == 2  # bad input: refused

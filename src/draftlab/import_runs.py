@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from draftlab.analysis.records import write_records
@@ -58,6 +59,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--records", type=Path, default=None,
                         help="also write the records to this file for `src/analyze.py --records` (.gz: compressed)")
     args = parser.parse_args(argv)
-    parent = import_runs(args.folder, args.experiment, args.tracking_uri, args.records)
+    try:  # every results.json is read and checked before any run is created
+        parent = import_runs(args.folder, args.experiment, args.tracking_uri, args.records)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"import-runs: {str(err).strip().splitlines()[0]}", file=sys.stderr)
+        return 2
     print(f"imported into parent run {parent} (experiment {args.experiment})")
     return 0

@@ -280,6 +280,7 @@ def installed_sglang(python: Path) -> tuple[Path, str]:
 def main(argv: list[str]) -> int:
     import argparse
     import json
+    import sys
 
     from draftlab.sglang.capture import CONTRACT
     from draftlab.sglang.contract import sglang_python
@@ -290,8 +291,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--python", help="the sglang venv's interpreter (default: scripts/setup-sglang.sh's)")
     args = parser.parse_args(argv)
     python = Path(args.python) if args.python else sglang_python()
-    if python is None:
-        print("capture-contract: no sglang venv (run scripts/setup-sglang.sh or pass --python)")
+    if python is None or not python.is_file():
+        print(f"capture-contract: {python or 'no sglang venv'}: no such interpreter (run scripts/setup-sglang.sh "
+              "or pass --python)", file=sys.stderr)
         return 2
     text = json.dumps(read_contract(*installed_sglang(python)), indent=1) + "\n"
     if args.write:

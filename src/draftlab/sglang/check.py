@@ -98,7 +98,7 @@ def _check_draft(folder: Path, target, rules: str, extract_manifest, scan_weight
     report = CheckReport(folder, rules)
     config_path = folder / "config.json"
     if not config_path.exists():
-        report.error("config.json", f"missing in {folder}")
+        report.refuse("config.json", f"{folder}: no config.json, so not a draft folder")
         return report
     try:
         config = json.loads(config_path.read_text())
@@ -323,6 +323,24 @@ def _check_vocab_maps(report, folder, config, headers, keys: keymap.KeyReport, a
                      "draft id maps to: d2t is not one-to-one, which a trained draft never is (a damaged file?)")
 
 
+def _refuse_arguments(args) -> str | None:
+    """Why the command line cannot be checked (a folder, target or manifest that is not there), else None."""
+    if not Path(args.folder).is_dir():
+        return f"{args.folder} is not a folder"
+    if args.target is not None:
+        target, why = load_target_config(args.target)
+        if why is None and not isinstance(target, dict):
+            why = f"{args.target}: its config.json is not a JSON object"
+        if why:
+            return f"--target {why}"
+    if args.extract_manifest is not None:
+        try:
+            manifest_layer_ids(args.extract_manifest)
+        except (OSError, ValueError, TypeError, AttributeError) as err:
+            return f"--extract-manifest {args.extract_manifest}: {getattr(err, 'strerror', None) or err}"
+    return None
+
+
 def check_draft_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m draftlab check-draft",
                                      description="Check a draft folder against SGLang 0.5.23's loading contract.")
@@ -339,8 +357,9 @@ def check_draft_main(argv: list[str] | None = None) -> int:
                         help="check a draft whose weights or config.json changed after export (its "
                         "draftlab_provenance.json hashes differ) instead of refusing it")
     args = parser.parse_args(argv)
-    if not Path(args.folder).is_dir():
-        print(f"check-draft: {args.folder} is not a folder", file=sys.stderr)
+    refusal = _refuse_arguments(args)
+    if refusal:  # bad input: one line, exit 2, before anything is checked
+        print(f"check-draft: {refusal}", file=sys.stderr)
         return 2
     report = check_draft(args.folder, args.target, args.rules, args.extract_manifest,
                          scan_weights=not args.no_weight_scan, allow_modified=args.allow_modified)

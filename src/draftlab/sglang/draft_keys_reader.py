@@ -231,6 +231,7 @@ def read_draft_contract(srt: Path, version: str) -> dict:
 def main(argv: list[str]) -> int:
     import argparse
     import json
+    import sys
 
     from draftlab.sglang.capture_reader import installed_sglang
     from draftlab.sglang.contract import sglang_python
@@ -241,8 +242,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--python", help="the sglang venv's interpreter (default: scripts/setup-sglang.sh's)")
     args = parser.parse_args(argv)
     python = Path(args.python) if args.python else sglang_python()
-    if python is None:
-        print("draft-contract: no sglang venv (run scripts/setup-sglang.sh or pass --python)")
+    if python is None or not python.is_file():
+        print(f"draft-contract: {python or 'no sglang venv'}: no such interpreter (run scripts/setup-sglang.sh or "
+              "pass --python)", file=sys.stderr)
         return 2
     models, version = installed_sglang(python)
     text = json.dumps(read_draft_contract(models.parent, version), indent=1) + "\n"
