@@ -2,7 +2,7 @@
 
 Files first: config.json and every safetensors file must be readable and whole (a partial copy is refused in one
 line, exit 2), and match the content hashes the draft's own training record (draftlab_provenance.json) sealed
-at export. Then config rules (no torch), the safetensors headers replayed through `keymap`, the record's layer
+at export (a changed file is an error, and the other checks still run, so that the change's effect is seen). Then config rules (no torch), the safetensors headers replayed through `keymap`, the record's layer
 ids and fc width, and a scan of every tensor (check_trained.py). Each finding names the config key or checkpoint
 key at fault. Errors are things that crash SGLang after the target has loaded or, worse, make it serve at
 accept length ~1 without a word.
@@ -124,8 +124,8 @@ def _check_draft(folder: Path, target, rules: str, extract_manifest, scan_weight
     except (DraftFilesError, ValueError) as err:
         headers, files_error = None, str(err)
     prov = trained.load_provenance(report, folder)
-    if prov is not None and not trained.check_seal(report, folder, prov, allow_modified):
-        return report
+    if prov is not None:  # a broken seal is an error; every other check still runs, to show the real defect
+        trained.check_seal(report, folder, prov, allow_modified)
     target_cfg, why = load_target_config(target)
     if why and target is not None:
         report.error("--target", why)
