@@ -258,8 +258,12 @@ def check_prompts(cfg) -> None:
         key = "data.path" if data.path else "data.source"
         raise ConfigError(f"{key}: {str(err).splitlines()[0]}") from err
     chosen, exact = _first_usable(cfg, prompts.prompts)
+    within = f" within data.max_prompt_tokens={data.max_prompt_tokens}" if exact else ""
+    held_out = sum(prompts.split_of(p, data.val_fraction) == "val" for p in chosen)
+    if data.val_samples and held_out < data.val_samples:  # the fixed validation set comes first: name its key
+        raise ConfigError(f"data.val_samples: {data.val_samples} asked, but {prompts.source} has only {held_out} "
+                          f"held-out prompts (data.val_fraction={data.val_fraction}){within}")
     if len(chosen) < pool_size(data):
-        within = f" within data.max_prompt_tokens={data.max_prompt_tokens}" if exact else ""
         raise ConfigError(f"data.samples: {data.samples} asked, but {prompts.source} has only {len(chosen)} "
                           f"unique prompts{within}")
     splits = [prompts.split_of(p, data.val_fraction) for p in chosen]
