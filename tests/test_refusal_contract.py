@@ -89,6 +89,25 @@ def test_a_command_refuses_bad_input_in_one_line(inputs, capsys, index):
     assert all(p.read_bytes() == data for p, data in snapshot.items())  # nothing changed
 
 
+@pytest.mark.parametrize("argv, named", [
+    (["data_scaling", "--records", "{t}/missing.jsonl"], "missing.jsonl"),
+    (["data_scaling", "--records", "{t}/blank.jsonl", "--report", "{t}/nofolder/report.md"], "blank.jsonl"),
+    (["data_scaling", "--records", "{t}/blank.jsonl", "--boot", "0"], "--boot"),
+    (["data_scaling", "--records", "{t}/blank.jsonl", "--level", "1.5"], "--level"),
+])
+def test_analyze_refuses_bad_input_in_one_line(inputs, capsys, argv, named):
+    from draftlab.analysis.cli import main as analyze
+
+    before = sorted(p.name for p in inputs.iterdir())
+    try:
+        code = analyze([a.format(t=inputs) for a in argv])
+    except SystemExit as exit_:
+        code = exit_.code
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and named in err and len(err.strip().splitlines()) == 1, err
+    assert sorted(p.name for p in inputs.iterdir()) == before
+
+
 def run(*args: str, cwd=REPO) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=300, cwd=cwd)
