@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -137,3 +138,26 @@ def test_run_py_refuses_a_bench_set_without_prompts_before_generate(inputs):
     console = done.stdout + done.stderr
     assert done.returncode == 2 and "Traceback" not in console, console
     assert "bench.sets" in console and not (inputs / "out" / "generate").exists(), console
+
+
+def test_run_py_ends_a_bench_alarm_in_its_own_message_with_exit_2(inputs):
+    """The alarm (deployed tau at or below bench.tau_fail) is a verdict on the draft, not a fault of draftlab:
+    src/run.py, with a job whose bench raises it, ends in the alarm's message and exit 2."""
+    script = inputs / "alarm_job.py"
+    script.write_text(textwrap.dedent(f"""
+        import runpy, sys
+        import draftlab.task
+        from draftlab.serve.alarm import DraftAlarm
+
+        def alarm(*args, **kwargs):
+            raise DraftAlarm("bench: tau 1.00 <= bench.tau_fail 1.20: the draft accepts nothing", {{}})
+
+        draftlab.task.run_task = alarm
+        sys.argv = ["run.py", *{tiny_overrides(inputs, f"hydra.run.dir={inputs / 'job'}")!r}]
+        runpy.run_path({str(REPO / "src" / "run.py")!r}, run_name="__main__")
+    """))
+    done = run(str(script))
+    console = done.stdout + done.stderr
+    assert done.returncode == 2 and "Traceback" not in console, console
+    assert "error: bench: tau 1.00 <= bench.tau_fail 1.20" in console
+    assert "Traceback" in (inputs / "job" / "run.log").read_text()
