@@ -9,10 +9,7 @@ makes SGLang feed it the last hidden state and skip `fc`).
 
 from __future__ import annotations
 
-import json
-from functools import cache
-
-from draftlab.sglang.st_files import CONTRACT
+from draftlab.sglang.draft_config import contract
 
 # key -> where check-draft judges its value (check.py's config, id and tensor checks, or this module)
 CHECKED = {
@@ -42,11 +39,6 @@ CHECKED = {
     "rope_scaling.mrope_section": "check_rope", "original_max_position_embeddings": "check_rope",
     "partial_rotary_factor": "check_rope", "rope_is_neox_style": "check_rope",
 }
-
-
-@cache
-def contract() -> dict:
-    return json.loads(CONTRACT.read_text())
 
 
 def unchecked() -> list[str]:

@@ -18,8 +18,7 @@ import re
 from pathlib import Path
 
 from draftlab.sglang.capture_reader import ModelFiles
-
-CONTRACT = Path(__file__).with_name("draft_config_contract.json")
+from draftlab.sglang.draft_config import CONTRACT
 DRAFT_CLASS = ("llama_eagle3.py", "LlamaForCausalLMEagle3")
 # the draft methods SGLang calls: construction, forward, loading, and the worker's embedding/head sharing
 DRAFT_METHODS = ("__init__", "forward", "load_weights", "set_embed", "set_embed_and_head", "get_hot_token_id")

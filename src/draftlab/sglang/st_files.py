@@ -9,13 +9,12 @@ them all, a key in two files taking the values of whichever comes last, so what 
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import struct
 from pathlib import Path
 
-CONTRACT = Path(__file__).with_name("draft_config_contract.json")  # draft_keys_reader.py writes it
+from draftlab.sglang.draft_config import weight_files
 
 # safetensors dtype names -> torch dtype names, for messages and for checking d2t is an integer tensor.
 INT_DTYPES = {"I8", "I16", "I32", "I64", "U8", "U16", "U32", "U64"}
@@ -35,13 +34,7 @@ class UnreadableFile(DraftFilesError):
         self.path = Path(path)
 
 
-@functools.cache
-def weight_files_contract() -> dict:
-    """SGLang's weight-file patterns (in the order its loader tries them) and index file name."""
-    return json.loads(CONTRACT.read_text())["weight_files"]
-
-
-INDEX_NAME = weight_files_contract()["index"]
+INDEX_NAME = weight_files()["index"]
 
 
 def checkpoint_files(folder: Path) -> list[Path]:
@@ -57,12 +50,12 @@ def checkpoint_files(folder: Path) -> list[Path]:
         if missing:
             raise DraftFilesError(f"{index}: lists files that do not exist: {missing}")
         return files
-    for pattern in weight_files_contract()["patterns"]:  # SGLang takes the first pattern that matches
+    for pattern in weight_files()["patterns"]:  # SGLang takes the first pattern that matches
         files = sorted(folder.glob(pattern))
         if files:
             break
     if not files:
-        raise DraftFilesError(f"{folder}: no weight file ({', '.join(weight_files_contract()['patterns'])})")
+        raise DraftFilesError(f"{folder}: no weight file ({', '.join(weight_files()['patterns'])})")
     names = [p.name for p in files]
     if not pattern.endswith(".safetensors"):
         raise DraftFilesError(f"{folder}: SGLang would load {names}, which cannot be checked: convert them to "
