@@ -86,6 +86,18 @@ def test_a_foreign_draft_with_a_bad_value_is_not_passed(tmp_path, target, key):
                                                                             scan_weights=False).ok
 
 
+@pytest.mark.parametrize("key", sorted(k for k in BAD if k.startswith("eagle_config")))
+def test_a_specforge_style_draft_is_refused_for_every_eagle_config_defect(tmp_path, target, key):
+    """Another trainer's names (SpecForge's `midlayer.*`), no draftlab record, checked with --target alone."""
+    def specforge(name):
+        return name.replace("layers.0.", "midlayer.")
+
+    good = write_draft(tmp_path / "good", rename=specforge)
+    assert check_draft(good, target=target).ok
+    report = check_draft(write_draft(tmp_path / "d", config_patch=BAD[key], rename=specforge), target=target)
+    assert not report.ok, report.summary()
+
+
 def test_use_aux_hidden_state_false_is_refused_naming_it(tmp_path, target, capsys):
     folder = write_draft(tmp_path / "d", config_patch=BAD["eagle_config.use_aux_hidden_state"])
     assert check_draft_main([str(folder), "--target", str(target), "--no-weight-scan"]) == 1
