@@ -161,3 +161,53 @@ def test_run_py_ends_a_bench_alarm_in_its_own_message_with_exit_2(inputs):
     assert done.returncode == 2 and "Traceback" not in console, console
     assert "error: bench: tau 1.00 <= bench.tau_fail 1.20" in console
     assert "Traceback" in (inputs / "job" / "run.log").read_text()
+
+
+def _int_keys(node, prefix=""):
+    for key, value in node.items():
+        if isinstance(value, dict):
+            yield from _int_keys(value, f"{prefix}{key}.")
+        elif isinstance(value, int) and not isinstance(value, bool):
+            yield f"{prefix}{key}"
+
+
+def test_every_count_in_the_config_is_refused_negative_naming_its_key(tmp_path):
+    """Derived from the composed config itself: a count or size set to -1 is refused by validation, before
+    anything runs, in a message that starts with its key."""
+    from omegaconf import OmegaConf
+
+    from draftlab.config import ConfigError, compose_conf, validate
+
+    base = tiny_overrides(tmp_path, "serve=sglang")
+    keys = sorted(_int_keys(OmegaConf.to_container(compose_conf(base), resolve=False)))
+    assert len(keys) > 30
+    passed = []
+    for key in keys:
+        try:
+            validate(compose_conf([*base, f"{key}=-1"]))
+            passed.append(key)
+        except ConfigError as err:
+            if not str(err).startswith(f"{key}:"):
+                passed.append(f"{key} ({err})")
+    assert passed == []
+
+
+@pytest.mark.parametrize("key, value", [
+    ("target.path", "{t}/missing"), ("target.path", "{t}/model/config.json"), ("data.path", "{t}/missing.jsonl"),
+    ("bench.sets", "[{t}/missing.jsonl]"), ("bench.sets", "[{t}/blank.jsonl]"), ("train.init_from", "{t}/missing"),
+    ("paths.root", "{t}/missing/out"), ("extract.pool_root", "{t}/a_file/pool"),
+])
+def test_every_key_naming_a_file_is_refused_in_preflight_naming_it(inputs, key, value):
+    from draftlab.config import ConfigError, compose_conf, validate
+    from draftlab.preflight import preflight
+
+    extra = {"target.path": ["target=hf"], "data.path": ["data.source=jsonl"]}.get(key, [])
+    overrides = [*tiny_overrides(inputs, *extra), f"{key}={value.format(t=inputs)}"]
+    before = sorted(p.name for p in inputs.iterdir())
+    with pytest.raises(ConfigError) as err:
+        preflight(validate(compose_conf(overrides)))
+    assert str(err.value).startswith(f"{key}:") and len(str(err.value).splitlines()) == 1, err.value
+    # paths.root itself may be made (Hydra's job folder, which keeps run.log, lives under it), and its key
+    # cache (.cache) written; no stage folder
+    assert sorted(p.name for p in inputs.iterdir() if p.name != "out") == before
+    assert not (inputs / "out").exists() or [p.name for p in (inputs / "out").iterdir()] in ([], [".cache"])
