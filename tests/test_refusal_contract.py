@@ -65,6 +65,14 @@ def cases(t):
         (["import-runs", str(t / "empty"), "--experiment", "x"], "results.json"),
         (["draft-contract", "--python", str(t / "missing")], "missing"),
         (["capture-contract", "--python", str(t / "missing")], "missing"),
+        # argparse's own refusals: one line naming the argument, not the whole usage
+        (["check-draft", str(t / "draft"), "--rules", "newest"], "--rules"),
+        (["convert", str(t / "draft"), str(t / "new")], "--to"),
+        (["plan", "--gpus", "two"], "--gpus"),
+        (["bundle"], "out"),
+        (["benchmark", "--bogus"], "--bogus"),
+        (["import-runs", str(t / "empty")], "--experiment"),
+        (["draft-contract", "--wirte"], "--wirte"),
     ]
 
 
@@ -95,6 +103,7 @@ def test_a_command_refuses_bad_input_in_one_line(inputs, capsys, index):
     (["data_scaling", "--records", "{t}/blank.jsonl", "--report", "{t}/nofolder/report.md"], "blank.jsonl"),
     (["data_scaling", "--records", "{t}/blank.jsonl", "--boot", "0"], "--boot"),
     (["data_scaling", "--records", "{t}/blank.jsonl", "--level", "1.5"], "--level"),
+    (["data_scaling", "--boot", "many"], "--boot"),
 ])
 def test_analyze_refuses_bad_input_in_one_line(inputs, capsys, argv, named):
     from draftlab.analysis.cli import main as analyze

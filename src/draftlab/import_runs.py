@@ -7,11 +7,11 @@ the report it makes, each run named by its job folder.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
+from draftlab.cli_parser import ArgumentParser
 from draftlab.analysis.records import write_records
 from draftlab.tracking.runs import create_run, end_run, import_job, log_analysis, open_client
 
@@ -52,7 +52,7 @@ def import_runs(folder: Path, experiment: str, uri: str | None = None, records: 
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m draftlab import-runs", description=__doc__)
+    parser = ArgumentParser(prog="python -m draftlab import-runs", description=__doc__)
     parser.add_argument("folder", type=Path, help="a Hydra run or multirun folder")
     parser.add_argument("--experiment", required=True, help="MLflow experiment to log into")
     parser.add_argument("--tracking-uri", default=None)

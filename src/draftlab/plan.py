@@ -17,7 +17,6 @@ replaces the cap with an expected answer length.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -25,6 +24,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftlab.cli_parser import ArgumentParser
 from draftlab.config import ConfigError
 from draftlab.data import room
 from draftlab.plan_estimates import Memory, Params, Storage, draft_params, draft_shape, human, train_memory
@@ -293,7 +293,7 @@ def compose(overrides: list[str]):
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m draftlab plan", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="python -m draftlab plan", description=__doc__.split("\n\n")[0])
     parser.add_argument("--gpus", type=int, default=None, help="GPUs training runs on (default: WORLD_SIZE or 1)")
     parser.add_argument("--answer-tokens", type=int, default=None,
                         help="expected answer length, tokens (default: data.max_new_tokens)")

@@ -9,11 +9,11 @@ JSON-lines file (the format of `draftlab.analysis.records`) instead of MLflow.
 
 from __future__ import annotations
 
-import argparse
 import shlex
 import sys
 from pathlib import Path
 
+from draftlab.cli_parser import ArgumentParser
 from draftlab.analysis.core import AnalysisResult, analyze
 from draftlab.analysis.mlflow_source import load_records, log_to_parent
 from draftlab.analysis.records import read_records
@@ -43,9 +43,9 @@ def analyze_parent(source: str, tracking_uri: str | None = None, out: Path | Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="analyze.py", description="Is this draft under-trained, data-limited, or at a "
-                                "bottleneck? Measures the sweep's children along optimizer steps and training "
-                                "tokens, prices the next doubling of each, and names the verdict.")
+    p = ArgumentParser(prog="analyze.py", description="Is this draft under-trained, data-limited, or at a "
+                       "bottleneck? Measures the sweep's children along optimizer steps and training "
+                       "tokens, prices the next doubling of each, and names the verdict.")
     p.add_argument("source", help="a sweep's parent run id, or an experiment name (its latest sweep)")
     p.add_argument("--tracking-uri", default=None,
                    help="default: MLFLOW_TRACKING_URI, else sqlite:///<repo>/mlruns/mlflow.db")

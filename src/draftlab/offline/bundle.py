@@ -22,6 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from draftlab.cli_parser import ArgumentParser
 from draftlab.fsutil import DestinationError, check_destination, owned_folder
 from draftlab.offline.closure import DATA_PACKAGES, closure, project_requirements
 from draftlab.provenance import git_state
@@ -161,7 +162,7 @@ def write_bundle(out: Path, root: Path, pins: list[str], platform: str, python_v
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m draftlab bundle", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m draftlab bundle", description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="the folder to write (new, empty, or an earlier bundle)")
     parser.add_argument("--force", action="store_true",
                         help="replace an OUT that holds files bundle did not write (a new folder is swapped in)")

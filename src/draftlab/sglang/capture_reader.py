@@ -278,15 +278,15 @@ def installed_sglang(python: Path) -> tuple[Path, str]:
 
 
 def main(argv: list[str]) -> int:
-    import argparse
     import json
     import sys
 
+    from draftlab.cli_parser import ArgumentParser
     from draftlab.sglang.capture import CONTRACT
     from draftlab.sglang.contract import sglang_python
 
-    parser = argparse.ArgumentParser(prog="python -m draftlab capture-contract",
-                                     description="Regenerate SGLang's EAGLE-3 capture contract from its model files.")
+    parser = ArgumentParser(prog="python -m draftlab capture-contract",
+                            description="Regenerate SGLang's EAGLE-3 capture contract from its model files.")
     parser.add_argument("--write", action="store_true", help=f"write {CONTRACT.name} (default: compare only)")
     parser.add_argument("--python", help="the sglang venv's interpreter (default: scripts/setup-sglang.sh's)")
     args = parser.parse_args(argv)

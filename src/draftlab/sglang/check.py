@@ -10,12 +10,12 @@ accept length ~1 without a word.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from draftlab.cli_parser import ArgumentParser
 from draftlab.sglang import check_trained as trained
 from draftlab.sglang import draft_keys, keymap
 from draftlab.sglang.capture import CaptureError, for_target
@@ -342,8 +342,8 @@ def _refuse_arguments(args) -> str | None:
 
 
 def check_draft_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m draftlab check-draft",
-                                     description="Check a draft folder against SGLang 0.5.23's loading contract.")
+    parser = ArgumentParser(prog="python -m draftlab check-draft",
+                            description="Check a draft folder against SGLang 0.5.23's loading contract.")
     parser.add_argument("folder")
     parser.add_argument("--target", help="target model folder (or hub name in the local HF cache)")
     parser.add_argument("--rules", choices=keymap.RULES, default="current",

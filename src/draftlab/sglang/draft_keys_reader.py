@@ -228,15 +228,15 @@ def read_draft_contract(srt: Path, version: str) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    import argparse
     import json
     import sys
 
+    from draftlab.cli_parser import ArgumentParser
     from draftlab.sglang.capture_reader import installed_sglang
     from draftlab.sglang.contract import sglang_python
 
-    parser = argparse.ArgumentParser(prog="python -m draftlab draft-contract",
-                                     description="Regenerate the draft config keys and weight files SGLang reads.")
+    parser = ArgumentParser(prog="python -m draftlab draft-contract",
+                            description="Regenerate the draft config keys and weight files SGLang reads.")
     parser.add_argument("--write", action="store_true", help=f"write {CONTRACT.name} (default: compare only)")
     parser.add_argument("--python", help="the sglang venv's interpreter (default: scripts/setup-sglang.sh's)")
     args = parser.parse_args(argv)

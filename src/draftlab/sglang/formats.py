@@ -199,11 +199,12 @@ def _source_record(src: Path) -> dict | None:
 
 
 def convert_main(argv: list[str] | None = None) -> int:
-    import argparse
     import sys
 
-    parser = argparse.ArgumentParser(prog="python -m draftlab convert",
-                                     description="Convert a draft between SGLang and vLLM speculators format.")
+    from draftlab.cli_parser import ArgumentParser
+
+    parser = ArgumentParser(prog="python -m draftlab convert",
+                            description="Convert a draft between SGLang and vLLM speculators format.")
     parser.add_argument("src")
     parser.add_argument("dst")
     parser.add_argument("--to", choices=("sglang", "speculators"), required=True)
