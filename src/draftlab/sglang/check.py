@@ -2,10 +2,11 @@
 
 Files first: config.json and every safetensors file must be readable and whole (a partial copy is refused in one
 line, exit 2), and match the content hashes the draft's own training record (draftlab_provenance.json) sealed
-at export (a changed file is an error, and the other checks still run, so that the change's effect is seen). Then config rules (no torch), the safetensors headers replayed through `keymap`, the record's layer
-ids and fc width, and a scan of every tensor (check_trained.py). Each finding names the config key or checkpoint
-key at fault. Errors are things that crash SGLang after the target has loaded or, worse, make it serve at
-accept length ~1 without a word.
+at export (a changed file is an error; the other checks still run, so that the change's effect is seen). Then
+config rules (no torch; every key SGLang reads, draft_keys.py), the safetensors headers replayed through
+`keymap`, the record's layer ids and fc width, and a scan of every tensor (check_trained.py). Each finding
+names the config key or checkpoint key at fault. Errors are things that crash SGLang after the target has
+loaded or, worse, make it serve at accept length ~1 without a word.
 """
 
 from __future__ import annotations
