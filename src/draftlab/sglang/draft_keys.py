@@ -123,9 +123,9 @@ def check_rope(report, config: dict, target: dict | None) -> None:
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
         report.error(where, f"{theta!r} must be a positive number")
     elif target:
-        tparams = target.get("rope_parameters") or {}
-        target_theta = tparams.get("rope_theta", target.get("rope_theta"))
-        if target_theta is not None and float(theta) != float(target_theta):
+        tparams = target.get("rope_parameters")
+        target_theta = (tparams if isinstance(tparams, dict) else {}).get("rope_theta", target.get("rope_theta"))
+        if isinstance(target_theta, (int, float)) and float(theta) != float(target_theta):
             report.warn(where, f"{theta:g} differs from the target's {target_theta:g}: right only if the draft "
                         "was trained with it")
     if scaling and "original_max_position_embeddings" in config:
