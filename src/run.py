@@ -10,7 +10,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from draftlab.config import ConfigError
+from draftlab.config import ConfigError, check_overrides
 from draftlab.tracking.run_names import job_run_name
 from draftlab.task import run_task
 from draftlab.tracking.run_context import parent_run_id_for
@@ -66,4 +66,9 @@ if __name__ == "__main__":
         # torchrun: rank 0 alone writes the Hydra run folder; the others log to stdout and leave no files
         sys.argv += ["hydra.output_subdir=null", "hydra/job_logging=stdout",
                      f"hydra.run.dir={tempfile.gettempdir()}/draftlab-rank{os.environ['RANK']}"]
+    try:  # Hydra answers a misspelt override in several lines and exit 1; the contract is one line and exit 2
+        check_overrides(sys.argv[1:])
+    except ConfigError as err:
+        print(f"config error: {err}", file=sys.stderr)
+        sys.exit(2)
     main()

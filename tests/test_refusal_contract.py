@@ -220,3 +220,11 @@ def test_every_key_naming_a_file_is_refused_in_preflight_naming_it(inputs, key, 
     # cache (.cache) written; no stage folder
     assert sorted(p.name for p in inputs.iterdir() if p.name != "out") == before
     assert not (inputs / "out").exists() or [p.name for p in (inputs / "out").iterdir()] in ([], [".cache"])
+
+
+@pytest.mark.parametrize("override, named", [("data.smaples=3", "data.smaples"), ("target=hff", "target/hff")])
+def test_run_py_refuses_a_misspelt_override_in_one_line(inputs, override, named):
+    done = run(str(REPO / "src" / "run.py"), *tiny_overrides(inputs, override, f"hydra.run.dir={inputs / 'job'}"))
+    console = (done.stdout + done.stderr).strip()
+    assert done.returncode == 2 and "Traceback" not in console and len(console.splitlines()) == 1, console
+    assert named in console and not (inputs / "job").exists() and not (inputs / "out").exists()

@@ -218,6 +218,34 @@ def compose_conf(overrides: list[str] | None = None) -> DictConfig:
         return compose("config", overrides=list(overrides or []))
 
 
+def check_overrides(args: list[str]) -> None:
+    """src/run.py's overrides composed as Hydra will compose them, before Hydra does: a misspelt key or an unknown
+    option is refused in one line naming it (Hydra prints several and exits 1). A sweep is checked by its key;
+    a command naming another config is left to Hydra, as is anything else this cannot judge."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import OverrideType
+    from hydra.errors import HydraException
+
+    if any(a.split("=")[0] in ("-cn", "--config-name", "-cp", "--config-path", "-cd", "--config-dir") for a in args):
+        return
+    overrides = [a for a in args if "=" in a and not a.startswith("-")]
+    groups = {p.name for p in CONF_DIR.iterdir() if p.is_dir()}
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+        single = [o.input_line for o in parsed if not o.is_sweep_override() and not o.key_or_group.startswith("hydra")]
+        composed = compose_conf(single)
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ConfigError(f"overrides: {' '.join(str(err).strip().splitlines()[:2])}") from None
+    for o in parsed:
+        key = o.key_or_group
+        if (o.is_sweep_override() and o.type == OverrideType.CHANGE and key.split("/")[0] not in groups | {"hydra"}
+                and OmegaConf.select(composed, key, default=_ABSENT) is _ABSENT):
+            raise ConfigError(f"{key}: no such key in the composed config (a misspelling?)")
+
+
+_ABSENT = object()
+
+
 def default_config(overrides: dict | None = None) -> DictConfig:
     """The composed conf/ with optional nested overrides, validated. Handy in tests and benchmarks."""
     composed = compose_conf()
