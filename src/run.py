@@ -10,7 +10,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from draftlab.config import ConfigError
+from draftlab.config import ConfigError, check_overrides
 from draftlab.tracking.run_names import job_run_name
 from draftlab.task import run_task
 from draftlab.tracking.run_context import parent_run_id_for
@@ -20,7 +20,7 @@ log = logging.getLogger("draftlab")
 REFUSALS = [("draftlab.serve.remote", "ServerError"), ("draftlab.sglang.monitor", "ServerStartError"),
             ("draftlab.sglang.client", "SGLangClientError"), ("draftlab.sglang.launch", "LaunchError"),
             ("draftlab.sglang.bench", "DraftCheckError"), ("draftlab.serve.loader", "DraftLoadError"),
-            ("draftlab.sglang.st_files", "DraftFilesError")]
+            ("draftlab.sglang.st_files", "DraftFilesError"), ("draftlab.serve.alarm", "DraftAlarm")]
 # conf/config.yaml's hydra.run.dir / sweep.dir end in the pid, so two jobs started at once never share a folder
 # (run.log interleaved, results.json overwritten). Cached: a sweep's jobs see their launcher's value.
 OmegaConf.register_new_resolver("draftlab.pid", os.getpid, use_cache=True, replace=True)
@@ -66,4 +66,9 @@ if __name__ == "__main__":
         # torchrun: rank 0 alone writes the Hydra run folder; the others log to stdout and leave no files
         sys.argv += ["hydra.output_subdir=null", "hydra/job_logging=stdout",
                      f"hydra.run.dir={tempfile.gettempdir()}/draftlab-rank{os.environ['RANK']}"]
+    try:  # Hydra answers a misspelt override in several lines and exit 1; the contract is one line and exit 2
+        check_overrides(sys.argv[1:])
+    except ConfigError as err:
+        print(f"config error: {err}", file=sys.stderr)
+        sys.exit(2)
     main()

@@ -8,7 +8,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "draftlab"
 # Bottom to top; each entry is a top-level module or subpackage of draftlab.
 LAYERS = [
     {"config", "config_schema", "fsutil", "progress", "attention", "provenance", "code_version", "target_shape",
-     "reporting"},
+     "reporting", "cli_parser"},
     {"model", "target", "data", "sglang", "serve", "generation", "train", "export", "draft_provenance",
      "plan_estimates"},
     {"tracking", "analysis", "plan", "preflight", "root_check", "stage_keys"},

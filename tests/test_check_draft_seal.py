@@ -2,7 +2,8 @@
 
 Each changed folder is a copy of a real export (the `good` fixture) changed by hand: a norm scaled out of range,
 rope_theta edited, a head row blown up, d2t no longer one-to-one, a weight file cut short. The hash seal catches
-each change; `--allow-modified` bypasses it so that the checks on the weights alone are seen to catch theirs.
+each change, naming the file, and every other check still runs in the same report, so the real defect shows
+too; `--allow-modified` turns the seal's errors into warnings.
 """
 
 from __future__ import annotations
@@ -38,9 +39,11 @@ def test_scaled_norm_is_refused_naming_the_weight_file(good, tmp_path, capsys):
     folder = broken_copy(good, tmp_path, tensors=lambda s: {
         "layers.0.hidden_norm.weight": torch.full_like(s["layers.0.hidden_norm.weight"], 1e6)})
     report = check_draft(folder)
-    assert where(report) == {"model.safetensors"}, report.summary()
+    # the seal names the file, and the same run shows what changed in it
+    assert where(report) == {"model.safetensors", "layers.0.hidden_norm.weight"}, report.summary()
     assert check_draft_main([str(folder)]) == 1
-    assert "ERROR model.safetensors: content changed after export" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "ERROR model.safetensors: content changed after export" in err and "far outside the range" in err
     modified = check_draft(folder, allow_modified=True)  # the weights alone give it away as well
     assert where(modified) == {"layers.0.hidden_norm.weight"}, modified.summary()
     assert "far outside the range" in modified.summary()
@@ -64,6 +67,19 @@ def test_added_weight_file_is_a_change(good, tmp_path):
     (folder / "model.safetensors").rename(folder / "model-00001-of-00001.safetensors")
     report = check_draft(folder)
     assert where(report) == {"model.safetensors", "model-00001-of-00001.safetensors"}, report.summary()
+
+
+def test_a_seal_refusal_still_reports_the_real_defect(good, tmp_path):
+    """A changed file is refused by name, and the checks SGLang's reading needs still run: here the edit that
+    makes SGLang feed the draft the last hidden state is named in the same report."""
+    folder = broken_copy(good, tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    config["eagle_config"]["use_aux_hidden_state"] = False
+    (folder / "config.json").write_text(json.dumps(config))
+    report = check_draft(folder)
+    assert where(report) == {"config.json", "eagle_config.use_aux_hidden_state"}, report.summary()
+    (folder / "model.safetensors").unlink()
+    assert {"model.safetensors", "eagle_config.use_aux_hidden_state"} <= where(check_draft(folder))
 
 
 def test_dominant_head_rows_are_refused(good, tmp_path):

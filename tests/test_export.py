@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -124,10 +125,10 @@ def test_round_trip(tmp_path):
     assert load_draft(folder).cfg == cfg
 
 
-def test_a_kill_between_the_swap_renames_leaves_only_a_swept_leftover(tmp_path, monkeypatch):
-    """Re-exporting swaps folders with two renames; stopped between them, the old folder must carry a name the
-    pipeline's leftover sweep (`.*.tmp`) removes, or it stays among the stage's outputs for good."""
-    from draftlab import export, fsutil
+def test_a_stop_between_the_swap_renames_puts_the_old_folder_back(tmp_path, monkeypatch):
+    """Re-exporting swaps folders with two renames; stopped between them, the previous folder goes back and
+    nothing is left beside it (a kill that skips the clean-up leaves `.*.tmp` names the pipeline sweeps)."""
+    from draftlab import fsutil
 
     cfg = _config()
     model = Eagle3Draft(cfg)
@@ -135,17 +136,16 @@ def test_a_kill_between_the_swap_renames_leaves_only_a_swept_leftover(tmp_path, 
     real, renames = os.replace, []
 
     def stop_after_the_first_rename(src, dst):
-        renames.append(dst)
         real(src, dst)
-        if len(renames) == 1:
+        if Path(src) == folder:  # the old folder moved aside, the new one not yet in
+            renames.append(str(dst))
             raise KeyboardInterrupt("killed between the renames")
 
-    monkeypatch.setattr(export.os, "replace", stop_after_the_first_rename)
+    monkeypatch.setattr(fsutil.os, "replace", stop_after_the_first_rename)
     with pytest.raises(KeyboardInterrupt):
         export_draft(model, cfg, folder, "float32")
-    monkeypatch.setattr(export.os, "replace", real)
-    assert not folder.exists()
-    fsutil.remove_leftovers(tmp_path, ".*.tmp", recursive=True)  # what the pipeline does before a rerun
-    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(fsutil.os, "replace", real)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["draft"] and (folder / "model.safetensors").exists()
+    assert renames and renames[0].endswith(".tmp")  # the sweep's pattern, should a kill skip the clean-up
     export_draft(model, cfg, folder, "float32")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["draft"]

@@ -70,6 +70,19 @@ def test_too_few_prompts_within_max_prompt_tokens(tiny_cfg, tmp_path):
     assert "only 0 unique prompts within data.max_prompt_tokens=8" in message
 
 
+def test_a_validation_set_larger_than_the_held_out_prompts_names_data_val_samples(tiny_cfg, tmp_path):
+    path = jsonl(tmp_path / "p.jsonl", 40)
+    message = refused(tiny_cfg, "data.source=jsonl", f"data.path={path}", "data.samples=8", "data.val_samples=30")
+    assert message.startswith("data.val_samples: 30 asked") and "held-out" in message
+
+
+def test_bench_prompts_beyond_the_held_out_split_is_refused(tiny_cfg, tmp_path):
+    path = jsonl(tmp_path / "p.jsonl", 64)
+    message = refused(tiny_cfg, "data.source=jsonl", f"data.path={path}", "data.samples=8", "bench.prompts=20",
+                      "bench.sets=[sharegpt_val]")
+    assert message.startswith("bench.prompts: 20, but only"), message
+
+
 def test_zero_val_fraction_is_refused_up_front(tiny_cfg):
     assert refused(tiny_cfg, "data.val_fraction=0").startswith("data.val_fraction: 0")
 

@@ -105,7 +105,7 @@ def test_cli_exit_codes(tmp_path, target, capsys):
     assert check_draft_main([str(good), "--target", str(target)]) == 0
     assert check_draft_main([str(good), "--target", str(target), "--rules", "legacy"]) == 1
     assert "layers.0.self_attn.q_proj.weight" in capsys.readouterr().err
-    assert check_draft_main([str(good), "--target", str(tmp_path / "nowhere")]) == 1
+    assert check_draft_main([str(good), "--target", str(tmp_path / "nowhere")]) == 2  # bad input: refused
 
 
 def test_the_serving_releases_contract_checks_the_target(tmp_path, target, capsys):

@@ -10,6 +10,8 @@ COMMANDS = {
     "check-draft": ("draftlab.sglang.cli", "check a draft folder against what SGLang loads"),
     "convert": ("draftlab.sglang.cli", "convert a draft folder between SGLang and speculators formats"),
     "capture-contract": ("draftlab.sglang.capture_reader", "regenerate SGLang's EAGLE-3 capture contract"),
+    "draft-contract": ("draftlab.sglang.draft_keys_reader", "regenerate the draft config keys and weight files SGLang "
+                       "reads"),
     "plan": ("draftlab.plan", "what a run takes (storage, memory, SGLang flags), from config.json alone"),
     "import-runs": ("draftlab.import_runs", "log jobs run without a tracking store (results.json) into MLflow"),
     "warm-compile": ("draftlab.warmup.compile", "build the train stage's compiled graphs ahead"),

@@ -66,6 +66,8 @@ def _check_values(c: DictConfig) -> None:
     if c.target.name == "hf" and not c.target.path:
         raise ConfigError("target.path: required when target.name=hf (a Hugging Face model folder or name)")
     _choice("target.dtype", c.target.dtype, DTYPES)
+    for key, value in (c.target.tiny or {}).items():  # the in-code model's shape and seed
+        _positive(f"target.tiny.{key}", value, allow_zero=key == "seed")
     if c.target.device_map and c.target.name == "tiny":
         raise ConfigError("target.device_map: the tiny target is built in code on one device; use target=smollm2|hf")
     _choice("data.source", c.data.source, ("sharegpt", "jsonl", "parquet"))
@@ -143,7 +145,16 @@ def _check_values(c: DictConfig) -> None:
     if c.train.init_from not in (None, "shorter") and not Path(c.train.init_from).exists():
         raise ConfigError(f"train.init_from: {c.train.init_from} does not exist (a checkpoint or train folder, "
                           "or 'shorter')")
+    for key in ("data.seed", "train.seed", "bench.seed"):  # numpy's generators refuse a negative seed
+        _positive(key, OmegaConf.select(c, key), allow_zero=True)
     _choice("serve.backend", c.serve.backend, ("local", "sglang", "both"))
+    _positive("serve.tp_size", c.serve.tp_size)
+    _positive("serve.startup_timeout_s", c.serve.startup_timeout_s)
+    _positive("serve.cuda_graph_max_bs", c.serve.cuda_graph_max_bs)
+    if not 1 <= c.serve.port <= 65535:
+        raise ConfigError(f"serve.port: must be a TCP port, 1 to 65535, got {c.serve.port}")
+    if c.serve.mem_fraction_static is not None and not 0.0 < c.serve.mem_fraction_static < 1.0:
+        raise ConfigError(f"serve.mem_fraction_static: must be in (0, 1), got {c.serve.mem_fraction_static}")
     _positive("serve.num_steps", c.serve.num_steps)
     _positive("serve.topk", c.serve.topk)
     _choice("serve.sglang_rules", c.serve.sglang_rules, ("current", "legacy"))
@@ -216,6 +227,34 @@ def compose_conf(overrides: list[str] | None = None) -> DictConfig:
         return compose("config", overrides=list(overrides or []))
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose("config", overrides=list(overrides or []))
+
+
+def check_overrides(args: list[str]) -> None:
+    """src/run.py's overrides composed as Hydra will compose them, before Hydra does: a misspelt key or an unknown
+    option is refused in one line naming it (Hydra prints several and exits 1). A sweep is checked by its key;
+    a command naming another config is left to Hydra, as is anything else this cannot judge."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import OverrideType
+    from hydra.errors import HydraException
+
+    if any(a.split("=")[0] in ("-cn", "--config-name", "-cp", "--config-path", "-cd", "--config-dir") for a in args):
+        return
+    overrides = [a for a in args if "=" in a and not a.startswith("-")]
+    groups = {p.name for p in CONF_DIR.iterdir() if p.is_dir()}
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+        single = [o.input_line for o in parsed if not o.is_sweep_override() and not o.key_or_group.startswith("hydra")]
+        composed = compose_conf(single)
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ConfigError(f"overrides: {' '.join(str(err).strip().splitlines()[:2])}") from None
+    for o in parsed:
+        key = o.key_or_group
+        if (o.is_sweep_override() and o.type == OverrideType.CHANGE and key.split("/")[0] not in groups | {"hydra"}
+                and OmegaConf.select(composed, key, default=_ABSENT) is _ABSENT):
+            raise ConfigError(f"{key}: no such key in the composed config (a misspelling?)")
+
+
+_ABSENT = object()
 
 
 def default_config(overrides: dict | None = None) -> DictConfig:

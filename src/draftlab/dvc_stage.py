@@ -8,13 +8,13 @@ and a later command (even with the same params) opens a new one, tagged with its
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from draftlab.cli_parser import ArgumentParser
 from draftlab.config import STAGE_NAMES, validate
 from draftlab.provenance import file_sha256
 from draftlab.stages import invoke
@@ -108,7 +108,7 @@ def _write_curve(manifest: Path, path: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m draftlab stage", description=__doc__)
+    parser = ArgumentParser(prog="python -m draftlab stage", description=__doc__)
     parser.add_argument("name", choices=STAGE_NAMES)
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     parser.add_argument("--out", type=Path, required=True)

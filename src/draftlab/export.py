@@ -10,46 +10,38 @@ the target's when the widths agree, but keeps the draft's own otherwise. The fol
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from draftlab import draft_provenance
+from draftlab.fsutil import owned_folder
 from draftlab.model.draft import DraftModelConfig, Eagle3Draft
 
+# what an export writes: an older export's folder (without fsutil's writer record) may be replaced
+OWN_FILES = ("config.json", "model.safetensors", draft_provenance.FILE)
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 def export_draft(model: Eagle3Draft, cfg: DraftModelConfig, folder: Path, torch_dtype: str = "bfloat16",
-                 provenance: dict | None = None) -> Path:
+                 provenance: dict | None = None, force: bool = False) -> Path:
     """`provenance` (draft_provenance.from_extract_manifest) is written beside the weights with their content
     hashes, so that `check-draft DIR` can check the draft against the features it was trained on without flags,
-    and tell a draft changed after export from the trained one."""
+    and tell a draft changed after export from the trained one. A `folder` holding files an export did not write
+    is refused unless `force` (fsutil.owned_folder)."""
     folder = Path(folder)
     dtype = DTYPES[torch_dtype]
     tensors = {}
     for name, value in model.state_dict().items():
         value = value.detach().cpu()
         tensors[name] = value.to(dtype) if value.is_floating_point() else value  # d2t int64, t2d bool untouched
-    tmp = folder.parent / f".{folder.name}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "model.safetensors"),
-              metadata={"format": "pt"})
-    (tmp / "config.json").write_text(json.dumps(cfg.to_hf_config(torch_dtype), indent=2, sort_keys=True) + "\n")
-    if provenance is not None:  # sealed with the hashes of the files just written
-        draft_provenance.write_sealed(tmp, provenance)
-    # A kill between the two renames leaves the old folder under a `.*.tmp` name: the pipeline's leftover sweep
-    # removes it, as it does `tmp` (a plain `.old` would outlive the rerun, a stray file among the outputs).
-    old = folder.parent / f".{folder.name}.old.tmp"
-    shutil.rmtree(old, ignore_errors=True)
-    if folder.exists():
-        os.replace(folder, old)
-    os.replace(tmp, folder)
-    shutil.rmtree(old, ignore_errors=True)
+    with owned_folder(folder, "export", force, OWN_FILES) as tmp:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "model.safetensors"),
+                  metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(cfg.to_hf_config(torch_dtype), indent=2, sort_keys=True) + "\n")
+        if provenance is not None:  # sealed with the hashes of the files just written
+            draft_provenance.write_sealed(tmp, provenance)
     return folder
 
 

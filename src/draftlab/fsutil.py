@@ -146,3 +146,62 @@ def remembered(cache: Path, key: str, family: str, compute: Callable[[], Any]) -
         except OSError:
             pass
     return known[key]
+
+
+WRITER_FILE = ".draftlab_writer.json"  # in a folder a command wrote: which command, and the files it wrote
+
+
+class DestinationError(ValueError):
+    """A destination folder holds what the command did not write: replacing it would lose it."""
+
+
+def check_destination(dst: Path, writer: str, force: bool = False, own_names: tuple[str, ...] = ()) -> None:
+    """Refuses `dst` unless it is absent, an empty folder, or holds only files `writer` wrote there (its
+    WRITER_FILE record; `own_names`: what an older `writer` left without a record). `force` accepts anything:
+    owned_folder then swaps a new folder in whole."""
+    dst = Path(dst)
+    if force or not os.path.lexists(dst):
+        return
+    if not dst.is_dir():
+        raise DestinationError(f"{dst}: is a file, not a folder; pass --force to replace it")
+    present = sorted(str(p.relative_to(dst)) for p in dst.rglob("*") if p.is_file() or p.is_symlink())
+    record = read_json(dst / WRITER_FILE, None) if (dst / WRITER_FILE).is_file() else None
+    if isinstance(record, dict) and record.get("writer") == writer:
+        own = set(record.get("files") or ()) | {WRITER_FILE}
+    else:
+        own = set(own_names) if record is None else set()
+    foreign = [name for name in present if name not in own]
+    if foreign or (present and not own):
+        shown = ", ".join((foreign or present)[:4]) + (" ..." if len(foreign or present) > 4 else "")
+        raise DestinationError(f"{dst}: holds files {writer} did not write ({shown}); pass --force to replace "
+                               "the folder, or name a new one")
+
+
+@contextlib.contextmanager
+def owned_folder(dst: Path, writer: str, force: bool = False, own_names: tuple[str, ...] = ()) -> Iterator[Path]:
+    """Yields a new folder beside `dst` to write into; when the block succeeds it records what was written
+    (WRITER_FILE) and is swapped in for `dst` whole, so `dst` is never half written or mixed with older files.
+    check_destination first: nothing the writer did not write is replaced unless `force`."""
+    dst = Path(dst)
+    check_destination(dst, writer, force, own_names)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent))
+    old = dst.parent / f".{dst.name}.old-{os.getpid()}.tmp"  # `.*.tmp`: the pipeline's leftover sweep takes it
+    try:
+        yield tmp
+        files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
+        atomic_write_json(tmp / WRITER_FILE, {"writer": writer, "files": files})
+        os.chmod(tmp, 0o777 & ~_UMASK)
+        if os.path.lexists(dst):
+            os.replace(dst, old)
+        os.replace(tmp, dst)
+    except BaseException:
+        if os.path.lexists(old) and not os.path.lexists(dst):
+            os.replace(old, dst)  # stopped between the renames: the previous folder goes back
+        raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
+        elif os.path.lexists(old):
+            old.unlink()

@@ -7,10 +7,11 @@ the report it makes, each run named by its job folder.
 
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 from pathlib import Path
 
+from draftlab.cli_parser import ArgumentParser
 from draftlab.analysis.records import write_records
 from draftlab.tracking.runs import create_run, end_run, import_job, log_analysis, open_client
 
@@ -51,13 +52,17 @@ def import_runs(folder: Path, experiment: str, uri: str | None = None, records: 
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m draftlab import-runs", description=__doc__)
+    parser = ArgumentParser(prog="python -m draftlab import-runs", description=__doc__)
     parser.add_argument("folder", type=Path, help="a Hydra run or multirun folder")
     parser.add_argument("--experiment", required=True, help="MLflow experiment to log into")
     parser.add_argument("--tracking-uri", default=None)
     parser.add_argument("--records", type=Path, default=None,
                         help="also write the records to this file for `src/analyze.py --records` (.gz: compressed)")
     args = parser.parse_args(argv)
-    parent = import_runs(args.folder, args.experiment, args.tracking_uri, args.records)
+    try:  # every results.json is read and checked before any run is created
+        parent = import_runs(args.folder, args.experiment, args.tracking_uri, args.records)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"import-runs: {str(err).strip().splitlines()[0]}", file=sys.stderr)
+        return 2
     print(f"imported into parent run {parent} (experiment {args.experiment})")
     return 0

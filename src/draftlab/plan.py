@@ -17,7 +17,6 @@ replaces the cap with an expected answer length.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -25,6 +24,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftlab.cli_parser import ArgumentParser
 from draftlab.config import ConfigError
 from draftlab.data import room
 from draftlab.plan_estimates import Memory, Params, Storage, draft_params, draft_shape, human, train_memory
@@ -179,6 +179,8 @@ def target_config(target_cfg) -> dict:
 
     try:
         return target_config_json(target_cfg)
+    except ConfigError:
+        raise  # already names target.path and what is wrong
     except (OSError, ValueError) as err:
         raise ConfigError(f"target.path: cannot read the config of {target_cfg.path}: "
                           f"{str(err).strip().splitlines()[0]}") from err
@@ -306,7 +308,7 @@ def compose(overrides: list[str]):
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m draftlab plan", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="python -m draftlab plan", description=__doc__.split("\n\n")[0])
     parser.add_argument("--gpus", type=int, default=None, help="GPUs training runs on (default: WORLD_SIZE or 1)")
     parser.add_argument("--answer-tokens", type=int, default=None,
                         help="expected answer length, tokens (default: data.max_new_tokens)")
@@ -314,6 +316,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_intermixed_args(argv)
     if args.gpus is not None and args.gpus < 1:
         raise ConfigError(f"--gpus: {args.gpus}; at least 1")
+    if args.answer_tokens is not None and args.answer_tokens < 1:
+        raise ConfigError(f"--answer-tokens: {args.answer_tokens}; at least 1")
     cfg = compose(args.overrides)
     plan = build(cfg, args.gpus, args.answer_tokens)
     print("\n".join(plan.lines()))

@@ -33,6 +33,9 @@ def preflight(cfg) -> None:
     if "generate" in cfg.stages and not _pool_holds(cfg):
         check_server(cfg)
         check_prompts(cfg)
+        check_bench_set_prompts(cfg, count_tokens=True)
+    else:
+        check_bench_set_prompts(cfg, count_tokens=False)  # a cached pool: no tokenizer (no torch) in preflight
 
 
 def check_paths_root(raw) -> Path | None:
@@ -156,6 +159,51 @@ def check_bench_sets(cfg) -> None:
         raise ConfigError(str(err)) from None
 
 
+def check_bench_set_prompts(cfg, count_tokens: bool) -> None:
+    """When bench runs, every set but the held-out one (check_prompts counts that) reads and holds bench.prompts
+    prompts within data.max_prompt_tokens, so that a bad set is refused before generate, extract and train run."""
+    from draftlab.data.bench_sets import HELD_OUT, parse_sets, set_texts
+
+    if "bench" not in cfg.stages or _bench_done(cfg):
+        return
+    sets = parse_sets(list(cfg.bench.sets))
+    for bench_set in (s for s in sets if s.kind != HELD_OUT):
+        where = bench_set.path or bench_set.name
+        try:
+            texts = set_texts(bench_set, cfg.bench.seed)
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise ConfigError(f"bench.sets: {where}: {str(err).strip().splitlines()[0]}") from None
+        usable, exact = _usable_bench_prompts(cfg, texts) if count_tokens else (texts, False)
+        if len(usable) < cfg.bench.prompts:
+            within = f" within data.max_prompt_tokens={cfg.data.max_prompt_tokens}" if exact else ""
+            raise ConfigError(f"bench.sets: {where} has {len(usable)} usable prompts{within}, and bench.prompts="
+                              f"{cfg.bench.prompts} asks for that many from each set; lower bench.prompts or add "
+                              "prompts")
+
+
+def _bench_done(cfg) -> bool:
+    """The bench stage's completion record exists: a cached job reads no prompt set (and imports no torch)."""
+    from draftlab.stage_keys import plan
+
+    try:
+        return plan(cfg)["bench"].done_record.exists()
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def _usable_bench_prompts(cfg, texts: list[str]) -> tuple[list, bool]:
+    """The bench stage's first bench.prompts prompts of a set within data.max_prompt_tokens, counted with the
+    tokenizer when it loads cheaply (else every prompt counts, and the stage refuses the rest)."""
+    from draftlab.data.prompts import Prompt
+    from draftlab.target import load_tokenizer, usable_prompts
+
+    tokenizer = load_tokenizer(cfg.target, Path(cfg.paths.root) / "models")
+    if tokenizer is None:
+        return list(texts), False
+    prompts = [Prompt(t, str(i)) for i, t in enumerate(texts)]
+    return usable_prompts(tokenizer, prompts, cfg.data.max_prompt_tokens, cfg.bench.prompts), True
+
+
 def check_val_fraction(cfg) -> None:
     if cfg.data.val_fraction <= 0 and ({"train", "bench"} & set(cfg.stages)):
         raise ConfigError(f"data.val_fraction: {cfg.data.val_fraction} leaves no validation prompts; val/loss and "
@@ -238,6 +286,7 @@ def check_prompts(cfg) -> None:
     Usable means within data.max_prompt_tokens once chat-templated. That needs the tokenizer, loaded alone
     when it is cheap; otherwise the count is conservative (every prompt counts) and generate refuses the rest.
     """
+    from draftlab.data.bench_sets import HELD_OUT
     from draftlab.data.prompts import load_prompts
 
     data = cfg.data
@@ -247,8 +296,12 @@ def check_prompts(cfg) -> None:
         key = "data.path" if data.path else "data.source"
         raise ConfigError(f"{key}: {str(err).splitlines()[0]}") from err
     chosen, exact = _first_usable(cfg, prompts.prompts)
+    within = f" within data.max_prompt_tokens={data.max_prompt_tokens}" if exact else ""
+    held_out = sum(prompts.split_of(p, data.val_fraction) == "val" for p in chosen)
+    if data.val_samples and held_out < data.val_samples:  # the fixed validation set comes first: name its key
+        raise ConfigError(f"data.val_samples: {data.val_samples} asked, but {prompts.source} has only {held_out} "
+                          f"held-out prompts (data.val_fraction={data.val_fraction}){within}")
     if len(chosen) < pool_size(data):
-        within = f" within data.max_prompt_tokens={data.max_prompt_tokens}" if exact else ""
         raise ConfigError(f"data.samples: {data.samples} asked, but {prompts.source} has only {len(chosen)} "
                           f"unique prompts{within}")
     splits = [prompts.split_of(p, data.val_fraction) for p in chosen]
@@ -258,9 +311,10 @@ def check_prompts(cfg) -> None:
     if "train" not in splits and "train" in cfg.stages:
         raise ConfigError(f"data.val_fraction: {data.val_fraction} leaves none of the first data.samples="
                           f"{data.samples} prompts for training")
-    if "bench" in cfg.stages and splits.count("val") < cfg.bench.prompts:
-        log.warning("bench.prompts=%d, but only %d of the first %d prompts are held out for validation",
-                    cfg.bench.prompts, splits.count("val"), data.samples)
+    if "bench" in cfg.stages and HELD_OUT in list(cfg.bench.sets) and splits.count("val") < cfg.bench.prompts:
+        raise ConfigError(f"bench.prompts: {cfg.bench.prompts}, but only {splits.count('val')} of the first "
+                          f"data.samples={data.samples} prompts are held out for the {HELD_OUT} set; lower "
+                          "bench.prompts, or raise data.samples or data.val_fraction")
 
 
 def _first_usable(cfg, prompts: list) -> tuple[list, bool]:

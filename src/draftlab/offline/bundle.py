@@ -22,6 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from draftlab.cli_parser import ArgumentParser
+from draftlab.fsutil import DestinationError, check_destination, owned_folder
 from draftlab.offline.closure import DATA_PACKAGES, closure, project_requirements
 from draftlab.provenance import git_state
 from draftlab.tracking.run_context import repo_root
@@ -160,8 +162,10 @@ def write_bundle(out: Path, root: Path, pins: list[str], platform: str, python_v
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m draftlab bundle", description=__doc__.splitlines()[0])
-    parser.add_argument("out", type=Path, help="the folder to write (created; should be new or empty)")
+    parser = ArgumentParser(prog="python -m draftlab bundle", description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path, help="the folder to write (new, empty, or an earlier bundle)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace an OUT that holds files bundle did not write (a new folder is swapped in)")
     parser.add_argument("--platform", default=PLATFORM, help=f"the wheels' platform tag (default {PLATFORM})")
     parser.add_argument("--python-version", default="{}.{}".format(*sys.version_info[:2]),
                         help="the far side's Python, e.g. 3.11 (default: this interpreter's)")
@@ -170,15 +174,18 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--extra", action="append", default=[], help="also an optional group of pyproject (test)")
     parser.add_argument("--split-size", type=parse_size, help="cut files larger than this into parts (e.g. 47M)")
     args = parser.parse_args(argv)
+    try:  # before the minutes of downloads: a folder of other files is never written into
+        check_destination(args.out, "bundle", args.force)
+    except DestinationError as err:
+        print(f"bundle: {err}", file=sys.stderr)
+        return 2
     root = repo_root()
     if git_state(root)["git.dirty"] == "true":
         print("bundle: uncommitted changes are not carried (the code is git archive HEAD)", file=sys.stderr)
     pins = list(closure(project_requirements(root, tuple(args.extra)), args.python_version, args.with_torch).values())
-    if args.out.exists() and any(args.out.iterdir()):
-        print(f"bundle: {args.out} is not empty", file=sys.stderr)
-        return 2
     try:
-        summary = write_bundle(args.out, root, pins, args.platform, args.python_version, args.split_size)
+        with owned_folder(args.out, "bundle", args.force) as out:
+            summary = write_bundle(out, root, pins, args.platform, args.python_version, args.split_size)
     except (RuntimeError, subprocess.CalledProcessError) as err:
         print(f"bundle: {err}", file=sys.stderr)
         return 1

@@ -340,30 +340,32 @@ def read_contract(models_dir: Path, version: str) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    import argparse
     import json
+    import sys
 
+    from draftlab.cli_parser import ArgumentParser
     from draftlab.sglang.capture import contract_path, shipped_versions
     from draftlab.sglang.contract import sglang_python, sglang_sources
 
-    parser = argparse.ArgumentParser(prog="python -m draftlab capture-contract",
-                                     description="Regenerate SGLang's EAGLE-3 capture contracts from each version's "
-                                                 "model files.")
+    parser = ArgumentParser(prog="python -m draftlab capture-contract",
+                            description="Regenerate SGLang's EAGLE-3 capture contracts from each version's model "
+                                        "files.")
     parser.add_argument("--write", action="store_true", help="write capture_<version>.json (default: compare only)")
     parser.add_argument("--version", action="append", help="only this SGLang version (repeatable; default: every "
                         "shipped one, and with --write also every version whose source is found)")
     parser.add_argument("--python", help="the sglang venv's interpreter (default: scripts/setup-sglang.sh's)")
     args = parser.parse_args(argv)
     python = Path(args.python) if args.python else sglang_python()
-    if python is None:
-        print("capture-contract: no sglang venv (run scripts/setup-sglang.sh or pass --python)")
+    if python is None or not python.is_file():
+        print(f"capture-contract: {python or 'no sglang venv'}: no such interpreter (run scripts/setup-sglang.sh "
+              "or pass --python)", file=sys.stderr)
         return 2
     sources = sglang_sources(python)
     versions = args.version or sorted(set(shipped_versions()) | (set(sources) if args.write else set()))
     missing = [v for v in versions if v not in sources]
     if missing:
         print(f"capture-contract: no source for SGLang {', '.join(missing)} (found {', '.join(sorted(sources))}): "
-              f"run scripts/sglang-source.sh {python.parent.parent} VERSION")
+              f"run scripts/sglang-source.sh {python.parent.parent} VERSION", file=sys.stderr)
         return 2
     differ = 0
     for version in versions:

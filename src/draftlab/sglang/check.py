@@ -2,22 +2,23 @@
 
 Files first: config.json and every safetensors file must be readable and whole (a partial copy is refused in one
 line, exit 2), and match the content hashes the draft's own training record (draftlab_provenance.json) sealed
-at export. Then config rules (no torch), the safetensors headers replayed through `keymap`, the record's layer
-ids and fc width, and a scan of every tensor (check_trained.py). Each finding names the config key or checkpoint
-key at fault. Errors are things that crash SGLang after the target has loaded or, worse, make it serve at
-accept length ~1 without a word.
+at export (a changed file is an error; the other checks still run, so that the change's effect is seen). Then
+config rules (no torch; every key SGLang reads, draft_keys.py), the safetensors headers replayed through
+`keymap`, the record's layer ids and fc width, and a scan of every tensor (check_trained.py). Each finding
+names the config key or checkpoint key at fault. Errors are things that crash SGLang after the target has
+loaded or, worse, make it serve at accept length ~1 without a word.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from draftlab.cli_parser import ArgumentParser
 from draftlab.sglang import check_trained as trained
-from draftlab.sglang import keymap
+from draftlab.sglang import draft_keys, keymap
 from draftlab.sglang.capture import CaptureError, for_target, resolve_version
 from draftlab.sglang.st_files import INT_DTYPES, DraftFilesError, UnreadableFile, load_tensors, read_headers
 from draftlab.sglang.targetinfo import load_target_config, manifest_layer_ids
@@ -101,7 +102,7 @@ def _check_draft(folder: Path, target, rules: str, extract_manifest, scan_weight
     report = CheckReport(folder, rules, sglang_version=sglang_version)
     config_path = folder / "config.json"
     if not config_path.exists():
-        report.error("config.json", f"missing in {folder}")
+        report.refuse("config.json", f"{folder}: no config.json, so not a draft folder")
         return report
     try:
         config = json.loads(config_path.read_text())
@@ -117,6 +118,9 @@ def _check_draft(folder: Path, target, rules: str, extract_manifest, scan_weight
                      "transformer_layer_config / Eagle3Speculator); SGLang 0.5.23 cannot load it. Convert it: "
                      f"python -m draftlab convert {folder} <dst> --to sglang")
         return report
+    if not isinstance(config.get("eagle_config") or {}, dict):  # every later check reads keys from it
+        draft_keys.check_eagle_config(report, config)
+        return report
     try:  # every weight file whole before anything reads tensors from it
         headers, files_error = read_headers(folder), None
     except UnreadableFile:
@@ -124,8 +128,8 @@ def _check_draft(folder: Path, target, rules: str, extract_manifest, scan_weight
     except (DraftFilesError, ValueError) as err:
         headers, files_error = None, str(err)
     prov = trained.load_provenance(report, folder)
-    if prov is not None and not trained.check_seal(report, folder, prov, allow_modified):
-        return report
+    if prov is not None:  # a broken seal is an error; every other check still runs, to show the real defect
+        trained.check_seal(report, folder, prov, allow_modified)
     target_cfg, why = load_target_config(target)
     if why and target is not None:
         report.error("--target", why)
@@ -140,6 +144,7 @@ def _check_draft(folder: Path, target, rules: str, extract_manifest, scan_weight
         trained.check_layer_ids(report, config, prov)
         tcfg = {**tcfg, "capture_points": prov.get("capture_points")}
     _check_config(report, config, tcfg)
+    draft_keys.check_keys(report, config, tcfg, headers, trained=prov is not None)
     _check_layer_ids(report, config, tcfg, extract_manifest)
     if any(k not in config for k in REQUIRED) or report.rules not in keymap.RULES:
         return report  # shapes cannot be derived; the config errors say why
@@ -322,9 +327,32 @@ def _check_vocab_maps(report, folder, config, headers, keys: keymap.KeyReport, a
                      "draft id maps to: d2t is not one-to-one, which a trained draft never is (a damaged file?)")
 
 
+def _refuse_arguments(args) -> str | None:
+    """Why the command line cannot be checked (an SGLang version without a contract, a folder, target or manifest
+    that is not there), else None."""
+    try:
+        resolve_version(args.sglang_version)
+    except CaptureError as err:
+        return str(err)
+    if not Path(args.folder).is_dir():
+        return f"{args.folder} is not a folder"
+    if args.target is not None:
+        target, why = load_target_config(args.target)
+        if why is None and not isinstance(target, dict):
+            why = f"{args.target}: its config.json is not a JSON object"
+        if why:
+            return f"--target {why}"
+    if args.extract_manifest is not None:
+        try:
+            manifest_layer_ids(args.extract_manifest)
+        except (OSError, ValueError, TypeError, AttributeError) as err:
+            return f"--extract-manifest {args.extract_manifest}: {getattr(err, 'strerror', None) or err}"
+    return None
+
+
 def check_draft_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m draftlab check-draft",
-                                     description="Check a draft folder against SGLang 0.5.23's loading contract.")
+    parser = ArgumentParser(prog="python -m draftlab check-draft",
+                            description="Check a draft folder against SGLang's loading contract.")
     parser.add_argument("folder")
     parser.add_argument("--target", help="target model folder (or hub name in the local HF cache)")
     parser.add_argument("--rules", choices=keymap.RULES, default="current",
@@ -340,13 +368,9 @@ def check_draft_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sglang-version", help="the SGLang release that will serve the draft, whose capture "
                         "contract applies (default: the installed sglang's, else the newest shipped)")
     args = parser.parse_args(argv)
-    try:
-        resolve_version(args.sglang_version)
-    except CaptureError as err:
-        print(f"check-draft: {err}", file=sys.stderr)
-        return 2
-    if not Path(args.folder).is_dir():
-        print(f"check-draft: {args.folder} is not a folder", file=sys.stderr)
+    refusal = _refuse_arguments(args)
+    if refusal:  # bad input: one line, exit 2, before anything is checked
+        print(f"check-draft: {refusal}", file=sys.stderr)
         return 2
     report = check_draft(args.folder, args.target, args.rules, args.extract_manifest,
                          scan_weights=not args.no_weight_scan, allow_modified=args.allow_modified,

@@ -40,8 +40,8 @@ def load_provenance(report, folder: Path) -> dict | None:
 
 
 def check_seal(report, folder: Path, prov: dict, allow_modified: bool) -> bool:
-    """The files are those the record's hashes vouch for; False when one changed after export and the other checks
-    must not run (with `allow_modified` they do)."""
+    """The files are those the record's hashes vouch for: a file changed, added or removed after export is an
+    error naming it (a warning with `allow_modified`); False when one did."""
     if "files" not in prov:
         report.warn(draft_provenance.FILE, "holds no content hashes (written before exports were sealed): a change "
                     "to the weights or config.json after export cannot be seen; export or convert it again to seal it")
@@ -54,11 +54,11 @@ def check_seal(report, folder: Path, prov: dict, allow_modified: bool) -> bool:
         if allow_modified:
             report.warn(name, f"{what} (--allow-modified)")
         else:
-            report.error(name, f"{what}: this is not the draft that was trained; pass --allow-modified to check a "
-                         "draft changed on purpose")
+            report.error(name, f"{what}: this is not the draft that was trained (the findings below show what the "
+                         "change does); pass --allow-modified to accept a draft changed on purpose")
     if changed and allow_modified:
         report.warn(draft_provenance.FILE, f"a modified draft cannot get: {UNSEALED_CHECKS}")
-    return not changed or allow_modified
+    return not changed
 
 
 def target_from_provenance(prov: dict) -> dict:

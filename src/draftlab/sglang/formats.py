@@ -25,7 +25,7 @@ import logging
 from pathlib import Path
 
 from draftlab import draft_provenance
-from draftlab.fsutil import atomic_save_safetensors, atomic_write_json
+from draftlab.fsutil import atomic_save_safetensors, atomic_write_json, check_destination, owned_folder
 from draftlab.sglang.check import ARCH, is_speculators_config
 from draftlab.sglang.st_files import load_tensors, read_headers
 
@@ -148,13 +148,21 @@ def _speculators_names(tensors: dict) -> dict:
     return {k.replace("midlayer.", "layers.0."): v for k, v in tensors.items()}
 
 
-def convert(src: Path, dst: Path, to: str, verifier: str | None = None, speculative_tokens: int = 3) -> Path:
-    """Writes `dst` (config.json + model.safetensors) in format `to`; every tensor is copied unchanged."""
+def convert(src: Path, dst: Path, to: str, verifier: str | None = None, speculative_tokens: int = 3,
+            force: bool = False) -> Path:
+    """Writes `dst` (config.json + model.safetensors) in format `to`; every tensor is copied unchanged. A `dst`
+    holding files convert did not write is refused unless `force`; either way it is replaced whole."""
     src, dst = Path(src), Path(dst)
     if to not in ("sglang", "speculators"):
         raise ValueError(f"to: {to!r} is not one of sglang, speculators")
+    if speculative_tokens < 1:
+        raise ValueError(f"--speculative-tokens: {speculative_tokens}, must be at least 1 (the draft proposes "
+                         "that many tokens a step)")
+    if not (src / "config.json").is_file():
+        raise ValueError(f"{src}: no config.json (not a draft folder)")
     if src.resolve() == dst.resolve():
         raise ValueError("dst must differ from src")
+    check_destination(dst, "convert", force)
     config = json.loads((src / "config.json").read_text())
     read_headers(src)  # every weight file whole: a partial copy is named, not converted
     record = _source_record(src)
@@ -168,11 +176,11 @@ def convert(src: Path, dst: Path, to: str, verifier: str | None = None, speculat
     tensors = load_tensors(src)
     if to == "speculators":
         tensors = _speculators_names(tensors)
-    dst.mkdir(parents=True, exist_ok=True)
-    atomic_save_safetensors(dst / "model.safetensors", tensors, metadata={"format": "pt"})
-    atomic_write_json(dst / "config.json", new_config)
-    if record is not None:  # the same weights, so the same training record, sealed over the new files
-        draft_provenance.write_sealed(dst, record)
+    with owned_folder(dst, "convert", force) as out:
+        atomic_save_safetensors(out / "model.safetensors", tensors, metadata={"format": "pt"})
+        atomic_write_json(out / "config.json", new_config)
+        if record is not None:  # the same weights, so the same training record, sealed over the new files
+            draft_provenance.write_sealed(out, record)
     return dst
 
 
@@ -191,19 +199,23 @@ def _source_record(src: Path) -> dict | None:
 
 
 def convert_main(argv: list[str] | None = None) -> int:
-    import argparse
     import sys
 
-    parser = argparse.ArgumentParser(prog="python -m draftlab convert",
-                                     description="Convert a draft between SGLang and vLLM speculators format.")
+    from draftlab.cli_parser import ArgumentParser
+
+    parser = ArgumentParser(prog="python -m draftlab convert",
+                            description="Convert a draft between SGLang and vLLM speculators format.")
     parser.add_argument("src")
     parser.add_argument("dst")
     parser.add_argument("--to", choices=("sglang", "speculators"), required=True)
     parser.add_argument("--verifier", help="target name or path recorded in speculators_config.verifier")
     parser.add_argument("--speculative-tokens", type=int, default=3)
+    parser.add_argument("--force", action="store_true",
+                        help="replace a dst that holds files convert did not write (a new folder is swapped in)")
     args = parser.parse_args(argv)
     try:
-        out = convert(Path(args.src), Path(args.dst), args.to, args.verifier, args.speculative_tokens)
+        out = convert(Path(args.src), Path(args.dst), args.to, args.verifier, args.speculative_tokens,
+                      args.force)
     except (FormatError, ValueError, OSError) as err:  # bad input: one line, exit 2 (json errors are ValueErrors)
         print(f"convert: {err}", file=sys.stderr)
         return 2

@@ -1,8 +1,10 @@
 """Which safetensors files SGLang would read from a draft folder, and their headers without loading tensors.
 
 check-draft must stay cheap on a 2 GB draft, so it reads only the JSON header at the front of each file
-(8-byte little-endian length, then JSON). File selection follows SGLang's loader: with an index file, only
-the files it lists; otherwise every `*.safetensors` in the folder.
+(8-byte little-endian length, then JSON). File selection follows SGLang's loader (its patterns and index name
+read from its source, draft_config_contract.json): with an index file, only the files it lists; otherwise every
+file of the first pattern that matches. More than one safetensors file without an index is refused: SGLang loads
+them all, a key in two files taking the values of whichever comes last, so what it serves is arbitrary.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import math
 import struct
 from pathlib import Path
 
-INDEX_NAME = "model.safetensors.index.json"
+from draftlab.sglang.draft_config import weight_files
 
 # safetensors dtype names -> torch dtype names, for messages and for checking d2t is an integer tensor.
 INT_DTYPES = {"I8", "I16", "I32", "I64", "U8", "U16", "U32", "U64"}
@@ -32,6 +34,9 @@ class UnreadableFile(DraftFilesError):
         self.path = Path(path)
 
 
+INDEX_NAME = weight_files()["index"]
+
+
 def checkpoint_files(folder: Path) -> list[Path]:
     folder = Path(folder)
     index = folder / INDEX_NAME
@@ -45,11 +50,20 @@ def checkpoint_files(folder: Path) -> list[Path]:
         if missing:
             raise DraftFilesError(f"{index}: lists files that do not exist: {missing}")
         return files
-    files = sorted(folder.glob("*.safetensors"))
+    for pattern in weight_files()["patterns"]:  # SGLang takes the first pattern that matches
+        files = sorted(folder.glob(pattern))
+        if files:
+            break
     if not files:
-        bins = sorted(p.name for p in folder.glob("*.bin"))
-        hint = f" (found {bins}: convert them to safetensors first)" if bins else ""
-        raise DraftFilesError(f"{folder}: no *.safetensors checkpoint{hint}")
+        raise DraftFilesError(f"{folder}: no weight file ({', '.join(weight_files()['patterns'])})")
+    names = [p.name for p in files]
+    if not pattern.endswith(".safetensors"):
+        raise DraftFilesError(f"{folder}: SGLang would load {names}, which cannot be checked: convert them to "
+                              "safetensors first")
+    if len(files) > 1:
+        raise DraftFilesError(f"{folder}: {len(files)} weight files {names} and no {INDEX_NAME}: SGLang loads every "
+                              "one, a key in two files taking the values of the last, so the weights it serves are "
+                              f"arbitrary; remove the stale file(s) or write an index")
     return files
 
 
