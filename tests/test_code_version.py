@@ -83,7 +83,8 @@ def test_dvc_yaml_lists_each_stage_code_as_deps():
         listed = {dep for dep in stages[name].get("deps", []) if dep.startswith("src/")}
         expected = {str(path.relative_to(REPO)) for path in code_version.stage_files(name)}
         assert listed == expected, (f"dvc.yaml stage {name}: code deps should be exactly\n"
-                                    + "\n".join(f"      - {dep}" for dep in sorted(expected)))
+                                    + "\n".join(f"      - {dep}" for dep in sorted(expected))
+                                    + "\n(python scripts/dvc_code_deps.py rewrites them)")
 
 
 def test_an_extract_pool_made_by_other_code_starts_over(tmp_path, monkeypatch):
