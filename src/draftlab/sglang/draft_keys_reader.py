@@ -232,8 +232,7 @@ def main(argv: list[str]) -> int:
     import sys
 
     from draftlab.cli_parser import ArgumentParser
-    from draftlab.sglang.capture_reader import installed_sglang
-    from draftlab.sglang.contract import sglang_python
+    from draftlab.sglang.contract import installed_sglang, sglang_python
 
     parser = ArgumentParser(prog="python -m draftlab draft-contract",
                             description="Regenerate the draft config keys and weight files SGLang reads.")
@@ -245,8 +244,8 @@ def main(argv: list[str]) -> int:
         print(f"draft-contract: {python or 'no sglang venv'}: no such interpreter (run scripts/setup-sglang.sh or "
               "pass --python)", file=sys.stderr)
         return 2
-    models, version = installed_sglang(python)
-    text = json.dumps(read_draft_contract(models.parent, version), indent=1) + "\n"
+    package, version = installed_sglang(python)
+    text = json.dumps(read_draft_contract(package / "srt", version), indent=1) + "\n"
     if args.write:
         CONTRACT.write_text(text)
         print(f"wrote {CONTRACT}")
