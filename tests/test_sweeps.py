@@ -70,7 +70,7 @@ def test_steps_vs_data_sweep_then_analysis_prices_both_axes(tmp_path):
     assert (tmp_path / "analysis" / "steps_vs_data.png").exists()
     parent = next(r for r in runs if r.data.tags.get("draftlab.role") == "sweep")
     parent = client.get_run(parent.info.run_id)  # the sweep callback logged its analysis at the end
-    assert parent.data.tags["verdict"] in ("under-trained", "data-limited", "undetermined", "bottleneck:capacity",
-                                           "bottleneck:features", "bottleneck:unidentified")
+    assert parent.data.tags["verdict"] in ("under-trained", "data-limited", "joint", "undetermined",
+                                           "bottleneck:capacity", "bottleneck:features", "bottleneck:unidentified")
     assert "analysis/loss_steps_gain_2x" in parent.data.metrics
     assert "analysis/loss_data_cost_2x_s" in parent.data.metrics
