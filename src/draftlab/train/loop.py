@@ -45,7 +45,7 @@ from draftlab.config_schema import TrainConfig
 from draftlab.model.draft import Eagle3Draft
 from draftlab.reporting import NullReporter, Reporter
 from draftlab.target import resolve_device
-from draftlab.train.checkpoint import (host_copies, load_trainable, latest_checkpoint, prune_best_files,
+from draftlab.train.checkpoint import (host_copies, load_trainable, latest_checkpoint,
                                        read_checkpoint, resolve_checkpoint, snapshot_checkpoint, trainable_state,
                                        write_snapshot)
 from draftlab.train.compiled_unroll import unroll_core_for
@@ -53,7 +53,8 @@ from draftlab.train.device_batch import attach_plan, padding_for, to_device, wid
 from draftlab.train.file_queue import FileQueue
 from draftlab.train.optim import autocast_dtype, build_optimizer
 from draftlab.train.packed import PackedPlan, packed_unroll
-from draftlab.train.schedule import batches_per_epoch, budget_steps, lr_factor, slope_metrics, watch_plateau
+from draftlab.train.schedule import batches_per_epoch, budget_steps, lr_factor, slope_metrics
+from draftlab.train.scored import ScoredPoints
 from draftlab.train.ttt import STATS, soft_ce_for, summarize, target_distribution, ttt_unroll
 from draftlab.train.val_cache import ValidationCache
 from draftlab.train.window import PendingSums
@@ -85,7 +86,7 @@ class TrainResult:
     extras: dict[str, Any] = field(default_factory=dict)
 
 
-class Trainer:
+class Trainer(ScoredPoints):
     def __init__(self, model: Eagle3Draft, source, lm_head: torch.Tensor, settings: LoopSettings,
                  ckpt_dir: Path, reporter: Reporter | None = None,
                  on_step: Callable[[int], None] | None = None) -> None:
@@ -228,43 +229,6 @@ class Trainer:
         self.state["last_train"] = metrics
         self.state["window"] = None
         return time.perf_counter()
-
-    def _validate(self) -> None:
-        """One validation pass: history entry, best checkpoint, and the plateau watch of early stopping."""
-        epoch, step = self.state["epoch"], self.state["step"]
-        started = time.perf_counter()
-        val = self.evaluate("val")
-        seconds = time.perf_counter() - started  # logged only: a recorded wall time would differ on resume
-        entry = {"epoch": float(epoch), "step": float(step)}
-        if val is not None:
-            entry.update({f"val/{k}": v for k, v in val.items()})
-            self.reporter.metrics(entry, step=step)
-            best = self.state["best"]
-            # in the log too: a job killed before its results are written still shows its curve (rank 0 only)
-            if getattr(self, "rank", 0) == 0:
-                log.info("train: step %d val/loss %.4f val/acc_0 %.4f val/predicted_tau %.3f, a %.1f s pass "
-                         "(best so far %s)", step, val["loss"], val["acc_0"], val["predicted_tau"], seconds,
-                         "-" if best is None else f"{best['score']:.4f} at step {int(best['metrics']['step'])}")
-        self.state["history"].append(entry)
-        self.state["last_eval_step"] = step
-        score = entry.get("val/loss", self.state.get("last_train", {}).get("train/loss", math.inf))
-        best = self.state["best"]
-        if best is None or score < best["score"]:
-            file = self.ckpt_dir / f"best-epoch{epoch}-step{step:09d}.safetensors"
-            self._write_weights(file)
-            self.state["best"] = {"epoch": epoch, "score": score, "file": file.name, "metrics": entry}
-        if self.s.early_stop_patience and math.isfinite(score):
-            self._watch_plateau(score)
-
-    def _watch_plateau(self, score: float) -> None:
-        stop = watch_plateau(self.state, score, self.s)
-        if stop is not None:
-            log.info("train: val/loss plateau at step %d: %s", self.state["step"],
-                     f"decaying until step {stop}" if stop > self.state["step"] else "stopping")
-
-    def _prune_best(self) -> None:
-        # queued behind the writes before it, so the best file it keeps exists by then
-        self._files.submit(prune_best_files, self.ckpt_dir, self.state["best"]["file"] if self.state["best"] else None)
 
     # ------------------------------------------------------------------ the loop
     def run(self, init_from: str | Path | None = None) -> TrainResult:
