@@ -118,3 +118,17 @@ def test_the_local_gain_interval_is_model_free():
     assert fit.sigma > 0.02  # the fit's noise is its misfit
     local = fit.local_gain
     assert local.hi - local.lo < 0.02 and local.lo <= local.value <= local.hi
+
+
+def test_the_report_says_whether_deployed_tau_peaked_before_the_loss():
+    records = sweep()
+    watched = [r for r in records if r["params"]["data.samples"] == str(SIZES[-1])
+               and r["params"]["train.extend_steps"] == "0"]
+    for r, first, after in zip(watched, (1.0, 0.0), (-0.049, 0.0)):
+        r["metrics"].update({"train/tau_peaked_first": first, "train/bench_tau_after_peak": after,
+                             "train/bench_tau_peak": 2.9, "train/bench_tau_peak_step": 2000.0,
+                             "train/val_loss_min_step": 3000.0 if first else 1500.0})
+    result = analyze(records, n_boot=100)
+    said = " ".join(result.answer.split())
+    assert "peaked before the val/loss minimum in 1 of 2 runs" in said and "4.9%" in said
+    assert "## Deployed tau during training" in result.report

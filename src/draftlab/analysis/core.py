@@ -18,7 +18,7 @@ from draftlab.analysis.fit import PowerLawFit, fit_power_law
 from draftlab.analysis.records import (LOSS_KEYS, PREDICTED_TAU_KEY, TAU_KEY, baseline_config, by_group,
                                        direction, loss_key, metric_noise, normalise, step_clusters, values)
 from draftlab.analysis.levers import Lever, equal_cost_run, joint_axis, levers
-from draftlab.analysis.report import Extras, render, wrap
+from draftlab.analysis.report import Extras, render, tau_during_training, wrap
 from draftlab.analysis.valnoise import ValNoise, val_noise
 from draftlab.analysis.verdict import Thresholds, Verdict, decide, material
 
@@ -242,8 +242,8 @@ def analyze(records: list[dict], out_dir: str | Path | None = None, thresholds: 
     links = f"{Path(out_dir).name}/" if report_path is not None else ""
     found = levers(axes[primary], joints[primary], {"steps": verdict.steps_state, "data": verdict.data_state,
                                                     "joint": verdict.joint_state})
-    said = "\n".join(wrap([answer(verdict, found, contrasts, fits.get(primary), th,
-                                  equal_cost_run(axes[primary], joints[primary]))]))  # one text, wrapped once
+    said = answer(verdict, found, contrasts, fits.get(primary), th, equal_cost_run(axes[primary], joints[primary]))
+    said = "\n".join(wrap([" ".join([said, tau_during_training(runs)[0]]).strip()]))  # one text, wrapped once
     report = render(verdict, fits, comparisons, runs, series, baseline, lk, n_source, gap, paths,
                     th, level, others, axes, vnoise[lk], links, command, left_out,
                     Extras(said, contrasts, joints, found, currency.describe(rate, th)))

@@ -17,7 +17,7 @@ from draftlab.tracking.runs import find_experiment_id, get_run, log_analysis, me
 PARENT_TAG = "mlflow.parentRunId"
 # Metric histories worth fetching (one call per run and key): the curves, for readers of the records. The
 # verdict reads convergence from train/steps and train/stopped_early instead (see analysis/axes.py).
-HISTORY_KEYS = ("train/loss", "val/loss")
+HISTORY_KEYS = ("train/loss", "val/loss", "train/bench_tau")
 VAL_SAMPLES = "val_samples.json"  # the train stage's per-sample validation results (train/per_sample.py)
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 MAX_TAG = 5000  # MLflow's limit on a tag value; analysis/answer.md holds the whole text

@@ -116,6 +116,26 @@ def _fit_section(fit: PowerLawFit, level: float) -> list[str]:
     return out + [""]
 
 
+def tau_during_training(runs: list[Run]) -> tuple[str, list[str]]:
+    """(a sentence, a table) on whether deployed tau (train.bench_every) peaked before val/loss's minimum, from
+    the runs' `train/tau_peaked_first` (train/tau_curve.py); ('', []) when no run benched while it trained."""
+    watched = [r for r in runs if math.isfinite(r.value("train/tau_peaked_first"))]
+    if not watched:
+        return "", []
+    first = [r for r in watched if r.value("train/tau_peaked_first") == 1.0]
+    drop = min(r.value("train/bench_tau_after_peak") for r in watched)
+    sentence = (f"Deployed tau during training (train.bench_every) peaked before the val/loss minimum in "
+                f"{len(first)} of {len(watched)} runs; the largest fall after the peak, by the last bench: "
+                f"{-drop:.1%}.")
+    table = ["| N | seed | tau peak | at step | val/loss minimum at step | tau first | last bench vs peak |",
+             "|---|---|---|---|---|---|---|"]
+    for r in sorted(watched, key=lambda r: (r.n, str(r.params.get("train.seed")))):
+        table.append(f"| {r.n:.4g} | {r.params.get('train.seed')} | {r.value('train/bench_tau_peak'):.3g} | "
+                     f"{r.value('train/bench_tau_peak_step'):.0f} | {r.value('train/val_loss_min_step'):.0f} | "
+                     f"{'yes' if r in first else 'no'} | {r.value('train/bench_tau_after_peak'):+.1%} |")
+    return sentence, table
+
+
 def _comparison_section(comparisons: list[Comparison], contrasts: list) -> list[str]:
     if not comparisons:
         return ["No factor was varied at equal data (no layer, capacity or epoch comparison).", ""]
@@ -224,6 +244,9 @@ def render(verdict: Verdict, fits: dict[str, PowerLawFit], comparisons: list[Com
         lines += [f"| {name} | {f.n_max:.4g} | {f.gain_per_doubling.fmt()} | {f.projections['2x'].fmt()} |"
                   for name, f in others.items() if f.ok] + [""]
     lines += ["## Comparisons at equal data and equal cost", ""] + _comparison_section(comparisons, extras.contrasts)
+    sentence, table = tau_during_training(runs)
+    if table:
+        lines += ["## Deployed tau during training", "", sentence, ""] + table + [""]
     if plots:
         lines += ["## Plots", ""] + [f"![{name}]({links}{p.name})" for name, p in plots.items()] + [""]
     loss_line = (f"{th.material_loss_abs:.3g} loss (the tau line at the sweep's loss-to-tau rate)"
