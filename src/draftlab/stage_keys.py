@@ -46,8 +46,9 @@ STAGES: dict[str, StageSpec] = {
     "extract": StageSpec("extract", _TARGET + ("target.allow_unlisted_arch", "extract.layers", "extract.dtype",
                                                "extract.mode"),
                          needs=("generate",), grows_with=("data.samples", "draft.vocab_size"), when_set=_FIXED_VAL),
+    # serve.dtype and serve.sglang_rules: how train.bench_every serves the draft it benches (train/bench_tau.py)
     "train": StageSpec("train", ("data.samples", "extract.mode", "draft", "train", "serve.num_steps"),
-                       needs=("generate", "extract"), when_set=_FIXED_VAL),
+                       needs=("generate", "extract"), when_set=_FIXED_VAL + ("serve.dtype", "serve.sglang_rules")),
     # bench reads data.samples to pick the same held-out prompts whatever else the shared pool holds; the
     # prompts themselves come from generate's samples, whose key is one of bench's inputs.
     # data.max_prompt_tokens: which prompts of a bench set fit once templated

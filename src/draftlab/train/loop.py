@@ -7,6 +7,8 @@ Early stopping (`early_stop_patience`): the run stops when even the hopeful end 
 interval gains under `early_stop_min_delta` of the loss in that many passes (train/schedule.py). Under `wsd` the
 plateau starts the decay instead (after `extend_steps` more at constant lr: the steps probe): the learning rate
 falls to zero over `decay_ratio` x the steps so far, then the run stops; other schedules stop at once.
+`bench_every` benches the deployed draft every that many steps (`train/bench_tau`, train/bench_tau.py); with
+`stop_on: tau` the best checkpoint and the plateau watch read -tau at those points instead of val/loss.
 
 Resume contract: a killed run restarted on the same folder continues from its last checkpoint and ends where an
 uninterrupted run would (bit-identical on CPU). A checkpoint holds the trainable weights and the AdamW state
@@ -89,7 +91,7 @@ class TrainResult:
 class Trainer(ScoredPoints):
     def __init__(self, model: Eagle3Draft, source, lm_head: torch.Tensor, settings: LoopSettings,
                  ckpt_dir: Path, reporter: Reporter | None = None,
-                 on_step: Callable[[int], None] | None = None) -> None:
+                 on_step: Callable[[int], None] | None = None, bench: Callable | None = None) -> None:
         self.s = settings
         self.device = resolve_device(settings.device)
         self.amp = autocast_dtype(self.device, settings.dtype)
@@ -99,7 +101,7 @@ class Trainer(ScoredPoints):
         self.lm_head = lm_head.to(self.device, self.amp or torch.float32)
         self.ckpt_dir = Path(ckpt_dir)
         self.reporter = reporter or NullReporter()
-        self.on_step = on_step
+        self.on_step, self.bench = on_step, bench  # bench(model) -> deployed tau (train/bench_tau.py)
         self.opt = build_optimizer(self.model, settings.lr, settings.weight_decay, self.device)
         # Computing only the positions that count (train/packed.py: same loss and gradients) pays on the CPU, and on
         # an H200 when a batch is about 40% prompt (ShareGPT's: 1.13x at 16,384 tokens); with every position counted
@@ -285,6 +287,8 @@ class Trainer(ScoredPoints):
         self._t0 = self._log_window(self._t0)
         if st["last_eval_step"] != st["step"]:
             self._validate()
+        if self.bench is not None and (st.get("bench") or [{}])[-1].get("step") != st["step"]:
+            self._bench()  # the final draft too: a curve that ends where training did, and a best under stop_on tau
         self._save()
         self._prune_best()
         return self._result()
@@ -327,6 +331,8 @@ class Trainer(ScoredPoints):
             self._t0 = self._log_window(self._t0)
         if s.eval_every and step % s.eval_every == 0:
             self._validate()
+        if self.bench is not None and s.bench_every and step % s.bench_every == 0:
+            self._bench()
         if end_of_epoch:
             self._end_epoch()
         elif step % s.checkpoint_every == 0:
@@ -354,6 +360,8 @@ class Trainer(ScoredPoints):
         if "val/loss" in bm:
             best_metrics.update({"best/val_loss": bm["val/loss"], "best/predicted_tau": bm["val/predicted_tau"],
                                  "best/val_acc_0": bm["val/acc_0"]})
+        if "train/bench_tau" in bm:
+            best_metrics["best/bench_tau"] = bm["train/bench_tau"]
         epochs_seen = self.state["step"] / max(1, self.state["epoch_batches"] or 1)
         budget = {"train/steps": float(self.state["step"]), "train/epochs_seen": epochs_seen,
                   "train/stopped_early": float(bool(self.state["stopped_early"])),

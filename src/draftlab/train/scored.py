@@ -1,6 +1,10 @@
-"""The scored points of a training run: validation passes, the best checkpoint and the plateau watch of early
-stopping. A mixin of the Trainer (train/loop.py), which holds the state, the model, the reporter and the
-checkpoint folder these read and write.
+"""The scored points of a training run: validation passes, benches of the deployed draft (`train.bench_every`),
+the best checkpoint and the plateau watch of early stopping. A mixin of the Trainer (train/loop.py), which holds
+the state, the model, the reporter and the checkpoint folder these read and write.
+
+`stop_on`: loss scores each validation pass by val/loss; tau scores each bench by -train/bench_tau (a validation
+pass is run at that step too, so the best checkpoint's metrics hold val/* as well): a draft whose deployed tau
+peaks while val/loss still falls is exported at the peak.
 """
 
 from __future__ import annotations
@@ -34,10 +38,25 @@ class ScoredPoints:
                          "-" if best is None else f"{best['score']:.4f} at step {int(best['metrics']['step'])}")
         self.state["history"].append(entry)
         self.state["last_eval_step"] = step
-        self._keep_best(entry.get("val/loss", self.state.get("last_train", {}).get("train/loss", math.inf)), entry)
+        if self.s.stop_on != "tau":
+            self._keep_best(entry.get("val/loss", self.state.get("last_train", {}).get("train/loss", math.inf)), entry)
+
+    def _bench(self) -> None:
+        """Deployed tau of the current draft at this step; with stop_on tau, a validation pass too, and -tau is
+        the score of the best checkpoint and of the plateau watch."""
+        st = self.state
+        tau = float(self.bench(self.model))
+        entry = {"epoch": float(st["epoch"]), "step": float(st["step"]), "train/bench_tau": tau}
+        self.reporter.metrics({"train/bench_tau": tau}, step=st["step"])
+        st["bench"] = (st.get("bench") or []) + [entry]
+        log.info("train: step %d train/bench_tau %.3f", st["step"], tau)
+        if self.s.stop_on == "tau":
+            if st["last_eval_step"] != st["step"]:
+                self._validate()
+            self._keep_best(-tau, {**st["history"][-1], **entry})
 
     def _keep_best(self, score: float, entry: dict) -> None:
-        """The best checkpoint (lowest score) and the plateau watch, at one scored point."""
+        """The best checkpoint (lowest score: val/loss, or -tau) and the plateau watch, at one scored point."""
         epoch, step, best = self.state["epoch"], self.state["step"], self.state["best"]
         if best is None or score < best["score"]:
             file = self.ckpt_dir / f"best-epoch{epoch}-step{step:09d}.safetensors"
