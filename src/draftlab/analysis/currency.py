@@ -5,7 +5,8 @@ baseline run benched, else the tau training predicts (`val/predicted_tau`). Loss
 against a line in loss units derived from the sweep's own exchange rate: the slope of tau against loss over
 the per-size means of the data-scaling series' `RATE_SIZES` largest sizes (least squares), where the next
 doublings are read (tau is not linear in loss over a whole sweep: a unit of loss buys less tau at small sizes).
-With a rate r tau per unit loss, the loss line is `material_tau / |r|`, so "clears the loss line" and "clears the tau line" mean the same amount of acceptance.
+With a rate r tau per unit loss, the loss line is `material_tau / |r|`, so "clears the loss line" and "clears
+the tau line" mean the same amount of acceptance.
 A fixed share of the loss (`Thresholds.material_loss_rel`) is used only when the sweep has no tau at all, or
 when loss and tau do not move together (a rate that is not negative, or fewer than `RATE_SIZES` sizes).
 """
