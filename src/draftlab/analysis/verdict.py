@@ -88,7 +88,6 @@ class Verdict:
     joint_state: str = "insufficient"  # the same, for data and steps doubled together
     metric: str = ""  # the metric the verdict decides on
     unresolved: list[str] = field(default_factory=list)  # comparisons no finding can be called on, with why
-    prices: str = ""  # each lever's gain and GPU-seconds in the verdict's metric (pricing)
 
     @property
     def tag(self) -> str:
@@ -150,25 +149,6 @@ def _combine(states: list[str]) -> str:
     if fitted and all(s == "flat" for s in fitted):
         return "flat"
     return "unresolved" if fitted else "insufficient"
-
-
-def per_line(axis: Axis, th: Thresholds) -> str:
-    """'about X GPU-s (Y s per line)' for one axis; 'price unknown' without measured stage seconds."""
-    if not math.isfinite(axis.seconds) or axis.seconds <= 0:
-        return "price unknown (no measured stage seconds)"
-    m = material(axis.metric, axis.mean[-1], th)
-    if axis.gain.value <= 0:
-        return f"about {axis.seconds:,.0f} GPU-s, for no gain"
-    return f"about {axis.seconds:,.0f} GPU-s ({axis.seconds * m / axis.gain.value:,.0f} s per {m:.3g})"
-
-
-def pricing(axes: Axes, th: Thresholds = Thresholds(), joint: Axis | None = None) -> str:
-    """'2x steps (...): gain, about X GPU-s (Y s per line); 2x data ...' for one metric; '' when none is measured."""
-    parts = []
-    for words, axis in (("2x steps", axes.steps), ("2x data", axes.data), ("2x data and steps", joint)):
-        if axis is not None:
-            parts.append(f"{words} ({axis.held}): {axes.metric} {axis.gain.fmt()}, {per_line(axis, th)}")
-    return "; ".join(parts)
 
 
 def _comparison_finding(x, m: float, th: Thresholds) -> Finding | None:
@@ -291,7 +271,6 @@ def decide(axes: dict[str, Axes], comparisons: list, val_at_nmax: float, gap: Es
         else:
             evidence.append(text)
     main_axes = {primary: axes[primary]} if primary in axes else axes
-    price = pricing(axes[primary], th, joints.get(primary)) if primary in axes else ""
     if mixed_code:  # what would have been a finding stays evidence: no difference across code is resolved
         evidence += [f"{f.text} (not called resolved: mixed code)" for f in findings]
         v = Verdict("undetermined", None, f"Undetermined: {mixed_code}. No difference between runs on other "
@@ -302,7 +281,6 @@ def decide(axes: dict[str, Axes], comparisons: list, val_at_nmax: float, gap: Es
         v = _verdict(state, steps_state, findings, evidence, main_axes, confounds, th, spent, joint_state,
                      joints.get(primary))
     v.steps_state, v.joint_state, v.metric, v.unresolved = steps_state, joint_state, primary, unresolved
-    v.prices = price
     return v
 
 
