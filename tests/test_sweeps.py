@@ -65,7 +65,7 @@ def test_steps_vs_data_sweep_then_analysis_prices_both_axes(tmp_path):
                           "--out", str(tmp_path / "analysis"), "--boot", "100"],
                          capture_output=True, text=True, timeout=600, cwd=REPO)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "2x steps (at N=" in out.stdout and "2x data (S=4 steps)" in out.stdout, out.stdout[:3000]
+    assert "2x steps (N=" in out.stdout and "2x data (S=4 steps)" in out.stdout, out.stdout[:3000]
     assert "| best/val_loss | steps |" in out.stdout and "| best/val_loss | data@steps |" in out.stdout
     assert (tmp_path / "analysis" / "steps_vs_data.png").exists()
     parent = next(r for r in runs if r.data.tags.get("draftlab.role") == "sweep")

@@ -137,7 +137,7 @@ def equal_cost_run(axes: Axes, joint: Axis | None) -> str:
 
 def fmt_seconds(e: Estimate) -> str:
     """GPU-seconds as whole seconds with thousands separators, the interval's open end as 'inf'."""
-    def one(v: float) -> str:
-        return f"{v:,.0f}" if math.isfinite(v) else "inf"
+    def one(v: float) -> str:  # a tiny sweep's seconds keep two digits rather than round to 0
+        return ("inf" if not math.isfinite(v) else f"{v:,.0f}" if abs(v) >= 10 else f"{v:.2g}")
 
     return one(e.value) + (f" [{one(e.lo)}, {one(e.hi)}]" if e.known or math.isinf(e.hi) else "")
