@@ -154,3 +154,27 @@ def test_runs_that_hit_the_step_cap_are_named_and_left_off_the_converged_axis():
     assert ax.capped == [12800 * 160.0] and ax.data.x_max == 6400 * 160.0
     assert result.tag == "data-limited" and "still improving at the step cap" in result.report
     assert any("raise train.max_steps" in s for s in result.next_steps)
+
+
+def test_a_cached_stage_is_priced_at_what_its_maker_paid():
+    """A job that reused the pool reports its maker's new samples beside its own ~0 s: not a price of 0."""
+    records = grid(a=0.5, b=8.0)
+    records[0]["metrics"].update({"generate/seconds": 640.0, "generate/new_samples": 6400, "generate/cached": 0.0})
+    records[1]["metrics"].update({"generate/seconds": 0.1, "generate/new_samples": 6400, "generate/cached": 1.0})
+    costs = analyze(records).axes["best/val_loss"].costs
+    assert costs["generate_s_per_sample"] == pytest.approx(0.1)
+
+
+def test_a_two_point_steps_axis_is_priced_at_the_doubling_it_measured():
+    """A steps probe from 3,000 to 6,500 steps: the price is the 3,500 steps it added, per doubling."""
+    records = [grid_record(6400, 3000, 10.0 + 0.01 * sd, seed=sd, converged=True) for sd in (0, 1)]
+    records += [grid_record(n, 2000 + n // 8, 10.5 - 0.01 * k, seed=0, converged=True)
+                for k, n in enumerate((800, 1600, 3200))]
+    probes = [grid_record(6400, 6500, 9.5 + 0.01 * sd, seed=sd, converged=True) for sd in (0, 1)]
+    for r in probes:
+        r["params"]["train.extend_steps"] = "3000"
+    for r in records + probes:
+        r["metrics"]["train/seconds"] = 0.5 * r["metrics"]["train/steps"]
+    steps = analyze(records + probes).axes["best/val_loss"].steps
+    assert steps.name == "steps probe" and steps.x.tolist() == [3000.0, 6500.0]
+    assert steps.seconds == pytest.approx(3500 * 0.5 / np.log2(6500 / 3000))
