@@ -89,7 +89,7 @@ def test_issue_table_is_under_trained(tmp_path):
     # 380 -> 1520 steps on 6,400 samples: 3.2 in loss over two doublings; one seed, so the noise is assumed
     assert loss.steps.gain.value == pytest.approx(3.2 / 2, abs=0.01) and loss.steps.gain.lo > 1.0
     assert loss.noise_source == "assumed"
-    assert "2x steps" in result.headline and "2x data" in result.headline and "measured stage time" in result.headline
+    assert "2x steps" in result.answer and "2x data" in result.answer and "GPU-s" in result.answer
     assert result.paths["steps_vs_data"].exists()
 
 
@@ -113,7 +113,7 @@ def test_old_fixed_epoch_sweep_names_the_steps_confound():
 
 
 def test_prices_come_from_measured_stage_seconds():
-    """2x steps costs a run at twice the steps; 2x data costs new samples plus a run at the same steps."""
+    """2x steps costs the steps it adds; 2x data costs new samples plus a run at the same steps."""
     records = grid(a=0.5, b=8.0)
     for r in records:
         r["metrics"].update({"train/seconds": 0.5 * r["metrics"]["train/steps"]})
@@ -123,10 +123,10 @@ def test_prices_come_from_measured_stage_seconds():
     ax = result.axes["best/val_loss"]
     assert ax.costs == pytest.approx({"train_s_per_step": 0.5, "generate_s_per_sample": 0.1,
                                       "extract_s_per_sample": 0.01})
-    assert ax.steps.seconds == pytest.approx(2 * 1600 * 0.5)
+    assert ax.steps.seconds == pytest.approx(1600 * 0.5)  # 1600 -> 3200 steps, trained on from the checkpoint
     assert ax.data.seconds == pytest.approx(6400 * 0.11 + 1600 * 0.5)
-    assert result.numbers["analysis/loss_steps_cost_2x_s"] == pytest.approx(1600.0)
-    assert "per 1000 s" in result.headline
+    assert result.numbers["analysis/loss_steps_cost_2x_s"] == pytest.approx(800.0)
+    assert "s per" in result.answer
 
 
 def test_converged_runs_with_different_steps_are_replicates_of_one_cell():
@@ -154,3 +154,27 @@ def test_runs_that_hit_the_step_cap_are_named_and_left_off_the_converged_axis():
     assert ax.capped == [12800 * 160.0] and ax.data.x_max == 6400 * 160.0
     assert result.tag == "data-limited" and "still improving at the step cap" in result.report
     assert any("raise train.max_steps" in s for s in result.next_steps)
+
+
+def test_a_cached_stage_is_priced_at_what_its_maker_paid():
+    """A job that reused the pool reports its maker's new samples beside its own ~0 s: not a price of 0."""
+    records = grid(a=0.5, b=8.0)
+    records[0]["metrics"].update({"generate/seconds": 640.0, "generate/new_samples": 6400, "generate/cached": 0.0})
+    records[1]["metrics"].update({"generate/seconds": 0.1, "generate/new_samples": 6400, "generate/cached": 1.0})
+    costs = analyze(records).axes["best/val_loss"].costs
+    assert costs["generate_s_per_sample"] == pytest.approx(0.1)
+
+
+def test_a_two_point_steps_axis_is_priced_at_the_doubling_it_measured():
+    """A steps probe from 3,000 to 6,500 steps: the price is the 3,500 steps it added, per doubling."""
+    records = [grid_record(6400, 3000, 10.0 + 0.01 * sd, seed=sd, converged=True) for sd in (0, 1)]
+    records += [grid_record(n, 2000 + n // 8, 10.5 - 0.01 * k, seed=0, converged=True)
+                for k, n in enumerate((800, 1600, 3200))]
+    probes = [grid_record(6400, 6500, 9.5 + 0.01 * sd, seed=sd, converged=True) for sd in (0, 1)]
+    for r in probes:
+        r["params"]["train.extend_steps"] = "3000"
+    for r in records + probes:
+        r["metrics"]["train/seconds"] = 0.5 * r["metrics"]["train/steps"]
+    steps = analyze(records + probes).axes["best/val_loss"].steps
+    assert steps.name == "steps probe" and steps.x.tolist() == [3000.0, 6500.0]
+    assert steps.seconds == pytest.approx(3500 * 0.5 / np.log2(6500 / 3000))

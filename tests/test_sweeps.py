@@ -65,12 +65,12 @@ def test_steps_vs_data_sweep_then_analysis_prices_both_axes(tmp_path):
                           "--out", str(tmp_path / "analysis"), "--boot", "100"],
                          capture_output=True, text=True, timeout=600, cwd=REPO)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "2x steps (at N=" in out.stdout and "2x data (S=4 steps)" in out.stdout, out.stdout[:3000]
+    assert "2x steps (N=" in out.stdout and "2x data (S=4 steps)" in out.stdout, out.stdout[:3000]
     assert "| best/val_loss | steps |" in out.stdout and "| best/val_loss | data@steps |" in out.stdout
     assert (tmp_path / "analysis" / "steps_vs_data.png").exists()
     parent = next(r for r in runs if r.data.tags.get("draftlab.role") == "sweep")
     parent = client.get_run(parent.info.run_id)  # the sweep callback logged its analysis at the end
-    assert parent.data.tags["verdict"] in ("under-trained", "data-limited", "undetermined", "bottleneck:capacity",
-                                           "bottleneck:features", "bottleneck:unidentified")
+    assert parent.data.tags["verdict"] in ("under-trained", "data-limited", "joint", "undetermined",
+                                           "bottleneck:capacity", "bottleneck:features", "bottleneck:unidentified")
     assert "analysis/loss_steps_gain_2x" in parent.data.metrics
     assert "analysis/loss_data_cost_2x_s" in parent.data.metrics

@@ -19,8 +19,6 @@ from draftlab.reporting import RecordingReporter
 from draftlab.train.loop import LoopSettings, Trainer, lr_factor
 from draftlab.train.optim import build_optimizer
 
-
-
 V, VD, HT, LAYERS = 48, 40, 32, [1, 3, 5]  # target vocab, draft vocab (ids 0..39), target hidden, aux layers
 
 
@@ -284,7 +282,8 @@ def test_stage_run_exports_best_draft(tmp_path, monkeypatch):
     _install_fake_source(monkeypatch, source)
     cfg = default_config({"draft": {"vocab_size": VD}, "serve": {"num_steps": 2},
                           "train": {"epochs": 2, "max_steps": None, "ttt_steps": 2, "batch_tokens": 200,
-                                    "max_seq_len": 64, "log_every": 2, "checkpoint_every": 4, "device": "cpu"}})
+                                    "max_seq_len": 64, "log_every": 2, "checkpoint_every": 4, "device": "cpu",
+                                    "bench_every": None}})  # no target here: test_bench_during_training's
     rep = RecordingReporter()
     out = tmp_path / "train"
     clock = iter([10.0, 14.0])  # the stage reads the clock before and after its loop: 4 s

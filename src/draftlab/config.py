@@ -124,6 +124,11 @@ def _check_values(c: DictConfig) -> None:
     if c.train.extend_steps < 0 or (c.train.extend_steps and not c.train.early_stop_patience):
         raise ConfigError(f"train.extend_steps: {c.train.extend_steps}; must be >= 0, and continues past the "
                           "plateau, so it needs train.early_stop_patience")
+    for key in ("bench_every", "bench_prompts", "bench_max_new_tokens"):
+        _positive(f"train.{key}", c.train[key])
+    _choice("train.stop_on", c.train.stop_on, ("loss", "tau"))
+    if c.train.stop_on == "tau" and not c.train.bench_every:
+        raise ConfigError("train.stop_on: tau reads train/bench_tau, which train.bench_every measures; set it")
     if not 0.0 < c.train.decay_ratio <= 1.0:
         raise ConfigError(f"train.decay_ratio: must be in (0, 1], got {c.train.decay_ratio}")
     _positive("train.lr", c.train.lr)

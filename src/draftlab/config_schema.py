@@ -103,6 +103,10 @@ class TrainConfig:
     plateau_test: str = "slope"  # slope (the recent val/loss slope's interval) | delta (no min_delta gain)
     early_stop_level: float = 0.9  # the slope interval's level
     extend_steps: int = 0  # the steps probe: constant-lr steps past the plateau before the wsd decay; 0 = none
+    bench_every: Optional[int] = 20  # optimizer steps between benches of the draft in training (train/bench_tau.py)
+    bench_prompts: int = 4  # validation prompts each of those benches decodes
+    bench_max_new_tokens: int = 32  # new tokens per prompt in those benches
+    stop_on: str = "loss"  # loss | tau: what early stopping and the best checkpoint read (tau: train/bench_tau)
     lr: float = 1e-3
     schedule: str = "wsd"  # cosine | linear | constant | wsd (warmup-stable-decay)
     warmup_ratio: float = 0.05

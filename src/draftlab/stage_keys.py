@@ -49,8 +49,10 @@ STAGES: dict[str, StageSpec] = {
                                                "extract.mode"),
                          needs=("generate",), grows_with=("data.samples", "draft.vocab_size"),
                          when_set=_FIXED_VAL + _CONTRACT),
+    # serve.dtype and serve.sglang_rules: how train.bench_every serves the draft it benches (train/bench_tau.py)
     "train": StageSpec("train", ("data.samples", "extract.mode", "draft", "train", "serve.num_steps"),
-                       needs=("generate", "extract"), when_set=_FIXED_VAL + _CONTRACT),
+                       needs=("generate", "extract"),
+                       when_set=_FIXED_VAL + _CONTRACT + ("serve.dtype", "serve.sglang_rules")),
     # bench reads data.samples to pick the same held-out prompts whatever else the shared pool holds; the
     # prompts themselves come from generate's samples, whose key is one of bench's inputs.
     # data.max_prompt_tokens: which prompts of a bench set fit once templated

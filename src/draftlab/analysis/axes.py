@@ -15,9 +15,11 @@ The noise is the pooled seed-to-seed sd of the cells; with no replicates at all 
 hold per-sample validation results, each bootstrap replicate adds the paired validation-sample shifts
 (valnoise.py) as well.
 
-Prices come from the runs' own `<stage>/seconds`: the next doubling of steps costs a run at twice the steps,
-the next doubling of data costs generating and extracting as many new samples again plus a run at the same
-steps.
+Prices are GPU-seconds from the runs' own `<stage>/seconds`, for the doubling the gain describes, added to
+what the baseline draft cost: a doubling of steps costs the steps it adds (training goes on from the
+checkpoint, as the steps probe does), a doubling of data costs generating and extracting as many new samples
+again plus a run at the same steps. A stage a job reused from the cache counts at what the job that made it
+paid (its seconds over its new samples), never at the ~0 s of the reuse.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ class Axis:
     steps_at: float = NAN  # steps where the axis was measured (for pricing)
     seconds: float = NAN  # price of the next doubling, from measured stage seconds
     note: str = ""
+    start: tuple = ()  # the joint lever's first cell: (data.samples, steps, plateau step, wsd decay ratio)
+    alone: "Axis | None" = None  # the joint lever's data alone over its two sizes (levers.py)
 
 
 @dataclass
@@ -279,8 +283,10 @@ def stage_costs(runs: list[Run]) -> dict[str, float]:
     if per_step:
         out["train_s_per_step"] = float(np.median(per_step))
     for stage in ("generate", "extract"):
-        secs = [r.value(f"{stage}/seconds") for r in runs]
-        work = [r.value(f"{stage}/new_samples") for r in runs]
+        # a cached job reports the producing job's new samples beside its own ~0 s: only the producers count
+        made = [r for r in runs if r.value(f"{stage}/cached") != 1.0]
+        secs = [r.value(f"{stage}/seconds") for r in made]
+        work = [r.value(f"{stage}/new_samples") for r in made]
         done = [(s, w) for s, w in zip(secs, work) if math.isfinite(s) and math.isfinite(w) and w > 0]
         if done:
             out[f"{stage}_s_per_sample"] = sum(s for s, _ in done) / sum(w for _, w in done)
@@ -292,7 +298,15 @@ def _price(axes: Axes) -> None:
     step_s = c.get("train_s_per_step", NAN)
     sample_s = c.get("generate_s_per_sample", NAN) + c.get("extract_s_per_sample", NAN)
     if axes.steps is not None:
-        axes.steps.seconds = 2.0 * axes.steps.steps_at * step_s  # a run at twice the steps
+        axes.steps.seconds = steps_price(axes.steps, step_s)
     data = axes.data
     if data is not None:  # as many new samples again, then a run at the same steps
         data.seconds = data.samples_at * sample_s + data.steps_at * step_s
+
+
+def steps_price(axis: Axis, step_s: float) -> float:
+    """Seconds of the doubling of steps the gain describes: the next one (x_max more steps) on a fitted axis,
+    the last measured one (the steps between the two largest budgets, per doubling) on two points."""
+    if axis.fit is not None and axis.fit.ok:
+        return axis.x_max * step_s
+    return (axis.x[-1] - axis.x[-2]) * step_s / math.log2(axis.x[-1] / axis.x[-2])

@@ -53,6 +53,36 @@ class Comparison:
         return next(lv.label for lv in self.levels if lv.baseline)
 
 
+@dataclass
+class Contrast:
+    comparison: Comparison
+    better: str  # the setting whose improvement is measured
+    over: str  # the setting it is measured over
+    as_trained: Estimate
+    equal_steps: Estimate | None = None
+    equal_seconds: Estimate | None = None
+    unresolved: str = ""  # why no finding can be called, '' when one can
+
+    @property
+    def basis(self) -> str:
+        if self.equal_seconds is not None:
+            return "equal GPU-seconds"
+        return "equal steps" if self.equal_steps is not None else "as trained"
+
+    @property
+    def used(self) -> Estimate:
+        """The estimate the verdict reads: equal GPU-seconds, else equal steps, else as trained."""
+        return self.equal_seconds or self.equal_steps or self.as_trained
+
+
+def as_trained(c: Comparison) -> Contrast | None:
+    """The comparison's contrast with no cost equalised: best over worst for features, best over the baseline
+    otherwise; None when that is a setting against itself."""
+    better, over, raw = ((c.best, c.worst, c.best_vs_worst) if c.category == "features"
+                         else (c.best, c.baseline, c.best_vs_baseline))
+    return None if better == over else Contrast(c, better, over, raw)
+
+
 def _factor_keys(runs: list[Run]) -> list[str]:
     seen: dict[str, set] = defaultdict(set)
     for r in runs:

@@ -8,25 +8,27 @@ from pathlib import Path
 
 import numpy as np
 
-from draftlab.analysis import plots
-from draftlab.analysis.axes import Axes, measure_axes
+from draftlab.analysis import currency, equal_cost, plots
+from draftlab.analysis.answer import answer
+from draftlab.analysis.axes import Axes, Axis, measure_axes
 from draftlab.analysis.codecheck import mixed_code
-from draftlab.analysis.compare import Comparison, compare_all, train_val_gap
+from draftlab.analysis.compare import Comparison, Contrast, compare_all, train_val_gap
+from draftlab.analysis.currency import primary_metric, tau_per_loss, with_loss_line
 from draftlab.analysis.fit import PowerLawFit, fit_power_law
-from draftlab.analysis.records import (LOSS_KEYS, TAU_KEY, baseline_config, by_group, direction, loss_key,
-                                       metric_noise, normalise, step_clusters, values)
-from draftlab.analysis.report import render
+from draftlab.analysis.records import (LOSS_KEYS, PREDICTED_TAU_KEY, TAU_KEY, baseline_config, by_group,
+                                       direction, loss_key, metric_noise, normalise, step_clusters, values)
+from draftlab.analysis.levers import Lever, equal_cost_run, joint_axis, levers
+from draftlab.analysis.report import Extras, render, tau_during_training, wrap
 from draftlab.analysis.valnoise import ValNoise, val_noise
-from draftlab.analysis.verdict import Thresholds, Verdict, decide
+from draftlab.analysis.verdict import Thresholds, Verdict, decide, material
 
-PREDICTED_TAU_KEY = "val/predicted_tau"
 SHORT = {TAU_KEY: "tau", PREDICTED_TAU_KEY: "predicted_tau"}  # analysis/* prefix; any loss metric is "loss"
-VERDICT_CODES = {"undetermined": 0, "data-limited": 1, "bottleneck": 2, "under-trained": 3}
+VERDICT_CODES = {"undetermined": 0, "data-limited": 1, "bottleneck": 2, "under-trained": 3, "joint": 4}
 
 
 @dataclass
 class AnalysisResult:
-    verdict: str  # under-trained | data-limited | bottleneck | undetermined
+    verdict: str  # under-trained | data-limited | joint | bottleneck | undetermined
     bottleneck: str | None  # features | capacity | optimisation | unidentified, when verdict == bottleneck
     headline: str  # the verdict in plain words
     evidence: list[str]
@@ -40,6 +42,11 @@ class AnalysisResult:
     details: Verdict | None = None
     parent_run_id: str | None = None  # set when the records came from an MLflow sweep
     mixed_code: str = ""  # names the runs on other code versions; '' when they share one
+    answer: str = ""  # the report's first paragraph: the answer per lever, in the verdict's metric
+    primary: str = ""  # the metric the verdict decides on
+    contrasts: list[Contrast] = field(default_factory=list)  # the comparisons at equal cost
+    joints: dict[str, Axis | None] = field(default_factory=dict)  # data and steps doubled together, per metric
+    levers: list[Lever] = field(default_factory=list)  # steps, data, joint in the verdict's metric
 
     @property
     def tag(self) -> str:
@@ -196,29 +203,35 @@ def analyze(records: list[dict], out_dir: str | Path | None = None, thresholds: 
     if lk is None:
         return _nothing("no validation loss in the records (metric val/loss or best/val_loss): did the "
                         "sweep run the train stage?", out_dir)
-    # the loss, deployed tau (bench) and the tau training predicts: each answers the question on its own scale
+    # the loss, deployed tau (bench) and the tau training predicts; the verdict decides on tau (currency.py)
     metrics = [lk] + [k for k in (TAU_KEY, PREDICTED_TAU_KEY) if any(math.isfinite(r.value(k)) for r in runs)]
-    noise = {m: metric_noise(runs, m) for m in metrics}
-    vnoise = {m: val_noise(runs, m, n_boot, seed + 1000 + i) for i, m in enumerate(metrics)}
-    axes = {m: measure_axes(base_runs, m, thresholds, level, n_boot, seed + 10 * i, vnoise[m])
-            for i, m in enumerate(metrics)}
+    primary = primary_metric(base_runs, lk)
     series = _data_series(base_runs)
     groups = by_group(series)
+    rate = tau_per_loss(series, lk, primary) if primary != lk else math.nan
+    th = with_loss_line(thresholds, rate)
+    noise = {m: metric_noise(runs, m) for m in metrics}
+    vnoise = {m: val_noise(runs, m, n_boot, seed + 1000 + i) for i, m in enumerate(metrics)}
+    axes = {m: measure_axes(base_runs, m, th, level, n_boot, seed + 10 * i, vnoise[m])
+            for i, m in enumerate(metrics)}
+    joints = {m: joint_axis(base_runs, m, axes[m], level, n_boot, seed + 10 * i + 5, vnoise[m], th.min_points)
+              for i, m in enumerate(metrics)}
+    nmax_runs = groups[-1][1]
+    val_nmax = float(np.mean(values(nmax_runs, lk))) if values(nmax_runs, lk).size else math.nan
     fits = {}
     for i, m in enumerate(metrics):
         sigma, df = axes[m].sigma, axes[m].df
         have = [(n, [r for r in g if math.isfinite(r.value(m))]) for n, g in groups]
         fits[m] = fit_power_law(m, [(n, values(g, m)) for n, g in have], sign=-direction(m),
                                 lower=1.0 if direction(m) > 0 else 0.0, seed_sigma=sigma, seed_df=df, level=level,
-                                n_boot=n_boot, seed=seed + i, min_points=thresholds.min_points,
-                                shifts=_shifts(vnoise[m], have, n_boot))
-    nmax_runs = groups[-1][1]
-    val_nmax = float(np.mean(values(nmax_runs, lk))) if values(nmax_runs, lk).size else math.nan
+                                n_boot=n_boot, seed=seed + i, min_points=th.min_points,
+                                shifts=_shifts(vnoise[m], have, n_boot), material=material(m, val_nmax, th))
     gap = train_val_gap(nmax_runs, lk, level)
     comparisons = compare_all(runs, baseline, metrics, noise, level, vnoise)
-    others = _other_series(runs, baseline, lk, noise[lk], thresholds, level, n_boot, seed, vnoise[lk])
+    contrasts = equal_cost.contrasts(comparisons, runs, baseline, axes, th)
+    others = _other_series(runs, baseline, lk, noise[lk], th, level, n_boot, seed, vnoise[lk])
     mixed = mixed_code(runs)
-    verdict = decide(axes, comparisons, val_nmax, gap, thresholds, "" if allow_mixed_code else mixed)
+    verdict = decide(axes, contrasts, val_nmax, gap, th, "" if allow_mixed_code else mixed, primary, joints)
     if mixed and allow_mixed_code:
         verdict.evidence.insert(0, f"{mixed}: compared anyway (--allow-mixed-code)")
     paths: dict[str, Path] = {}
@@ -227,16 +240,39 @@ def analyze(records: list[dict], out_dir: str | Path | None = None, thresholds: 
         out.mkdir(parents=True, exist_ok=True)
         paths = _plots(fits, series, base_runs, comparisons, axes, out, level)
     links = f"{Path(out_dir).name}/" if report_path is not None else ""
+    found = levers(axes[primary], joints[primary], {"steps": verdict.steps_state, "data": verdict.data_state,
+                                                    "joint": verdict.joint_state})
+    said = answer(verdict, found, contrasts, fits.get(primary), th, equal_cost_run(axes[primary], joints[primary]))
+    said = "\n".join(wrap([" ".join([said, tau_during_training(runs)[0]]).strip()]))  # one text, wrapped once
     report = render(verdict, fits, comparisons, runs, series, baseline, lk, n_source, gap, paths,
-                    thresholds, level, others, axes, vnoise[lk], links, command, left_out)
+                    th, level, others, axes, vnoise[lk], links, command, left_out,
+                    Extras(said, contrasts, joints, found, currency.describe(rate, th)))
     if out_dir is not None:
         paths["report"] = report_path or Path(out_dir) / "report.md"
         paths["report"].write_text(report)
     numbers = _numbers(runs, len(groups), fits, comparisons, gap, axes, verdict)
+    numbers.update(_lever_numbers(found, contrasts, th, rate))
     numbers["analysis/mixed_code"] = float(bool(mixed))
     numbers["analysis/val_noise_in_intervals"] = float(vnoise[lk].known)
     result = AnalysisResult(verdict.kind, verdict.bottleneck, verdict.headline, verdict.evidence,
                             verdict.next_steps, numbers, report, paths, fits, axes, comparisons, verdict)
-    result.mixed_code = mixed
+    result.mixed_code, result.answer, result.primary = mixed, said, primary
+    result.contrasts, result.joints, result.levers = contrasts, joints, found
     return result
+
+
+def _lever_numbers(found, contrasts, th, rate) -> dict[str, float]:
+    """`analysis/lever_<name>_*`: each lever's gain in the verdict's metric and its GPU-seconds per line, and
+    `analysis/<factor>_<basis>` for the comparisons at equal cost."""
+    out: dict[str, float] = {"analysis/tau_per_loss": rate, "analysis/loss_line": th.material_loss_abs}
+    for lv in found:
+        out.update(lv.gain.as_metrics(f"analysis/lever_{lv.name}_gain"))
+        out[f"analysis/lever_{lv.name}_gpu_s"] = lv.seconds
+        out.update(lv.per_line(th.material_tau).as_metrics(f"analysis/lever_{lv.name}_s_per_line"))
+    for x in contrasts:
+        p = f"analysis/{x.comparison.key}/{SHORT.get(x.comparison.metric, 'loss')}"
+        for basis, e in (("equal_steps", x.equal_steps), ("equal_gpu_s", x.equal_seconds)):
+            if e is not None:
+                out.update(e.as_metrics(f"{p}_{basis}"))
+    return {k: float(v) for k, v in out.items() if math.isfinite(float(v))}
 

@@ -10,7 +10,10 @@ is the extremum in the improving direction (a floor for a loss, a peak for tau);
 has none (infinite).
 
 Rules (module constants): projections go at most `MAX_PROJECTION`x past the largest size; a ceiling is stated
-only with `CEILING_MIN_SIZES` sizes spanning `CEILING_MIN_SPAN`x whose families' ceiling intervals overlap.
+only with `CEILING_MIN_SIZES` sizes spanning `CEILING_MIN_SPAN`x whose families' ceiling intervals overlap,
+whose families' point ceilings lie within the material line of each other (intervals that overlap only because
+they are wide do not make two readings one), and whose power law misfits the means by at most `MAX_MISFIT`x the
+seed-to-seed sd (a curve that misses its own points by more says nothing past them).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from draftlab.analysis.stats import NAN, Estimate, percentile_estimate
 MAX_PROJECTION = 2.0
 CEILING_MIN_SIZES = 5
 CEILING_MIN_SPAN = 16.0
+MAX_MISFIT = 3.0
 NO_CEILING = "no ceiling can be read from these sizes"
 
 
@@ -132,8 +136,10 @@ def _overlap(a: Estimate, b: Estimate) -> bool:
     return a.known and b.known and a.lo <= b.hi and b.lo <= a.hi
 
 
-def ceiling(n: np.ndarray, families: list[FamilyFit]) -> tuple[Estimate | None, str]:
-    """(the ceiling, why) under the rule in the module docstring; None with the reason when it cannot be read."""
+def ceiling(n: np.ndarray, families: list[FamilyFit], material: float = NAN,
+            misfit: float = NAN) -> tuple[Estimate | None, str]:
+    """(the ceiling, why) under the rule in the module docstring; None with the reason when it cannot be read.
+    `material`: the line the point ceilings must agree within; `misfit`: the fit's residual sd / the seed sd."""
     span = float(n[-1] / n[0]) if len(n) else NAN
     if len(n) < CEILING_MIN_SIZES or not span >= CEILING_MIN_SPAN:
         return None, (f"{NO_CEILING} ({len(n)} sizes spanning {span:.3g}x; a ceiling needs at least "
@@ -147,6 +153,14 @@ def ceiling(n: np.ndarray, families: list[FamilyFit]) -> tuple[Estimate | None, 
     if not all(_overlap(a, b) for i, a in enumerate(ests) for b in ests[i + 1:]):
         said = "; ".join(f"{f.name} {e.fmt()}" for f, e in zip(families, ests))
         return None, f"{NO_CEILING} (the curve families disagree: {said})"
+    points = [e.value for e in ests]
+    if math.isfinite(material) and max(points) - min(points) > material:
+        said = "; ".join(f"{f.name} {e.value:.3g}" for f, e in zip(families, ests))
+        return None, (f"{NO_CEILING} (the curve families' ceilings are {max(points) - min(points):.3g} apart, "
+                      f"more than the material line {material:.3g}: {said})")
+    if math.isfinite(misfit) and misfit > MAX_MISFIT:
+        return None, (f"{NO_CEILING} (the power law misses the means by {misfit:.3g}x the seed-to-seed noise, "
+                      f"more than {MAX_MISFIT:.0f}x)")
     lo, hi = min(e.lo for e in ests), max(e.hi for e in ests)
     return Estimate(float(np.mean([e.value for e in ests])), lo, hi), (
         "the curve families agree: " + "; ".join(f"{f.name} {e.fmt()}" for f, e in zip(families, ests)))

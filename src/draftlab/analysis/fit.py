@@ -55,6 +55,7 @@ class PowerLawFit:
     ceiling: Estimate | None = None  # only where families.ceiling's rule allows one
     ceiling_note: str = ""
     val_noise: bool = False  # the intervals include validation-sample noise
+    misfit: float = NAN  # the fit's residual sd over the seed-to-seed sd (NaN without both)
 
     @property
     def gain_spread(self) -> float:
@@ -116,8 +117,10 @@ def _derived(theta: np.ndarray, sign: int) -> dict[str, float]:
             "2x": y_inf + sign * a * MAX_PROJECTION ** (-alpha)}
 
 
-def local_gain(n, mean, counts, sign, sigma, df, level) -> Estimate:
-    """Improvement per doubling between the two largest N, straight from the means (no curve assumed)."""
+def local_gain(n, mean, counts, sign, sigma, df, level, shifts: np.ndarray | None = None) -> Estimate:
+    """Improvement per doubling between the two largest N, straight from the means (no curve assumed): a t
+    interval from the seed-to-seed sigma given, widened in quadrature by the validation-sample bootstrap of the
+    difference (`shifts` [n_boot, k]) when given. Model-free: the curve's misfit is not noise of these means."""
     if len(n) < 2:
         return Estimate(NAN)
     doublings = math.log2(n[-1] / n[-2])
@@ -125,16 +128,22 @@ def local_gain(n, mean, counts, sign, sigma, df, level) -> Estimate:
     if not (math.isfinite(sigma) and df > 0):
         return Estimate(value)
     half = t_quantile(level, df) * sigma * math.sqrt(1 / counts[-1] + 1 / counts[-2]) / doublings
+    if shifts is not None and shifts.shape[0] >= 10:
+        tail = (1.0 - level) / 2.0 * 100.0
+        lo, hi = np.percentile((shifts[:, -1] - shifts[:, -2]) / doublings, [tail, 100.0 - tail])
+        half = math.hypot(half, (hi - lo) / 2.0)
     return Estimate(value, value - half, value + half)
 
 
 def fit_power_law(metric: str, n_groups: list[tuple[float, np.ndarray]], sign: int, lower: float = 0.0,
                   seed_sigma: float = NAN, seed_df: int = 0, level: float = 0.9, n_boot: int = 400,
-                  seed: int = 0, min_points: int = 3, shifts: np.ndarray | None = None) -> PowerLawFit:
+                  seed: int = 0, min_points: int = 3, shifts: np.ndarray | None = None,
+                  material: float = NAN) -> PowerLawFit:
     """Fits y(N) on per-N groups of replicate values [(N, values), ...]; intervals by the bootstrap above.
 
     `lower` bounds y_inf from below (0 for a loss, 1 for tau). `shifts` [n_boot, groups]: the validation-sample
-    bootstrap's shift of each group's mean (valnoise.ValNoise.group_shift). Deterministic for a given `seed`.
+    bootstrap's shift of each group's mean (valnoise.ValNoise.group_shift). `material`: the line a ceiling's
+    families must agree within (families.ceiling). Deterministic for a given `seed`.
     """
     keep = [i for i, (_, v) in enumerate(n_groups) if len(v)]
     n_groups = [n_groups[i] for i in keep]
@@ -146,7 +155,7 @@ def fit_power_law(metric: str, n_groups: list[tuple[float, np.ndarray]], sign: i
     fit = PowerLawFit(metric, sign, n, mean, counts, sigma=seed_sigma, sigma_df=seed_df,
                       sigma_source="seeds" if seed_df > 0 else "none", val_noise=shifts is not None)
     if len(n) < min_points:
-        fit.local_gain = local_gain(n, mean, counts, sign, seed_sigma, seed_df, level)
+        fit.local_gain = local_gain(n, mean, counts, sign, seed_sigma, seed_df, level, shifts)
         fit.note = f"{len(n)} data size(s): a power law needs at least {min_points}"
         return fit
     x = n / n[-1]
@@ -158,7 +167,11 @@ def fit_power_law(metric: str, n_groups: list[tuple[float, np.ndarray]], sign: i
         resid_sigma = math.sqrt(float((counts * (_model(theta, x, sign) - mean) ** 2).sum()) / resid_df)
         if not (seed_df > 0 and seed_sigma >= resid_sigma):
             fit.sigma, fit.sigma_df, fit.sigma_source = resid_sigma, resid_df, "fit residuals"
-    fit.local_gain = local_gain(n, mean, counts, sign, fit.sigma, fit.sigma_df, level)
+        if seed_df > 0 and seed_sigma > 0:
+            fit.misfit = resid_sigma / seed_sigma
+    # model-free: the seeds' own noise where there are seeds, else the only noise estimate there is
+    sigma, df = (seed_sigma, seed_df) if seed_df > 0 else (fit.sigma, fit.sigma_df)
+    fit.local_gain = local_gain(n, mean, counts, sign, sigma, df, level, shifts)
     point = _derived(theta, sign)
     grid = np.geomspace(n[0], MAX_PROJECTION * n[-1], 60)
     curve = _model(theta, grid / n[-1], sign)
@@ -183,7 +196,7 @@ def fit_power_law(metric: str, n_groups: list[tuple[float, np.ndarray]], sign: i
                       fit.fitted_nmax, fit.band)
     quad = log_quadratic(n, mean, counts, sign, fit.sigma, fit.sigma_df, shifts, level, n_boot, seed + 1)
     fit.families = [power] + ([quad] if quad is not None else [])
-    fit.ceiling, fit.ceiling_note = ceiling(n, fit.families)
+    fit.ceiling, fit.ceiling_note = ceiling(n, fit.families, material, fit.misfit)
     return fit
 
 

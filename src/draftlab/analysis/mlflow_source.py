@@ -17,9 +17,10 @@ from draftlab.tracking.runs import find_experiment_id, get_run, log_analysis, me
 PARENT_TAG = "mlflow.parentRunId"
 # Metric histories worth fetching (one call per run and key): the curves, for readers of the records. The
 # verdict reads convergence from train/steps and train/stopped_early instead (see analysis/axes.py).
-HISTORY_KEYS = ("train/loss", "val/loss")
+HISTORY_KEYS = ("train/loss", "val/loss", "train/bench_tau")
 VAL_SAMPLES = "val_samples.json"  # the train stage's per-sample validation results (train/per_sample.py)
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+MAX_TAG = 5000  # MLflow's limit on a tag value; analysis/answer.md holds the whole text
 
 
 @dataclass
@@ -83,8 +84,12 @@ def val_samples(train_folder: str | None, artifact_uri: str | None) -> dict | No
 
 
 def log_to_parent(parent_run_id: str, result, uri: str | None = None) -> None:
-    """Logs `analysis/*` metrics, the `verdict` tag and the report + plots (under artifacts `analysis/`)."""
+    """Logs `analysis/*` metrics, the `verdict` tag, the answer (tag `verdict.answer`, text `analysis/answer.md`:
+    the report's first paragraph, as the sweep's terminal summary prints it) and the report + plots (under
+    artifacts `analysis/`)."""
+    answer = getattr(result, "answer", "") or result.headline
     log_analysis(open_client(uri), parent_run_id, numbers=dict(sorted(result.numbers.items())),
-                 tags={"verdict": result.tag, "verdict.headline": result.headline},
-                 texts={"analysis/report.md": result.report},
+                 tags={"verdict": result.tag, "verdict.headline": result.headline,
+                       "verdict.answer": answer[:MAX_TAG]},
+                 texts={"analysis/report.md": result.report, "analysis/answer.md": answer},
                  files=[("analysis", Path(path)) for path in result.paths.values() if Path(path).suffix == ".png"])

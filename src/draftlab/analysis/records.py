@@ -53,6 +53,7 @@ CODE_TAGS = (("code.train", "train/produced_by"), ("code.extract", "extract/prod
 # best/val_loss first: the exported draft is the best validation pass (early stopping may end after it)
 LOSS_KEYS = ("best/val_loss", "val/loss")
 TAU_KEY = "bench/tau"
+PREDICTED_TAU_KEY = "val/predicted_tau"
 HIGHER_IS_BETTER_PREFIXES = ("bench/tau", "val/acc", "val/predicted_tau")
 
 

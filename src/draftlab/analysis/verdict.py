@@ -8,6 +8,9 @@ against a materiality threshold m (loss: `material_loss_rel` of the loss there; 
   - unresolved:       otherwise, or no interval
 A data axis fitted on enough sizes is also judged by each curve family (power law, log-quadratic: families.py):
 flat only when every family says flat, and unresolved when one family says it helps and another says flat.
+The verdict decides on one metric, in the user's currency (currency.py): deployed tau when the sweep benches,
+else predicted tau; the loss (and any other metric) is evidence beside it, judged against a loss line worth the
+tau line at the sweep's own loss-to-tau rate. Findings come from comparisons at equal cost (equal_cost.py).
 Rules, first match wins (other findings are listed as "also"):
   0. undetermined (mixed code): the runs ran on more than one version of the train or extract code, and the
      user did not pass --allow-mixed-code: no difference between them is called resolved.
@@ -18,9 +21,11 @@ Rules, first match wins (other findings are listed as "also"):
      fired, or at a step budget where the steps axis is flat) and fitted on `min_points` data sizes: data is
      dear, so the next doubling is projected from a curve, not read off the last one. (The steps axis may rest
      on two points: its last doubling costs no new data.)
+  2b. joint: neither steps nor data alone clears the line, and doubling both together does (levers.py).
   3. undetermined (confound): nothing separates data from steps (a fixed-epoch sweep doubles both at once).
   4. bottleneck:<features|capacity|optimisation>: the direct finding with the largest effect (in units of m):
-     two `extract.*` settings differ, a `draft.*` or `train.*` setting beats the baseline, at equal data.
+     two `extract.*` settings differ, a `draft.*` or `train.*` setting beats the baseline, at equal data and
+     equal cost (GPU-seconds, else steps); a comparison against an unconverged baseline is unresolved.
   5. bottleneck (indirect): the converged data axis is flat and |val - train| < `small_gap_rel` of val
      (capacity: no overfitting, yet more data does not help), or train loss above val by > `train_above_val_rel`
      (optimisation); flat with nothing isolating the cause is `bottleneck:unidentified`. Capacity needs the
@@ -39,14 +44,16 @@ import math
 from dataclasses import dataclass, field
 
 from draftlab.analysis.axes import Axes, Axis
-from draftlab.analysis.compare import Comparison
+from draftlab.analysis.compare import Contrast, as_trained
 from draftlab.analysis.records import direction
 from draftlab.analysis.stats import Estimate
 
 
 @dataclass(frozen=True)
 class Thresholds:
-    material_loss_rel: float = 0.01  # a loss change worth having: 1% of the loss at N_max (0.06 at 6.13)
+    material_loss_rel: float = 0.01  # a loss change worth having, when the sweep has no tau: 1% of the loss
+    # the loss line in loss units: material_tau at the sweep's own loss-to-tau rate (currency.py); NaN: the share
+    material_loss_abs: float = math.nan
     material_tau: float = 0.1  # a tau change worth having; EAGLE-3 gains 0.3-0.4 per doubling, EAGLE-2 ~0
     near_zero_fraction: float = 0.25  # "excludes ~0": the lower bound must clear this fraction of material
     min_points: int = 3  # distinct axis values needed for a power-law fit (fewer: two-point gain)
@@ -70,7 +77,7 @@ class Finding:
 
 @dataclass
 class Verdict:
-    kind: str  # under-trained | data-limited | bottleneck | undetermined
+    kind: str  # under-trained | data-limited | joint | bottleneck | undetermined
     bottleneck: str | None  # features | capacity | optimisation | unidentified (kind == bottleneck)
     headline: str
     data_state: str  # limited | flat | unresolved | insufficient (the data axis where training converged)
@@ -78,6 +85,9 @@ class Verdict:
     findings: list[Finding] = field(default_factory=list)
     next_steps: list[str] = field(default_factory=list)
     steps_state: str = "insufficient"  # limited | flat | unresolved | insufficient
+    joint_state: str = "insufficient"  # the same, for data and steps doubled together
+    metric: str = ""  # the metric the verdict decides on
+    unresolved: list[str] = field(default_factory=list)  # comparisons no finding can be called on, with why
 
     @property
     def tag(self) -> str:
@@ -85,11 +95,15 @@ class Verdict:
 
     @property
     def plain(self) -> str:
+        if self.kind == "joint":
+            return "limited by data and steps together"
         return f"at a bottleneck ({self.bottleneck})" if self.kind == "bottleneck" else self.kind
 
 
 def material(metric: str, reference: float, th: Thresholds) -> float:
-    return th.material_tau if direction(metric) > 0 else th.material_loss_rel * abs(reference)
+    if direction(metric) > 0:
+        return th.material_tau
+    return th.material_loss_abs if math.isfinite(th.material_loss_abs) else th.material_loss_rel * abs(reference)
 
 
 def _resolved(e: Estimate, m: float, th: Thresholds) -> bool:
@@ -106,7 +120,7 @@ def axis_state(axis: Axis, th: Thresholds) -> tuple[str, str]:
     """(limited | flat | unresolved, sentence) for one axis of one metric."""
     m = material(axis.metric, axis.mean[-1], th)
     g = axis.gain
-    what = "steps" if axis.name.startswith("steps") else "data"
+    what = "steps" if axis.name.startswith("steps") else "data and steps" if axis.name == "joint" else "data"
     where = (f"{axis.metric}: next doubling of {what} ({axis.held}, from {axis.x_max:.4g}) gains {g.fmt()} "
              f"(material: {m:.3g})")
     state = _gain_state(g, m, th)
@@ -137,41 +151,23 @@ def _combine(states: list[str]) -> str:
     return "unresolved" if fitted else "insufficient"
 
 
-def _per_second(axis: Axis) -> str:
-    if not math.isfinite(axis.seconds) or axis.seconds <= 0:
-        return "price unknown (no measured stage seconds)"
-    per_ks = 1000.0 * axis.gain.value / axis.seconds
-    return f"about {axis.seconds:,.0f} s of measured stage time ({per_ks:+.3g} per 1000 s)"
-
-
-def pricing(axes: Axes) -> str:
-    """'2x steps: +g [lo, hi], about X s of stage time; 2x data: ...' for one metric; '' when neither is measured."""
-    parts = []
-    if axes.steps is not None:
-        parts.append(f"2x steps (at {axes.steps.held}): {axes.metric} {axes.steps.gain.fmt()}, "
-                     f"{_per_second(axes.steps)}")
-    if axes.data is not None:
-        parts.append(f"2x data ({axes.data.held}): {axes.metric} {axes.data.gain.fmt()}, "
-                     f"{_per_second(axes.data)}, generation + extraction + training")
-    return "; ".join(parts)
-
-
-def _comparison_finding(c: Comparison, m: float, th: Thresholds) -> Finding | None:
-    at = f"at N={c.n:.3g}"
-    if c.category == "features":
-        e, text = c.best_vs_worst, f"{c.key}={c.best} beats {c.key}={c.worst} on {c.metric} by"
+def _comparison_finding(x, m: float, th: Thresholds) -> Finding | None:
+    """A finding from an equal_cost.Contrast, read at its basis (equal GPU-seconds, else equal steps)."""
+    c = x.comparison
+    at = f"at N={c.n:.3g}, {x.basis}"
+    if x.over == c.baseline:
+        text = f"{c.key}={x.better} beats the baseline {c.key}={x.over} on {c.metric} by"
     else:
-        if c.best == c.baseline:
-            return None
-        e, text = c.best_vs_baseline, f"{c.key}={c.best} beats the baseline {c.key}={c.baseline} on {c.metric} by"
-    if not _resolved(e, m, th):
+        text = f"{c.key}={x.better} beats {c.key}={x.over} on {c.metric} by"
+    e = x.used
+    if x.unresolved or not _resolved(e, m, th):
         return None
-    if c.category == "features" and c.best == c.baseline:
-        advice = f": the feature choice matters, keep {c.key}={c.best} and try other or more layers"
+    if c.category == "features" and x.better == c.baseline:
+        advice = f": the feature choice matters, keep {c.key}={x.better} and try other or more layers"
     elif c.category == "capacity":  # val loss and predicted tau do not see the larger draft's cost per step
-        advice = f": a larger draft learns more here; serve {c.key}={c.best} with the bench stage to see if it pays"
+        advice = f": a larger draft learns more here; serve {c.key}={x.better} with the bench stage to see if it pays"
     else:
-        advice = f": switch to {c.key}={c.best}"
+        advice = f": switch to {c.key}={x.better}"
     return Finding(c.category, True, e.value / m, f"{text} {e.fmt()} {at} (material: {m:.3g}){advice}")
 
 
@@ -196,48 +192,73 @@ def _steps_spent(axes: dict[str, Axes], steps_state: str, th: Thresholds, eviden
     return True
 
 
-def decide(axes: dict[str, Axes], comparisons: list[Comparison], val_at_nmax: float,
-           gap: Estimate | None, th: Thresholds = Thresholds(), mixed_code: str = "") -> Verdict:
+def decide(axes: dict[str, Axes], comparisons: list, val_at_nmax: float, gap: Estimate | None,
+           th: Thresholds = Thresholds(), mixed_code: str = "", primary: str | None = None,
+           joints: dict[str, Axis | None] | None = None) -> Verdict:
     """Applies the rules in the module docstring. `axes` maps metric -> both axes of the baseline config;
-    `val_at_nmax` is the baseline validation loss at the largest N (the scale of the loss thresholds);
-    `mixed_code` names the runs whose code differs (rule 0), '' when they share it or mixing is allowed."""
-    evidence, steps_states, data_states, confounds = [], [], [], []
-    for ax in axes.values():
+    `comparisons` are compare.Contrast at equal cost (a bare Comparison is read as trained); `primary` is the
+    metric the verdict decides on (default: the first), the others are evidence; `joints` maps metric -> the
+    joint lever's axis; `val_at_nmax` is the baseline validation loss at the largest N; `mixed_code` names the
+    runs whose code differs (rule 0), '' when they share it or mixing is allowed."""
+    primary = primary or next(iter(axes), "")
+    joints = joints or {}
+    evidence, confounds = [], []
+    steps_state = state = joint_state = "insufficient"
+    for metric, ax in axes.items():
+        main = metric == primary
+        beside = "" if main else "beside the verdict: "
         steps = axis_state(ax.steps, th) if ax.steps is not None else ("insufficient", "")
-        steps_states.append(steps[0])
         if steps[1]:
-            evidence.append(steps[1])
-        if ax.capped and ax is next(iter(axes.values())):
+            evidence.append(beside + steps[1])
+        if ax.capped and main:
             evidence.append("still improving at the step cap (early stopping never fired), so under-trained there "
                             "and left out of the converged data axis: N=" + ", ".join(f"{n:.4g}" for n in ax.capped))
+        joint = axis_state(joints[metric], th) if joints.get(metric) is not None else ("insufficient", "")
+        if joint[1]:
+            evidence.append(beside + joint[1])
+        alone = joints[metric].alone if joints.get(metric) is not None else None
+        if alone is not None:
+            said = axis_state(alone, th)
+            evidence.append(f"{beside}{said[1]} (data alone over the joint lever's sizes)")
+            if said[0] == "limited" and joint[0] == "limited":  # data alone clears the line there: no news
+                joint = ("with-data", joint[1])
+        data = ("insufficient", "")
         if ax.data is None:
-            data_states.append("insufficient")
-            if ax.confound:
+            if ax.confound and main:
                 confounds.append(ax.confound)
-            continue
-        state, text = axis_state(ax.data, th)
-        # data at a step budget only counts once more steps there stop helping
-        trusted = ax.data_at_convergence is not None or steps[0] == "flat"
-        if not trusted:
-            state, text = "unresolved", text + " (not at convergence: the steps axis there is not flat)"
-        elif ax.data.fit is None or not ax.data.fit.ok:  # buying data is dear: the next doubling needs a curve
-            state, text = "insufficient", (f"{text}; but {len(ax.data.x)} data sizes only measure the last "
-                                           f"doubling: the next needs {th.min_points} for a curve")
-        evidence.append(text)
-        data_states.append(state)
-    steps_state, state = _combine(steps_states), _combine(data_states)
+        else:
+            data = axis_state(ax.data, th)
+            # data at a step budget only counts once more steps there stop helping
+            if ax.data_at_convergence is None and steps[0] != "flat":
+                data = "unresolved", data[1] + " (not at convergence: the steps axis there is not flat)"
+            elif ax.data.fit is None or not ax.data.fit.ok:  # buying data is dear: the next doubling needs a curve
+                data = "insufficient", (f"{data[1]}; but {len(ax.data.x)} data sizes only measure the last "
+                                        f"doubling: the next needs {th.min_points} for a curve")
+            evidence.append(beside + data[1])
+        if main:
+            steps_state, state, joint_state = steps[0], data[0], joint[0]
     spent = _steps_spent(axes, steps_state, th, evidence)
 
     findings: list[Finding] = []
-    for c in comparisons:
+    unresolved: list[str] = []
+    for x in comparisons:
+        x = x if isinstance(x, Contrast) else as_trained(x)
+        if x is None:
+            continue
+        c = x.comparison
         ref = next((lv.mean for lv in c.levels if lv.baseline), val_at_nmax)
-        f = _comparison_finding(c, material(c.metric, ref, th), th)
-        if f is not None:
+        f = _comparison_finding(x, material(c.metric, ref, th), th)
+        said = (f"{c.key}={x.better} over {x.over} on {c.metric} at N={c.n:.3g}: as trained {x.as_trained.fmt()}"
+                + (f", equal steps {x.equal_steps.fmt()}" if x.equal_steps is not None else "")
+                + (f", equal GPU-seconds {x.equal_seconds.fmt()}" if x.equal_seconds is not None else ""))
+        if c.metric != primary:
+            evidence.append(f"beside the verdict: {said}" + (f" (unresolved: {x.unresolved})" if x.unresolved else ""))
+        elif x.unresolved:
+            unresolved.append(f"[{c.category}] {said}: unresolved, {x.unresolved}")
+        elif f is not None:
             findings.append(f)
         else:
-            evidence.append(f"{c.key} on {c.metric} at N={c.n:.3g}: best {c.best}, vs baseline "
-                            f"{c.baseline} {c.best_vs_baseline.fmt()}, best vs worst {c.best_vs_worst.fmt()}"
-                            " (not resolved or not material)")
+            evidence.append(f"{said}: at {x.basis}, not resolved or not material")
     if gap is not None and math.isfinite(val_at_nmax) and val_at_nmax:
         rel = gap.value / abs(val_at_nmax)
         text = f"train/val gap at N_max (val - train) = {gap.fmt()} ({rel:+.1%} of val loss)"
@@ -249,17 +270,17 @@ def decide(axes: dict[str, Axes], comparisons: list[Comparison], val_at_nmax: fl
                                     "help, so the draft cannot represent more (or its features carry no more)"))
         else:
             evidence.append(text)
-    prices = [p for p in (pricing(a) for a in list(axes.values())[:2]) if p]  # the loss and the first tau
+    main_axes = {primary: axes[primary]} if primary in axes else axes
     if mixed_code:  # what would have been a finding stays evidence: no difference across code is resolved
         evidence += [f"{f.text} (not called resolved: mixed code)" for f in findings]
-        return Verdict("undetermined", None, f"Undetermined: {mixed_code}. No difference between runs on other "
-                       "code is called resolved (--allow-mixed-code overrides).", state, evidence, [],
-                       ["rerun the differing runs on one code version (or pass --allow-mixed-code, knowingly)"],
-                       steps_state)
-    v = _verdict(state, steps_state, findings, evidence, axes, confounds, th, spent)
-    v.steps_state = steps_state
-    if prices:
-        v.headline += " Next doubling: " + " | ".join(prices) + "."
+        v = Verdict("undetermined", None, f"Undetermined: {mixed_code}. No difference between runs on other "
+                    "code is called resolved (--allow-mixed-code overrides).", state, evidence, [],
+                    ["rerun the differing runs on one code version (or pass --allow-mixed-code, knowingly)"],
+                    steps_state)
+    else:
+        v = _verdict(state, steps_state, findings, evidence, main_axes, confounds, th, spent, joint_state,
+                     joints.get(primary))
+    v.steps_state, v.joint_state, v.metric, v.unresolved = steps_state, joint_state, primary, unresolved
     return v
 
 
@@ -278,7 +299,8 @@ def _gains(axes: dict[str, Axes], which: str) -> str:
     return "; ".join(out)
 
 
-def _verdict(state, steps_state, findings, evidence, axes, confounds, th, spent=True) -> Verdict:
+def _verdict(state, steps_state, findings, evidence, axes, confounds, th, spent=True, joint_state="insufficient",
+             joint: Axis | None = None) -> Verdict:
     ranked = sorted(findings, key=lambda f: (f.direct, f.effect), reverse=True)
     primary = next((f for f in ranked if f.category != "other"), None)
     also = [f"also: {f.category} ({f.text})" for f in ranked]
@@ -294,6 +316,13 @@ def _verdict(state, steps_state, findings, evidence, axes, confounds, th, spent=
     if state == "limited":
         v = Verdict("data-limited", None, f"Data-limited: at convergence, doubling the data helps materially "
                     f"({_gains(axes, 'data')}). Get more data.", state, evidence, ranked)
+        v.next_steps = also + _cap_advice(axes)
+        return v
+    # only where each alone was measured and did not clear the line: a fixed-epoch sweep doubles both blindly
+    if joint_state == "limited" and joint is not None and {steps_state, state} <= {"flat", "unresolved"}:
+        v = Verdict("joint", None, f"Limited by data and steps together: neither alone clears the line, doubling "
+                    f"both does ({joint.metric} {joint.gain.fmt()}, {joint.held}). Buy data and train it longer.",
+                    state, evidence, ranked)
         v.next_steps = also + _cap_advice(axes)
         return v
     if confounds and state == "insufficient":

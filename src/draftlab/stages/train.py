@@ -22,6 +22,7 @@ from draftlab.plan_estimates import draft_shape
 from draftlab.progress import StepBar
 from draftlab.reporting import Reporter
 from draftlab.train.history import replay_history
+from draftlab.train.tau_curve import plot_tau_during_training, tau_during_training
 from draftlab.train.checkpoint import load_trainable
 from draftlab.train.loop import LoopSettings
 
@@ -145,6 +146,12 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter: Reporter) -> dict[str
     recorder = _Recorder(reporter)
     trainer = distributed.make_trainer(model, source, lm_head, settings, out / "checkpoints", recorder)
     main = distributed.is_main()
+    if cfg.train.bench_every and distributed.world_size() <= 1:  # one process serves the draft it benches
+        from draftlab.train import bench_tau
+
+        trainer.bench = bench_tau.from_config(cfg, Path(inputs["generate"]), dcfg)
+    elif cfg.train.bench_every and main:
+        log.warning("train: train.bench_every is ignored under torchrun: the bench stage measures the draft")
     progress = StepBar(trainer.state) if main else None
     trainer.on_step = progress
     if main:
@@ -167,6 +174,11 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter: Reporter) -> dict[str
     reporter.tag("draft_dir", str(draft_dir))
     curves = plot_curves(recorder.history, result.history, out / "curves.png", settings.ttt_steps)
     reporter.artifact(curves)
+    during = {}
+    if trainer.state.get("bench"):
+        during = tau_during_training(result.history, trainer.state["bench"])
+        reporter.artifact(plot_tau_during_training(result.history, trainer.state["bench"],
+                                                   out / "tau_during_training.png"))
     by_sample = {}
     if distributed.world_size() <= 1:  # a sharded model's forward needs every rank; rank 0 alone runs this
         from draftlab.train.per_sample import FILE, per_sample_validation
@@ -175,7 +187,7 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter: Reporter) -> dict[str
         fsutil.atomic_write_json(out / FILE, by_sample)
         reporter.artifact(out / FILE)
 
-    metrics = {**result.final, **result.best, **convergence(cfg.train, result.final),
+    metrics = {**result.final, **result.best, **convergence(cfg.train, result.final), **during,
                "train/steps": float(result.steps),
                # the data axis of a scaling sweep: tokens (prompt and answer) of the training split
                "train/train_tokens": float(source.num_tokens("train")),

@@ -62,7 +62,7 @@ class SweepCallback(Callback):
                 from draftlab.analysis.cli import analyze_parent
 
                 result = analyze_parent(run_id, tracking_uri=task_cfg.tracking.uri, out=sweep_dir / "analysis")
-                verdict = f"{result.headline} (tag verdict={result.tag})"
+                verdict = f"{result.answer or result.headline} (tag verdict={result.tag})"  # as the parent holds it
             except Exception as err:  # the sweep's jobs are done and logged; a failed analysis must not hide them
                 log.error("sweep analysis failed: %s", err)
                 failed = True

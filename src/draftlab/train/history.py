@@ -18,12 +18,14 @@ log = logging.getLogger("draftlab")
 
 
 def checkpoint_history(ckpt_dir: Path) -> list[dict]:
-    """The per-epoch entries the latest checkpoint holds that the loop logged (those with validation metrics)."""
+    """The entries the latest checkpoint holds that the loop logged: validation passes, then the benches of
+    train.bench_every (train/bench_tau)."""
     latest = latest_checkpoint(ckpt_dir)
     if latest is None:
         return []
     state = read_json(latest / "trainer.json") or {}
-    return [entry for entry in state.get("history", []) if any(k.startswith("val/") for k in entry)]
+    passes = [entry for entry in state.get("history", []) if any(k.startswith("val/") for k in entry)]
+    return passes + [{"step": b["step"], "train/bench_tau": b["train/bench_tau"]} for b in state.get("bench") or []]
 
 
 def replay_history(ckpt_dir: Path, reporter: Reporter) -> int:

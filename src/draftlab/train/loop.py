@@ -7,6 +7,8 @@ Early stopping (`early_stop_patience`): the run stops when even the hopeful end 
 interval gains under `early_stop_min_delta` of the loss in that many passes (train/schedule.py). Under `wsd` the
 plateau starts the decay instead (after `extend_steps` more at constant lr: the steps probe): the learning rate
 falls to zero over `decay_ratio` x the steps so far, then the run stops; other schedules stop at once.
+`bench_every` benches the deployed draft every that many steps (`train/bench_tau`, train/bench_tau.py); with
+`stop_on: tau` the best checkpoint and the plateau watch read -tau at those points instead of val/loss.
 
 Resume contract: a killed run restarted on the same folder continues from its last checkpoint and ends where an
 uninterrupted run would (bit-identical on CPU). A checkpoint holds the trainable weights and the AdamW state
@@ -45,7 +47,7 @@ from draftlab.config_schema import TrainConfig
 from draftlab.model.draft import Eagle3Draft
 from draftlab.reporting import NullReporter, Reporter
 from draftlab.target import resolve_device
-from draftlab.train.checkpoint import (host_copies, load_trainable, latest_checkpoint, prune_best_files,
+from draftlab.train.checkpoint import (host_copies, load_trainable, latest_checkpoint,
                                        read_checkpoint, resolve_checkpoint, snapshot_checkpoint, trainable_state,
                                        write_snapshot)
 from draftlab.train.compiled_unroll import unroll_core_for
@@ -53,7 +55,8 @@ from draftlab.train.device_batch import attach_plan, padding_for, to_device, wid
 from draftlab.train.file_queue import FileQueue
 from draftlab.train.optim import autocast_dtype, build_optimizer
 from draftlab.train.packed import PackedPlan, packed_unroll
-from draftlab.train.schedule import batches_per_epoch, budget_steps, lr_factor, slope_metrics, watch_plateau
+from draftlab.train.schedule import batches_per_epoch, budget_steps, lr_factor, slope_metrics
+from draftlab.train.scored import ScoredPoints
 from draftlab.train.ttt import STATS, soft_ce_for, summarize, target_distribution, ttt_unroll
 from draftlab.train.val_cache import ValidationCache
 from draftlab.train.window import PendingSums
@@ -85,10 +88,10 @@ class TrainResult:
     extras: dict[str, Any] = field(default_factory=dict)
 
 
-class Trainer:
+class Trainer(ScoredPoints):
     def __init__(self, model: Eagle3Draft, source, lm_head: torch.Tensor, settings: LoopSettings,
                  ckpt_dir: Path, reporter: Reporter | None = None,
-                 on_step: Callable[[int], None] | None = None) -> None:
+                 on_step: Callable[[int], None] | None = None, bench: Callable | None = None) -> None:
         self.s = settings
         self.device = resolve_device(settings.device)
         self.amp = autocast_dtype(self.device, settings.dtype)
@@ -98,7 +101,7 @@ class Trainer:
         self.lm_head = lm_head.to(self.device, self.amp or torch.float32)
         self.ckpt_dir = Path(ckpt_dir)
         self.reporter = reporter or NullReporter()
-        self.on_step = on_step
+        self.on_step, self.bench = on_step, bench  # bench(model) -> deployed tau (train/bench_tau.py)
         self.opt = build_optimizer(self.model, settings.lr, settings.weight_decay, self.device)
         # Computing only the positions that count (train/packed.py: same loss and gradients) pays on the CPU, and on
         # an H200 when a batch is about 40% prompt (ShareGPT's: 1.13x at 16,384 tokens); with every position counted
@@ -229,43 +232,6 @@ class Trainer:
         self.state["window"] = None
         return time.perf_counter()
 
-    def _validate(self) -> None:
-        """One validation pass: history entry, best checkpoint, and the plateau watch of early stopping."""
-        epoch, step = self.state["epoch"], self.state["step"]
-        started = time.perf_counter()
-        val = self.evaluate("val")
-        seconds = time.perf_counter() - started  # logged only: a recorded wall time would differ on resume
-        entry = {"epoch": float(epoch), "step": float(step)}
-        if val is not None:
-            entry.update({f"val/{k}": v for k, v in val.items()})
-            self.reporter.metrics(entry, step=step)
-            best = self.state["best"]
-            # in the log too: a job killed before its results are written still shows its curve (rank 0 only)
-            if getattr(self, "rank", 0) == 0:
-                log.info("train: step %d val/loss %.4f val/acc_0 %.4f val/predicted_tau %.3f, a %.1f s pass "
-                         "(best so far %s)", step, val["loss"], val["acc_0"], val["predicted_tau"], seconds,
-                         "-" if best is None else f"{best['score']:.4f} at step {int(best['metrics']['step'])}")
-        self.state["history"].append(entry)
-        self.state["last_eval_step"] = step
-        score = entry.get("val/loss", self.state.get("last_train", {}).get("train/loss", math.inf))
-        best = self.state["best"]
-        if best is None or score < best["score"]:
-            file = self.ckpt_dir / f"best-epoch{epoch}-step{step:09d}.safetensors"
-            self._write_weights(file)
-            self.state["best"] = {"epoch": epoch, "score": score, "file": file.name, "metrics": entry}
-        if self.s.early_stop_patience and math.isfinite(score):
-            self._watch_plateau(score)
-
-    def _watch_plateau(self, score: float) -> None:
-        stop = watch_plateau(self.state, score, self.s)
-        if stop is not None:
-            log.info("train: val/loss plateau at step %d: %s", self.state["step"],
-                     f"decaying until step {stop}" if stop > self.state["step"] else "stopping")
-
-    def _prune_best(self) -> None:
-        # queued behind the writes before it, so the best file it keeps exists by then
-        self._files.submit(prune_best_files, self.ckpt_dir, self.state["best"]["file"] if self.state["best"] else None)
-
     # ------------------------------------------------------------------ the loop
     def run(self, init_from: str | Path | None = None) -> TrainResult:
         """Trains to the budget (or the plateau), resuming from the folder's last checkpoint; returns, or raises,
@@ -321,6 +287,8 @@ class Trainer:
         self._t0 = self._log_window(self._t0)
         if st["last_eval_step"] != st["step"]:
             self._validate()
+        if self.bench is not None and (st.get("bench") or [{}])[-1].get("step") != st["step"]:
+            self._bench()  # the final draft too: a curve that ends where training did, and a best under stop_on tau
         self._save()
         self._prune_best()
         return self._result()
@@ -363,6 +331,8 @@ class Trainer:
             self._t0 = self._log_window(self._t0)
         if s.eval_every and step % s.eval_every == 0:
             self._validate()
+        if self.bench is not None and s.bench_every and step % s.bench_every == 0:
+            self._bench()
         if end_of_epoch:
             self._end_epoch()
         elif step % s.checkpoint_every == 0:
@@ -390,6 +360,8 @@ class Trainer:
         if "val/loss" in bm:
             best_metrics.update({"best/val_loss": bm["val/loss"], "best/predicted_tau": bm["val/predicted_tau"],
                                  "best/val_acc_0": bm["val/acc_0"]})
+        if "train/bench_tau" in bm:
+            best_metrics["best/bench_tau"] = bm["train/bench_tau"]
         epochs_seen = self.state["step"] / max(1, self.state["epoch_batches"] or 1)
         budget = {"train/steps": float(self.state["step"]), "train/epochs_seen": epochs_seen,
                   "train/stopped_early": float(bool(self.state["stopped_early"])),
