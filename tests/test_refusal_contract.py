@@ -104,6 +104,7 @@ def test_a_command_refuses_bad_input_in_one_line(inputs, capsys, index):
     (["data_scaling", "--records", "{t}/blank.jsonl", "--boot", "0"], "--boot"),
     (["data_scaling", "--records", "{t}/blank.jsonl", "--level", "1.5"], "--level"),
     (["data_scaling", "--boot", "many"], "--boot"),
+    (["no_such_sweep", "--tracking-uri", "sqlite:///{t}/none.db"], "none.db"),  # the store is not created
 ])
 def test_analyze_refuses_bad_input_in_one_line(inputs, capsys, argv, named):
     from draftlab.analysis.cli import main as analyze

@@ -55,6 +55,7 @@ def load_records(source: str, uri: str | None = None, include_unfinished: bool =
 
     Failed or still-running children are left out (listed in `skipped`) unless `include_unfinished`.
     """
+    existing_store(uri)
     client = open_client(uri)
     parent_id, experiment_id = resolve_parent(client, source)
     children = search_runs(client, [experiment_id], f"tags.`{PARENT_TAG}` = '{parent_id}'")
@@ -69,6 +70,18 @@ def load_records(source: str, uri: str | None = None, include_unfinished: bool =
                         "tags": {k: v for k, v in run.data.tags.items() if not k.startswith("mlflow.")},
                         "val_samples": val_samples(run.data.tags.get("folder.train"), run.info.artifact_uri)})
     return Sweep(parent_id, experiment_id, records, skipped)
+
+
+def existing_store(uri: str | None) -> None:
+    """A SQLite store that does not exist holds no sweep: refused before MLflow would create it."""
+    from draftlab.tracking.run_context import tracking_uri
+    from draftlab.tracking.store import sqlite_path
+
+    resolved = tracking_uri(uri)
+    path = sqlite_path(resolved)
+    if path is not None and not path.exists():
+        raise ValueError(f"tracking store {path} does not exist, so it holds no sweep (run one first, or pass "
+                         "--tracking-uri, or --records)")
 
 
 def val_samples(train_folder: str | None, artifact_uri: str | None) -> dict | None:
