@@ -1,5 +1,5 @@
 """docs/data_scaling.md is what the analysis makes of the committed records: an analysis change that moves
-its numbers or words fails here until the report is generated again (README: "docs/data_scaling.md from ...")."""
+its numbers or words fails here until the report is generated again (docs/commands.md: "docs/data_scaling.md from ...")."""
 
 from pathlib import Path
 
