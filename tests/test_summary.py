@@ -54,6 +54,21 @@ def test_job_summary_shows_each_bench_set_with_its_interval():
     assert rows["speed-up bound"] == "2.57x; 2.43x with the verify (draft 0.205, target 4.12 ms); reached 85%"
 
 
+def test_a_cpu_bench_below_1x_says_why_in_one_line():
+    """The README's first run ends below 1x on a CPU: the table says what the step costs allow, and where the
+    GPU's measurement is; a GPU run or a run at 1x or more gets no such row."""
+    slow = {**METRICS, "bench/tau": 1.31, "bench/speedup": 0.80, "bench/speedup_bound": 0.984,
+            "bench/draft_step_ms": 4.77, "bench/target_step_ms": 57.5, "bench/speedup_of_bound": 0.81}
+    cpu = {"bench/produced_on": "cpu"}
+    text = " ".join(job_summary(slow, cpu, [], None).replace("│", " ").split())  # the table folds long lines
+    assert ("why below 1x on this CPU a target step takes 57.5 ms and each of the 4 draft steps a cycle 4.77 ms, so"
+            " tau 1.31 allows at most 1.31 / (1 + 4 x 4.77 / 57.5) = 0.984x") in text
+    assert 'BENCHMARKS.md, "Speculative-decoding speed-up"' in text
+    assert "why below 1x" not in job_summary(slow, {"bench/produced_on": "NVIDIA H200 (132 SMs)"}, [], None)
+    assert "why below 1x" not in job_summary({**slow, "bench/speedup": 1.02}, cpu, [], None)
+    assert "why below 1x" not in job_summary(METRICS, cpu, [], None)  # no step costs: nothing to explain with
+
+
 def test_sweep_summary_has_a_row_per_job_and_the_verdict():
     jobs = [("samples=800 seed=0", {**METRICS, "bench/tau": 2.1}), ("samples=400 seed=0", METRICS)]
     text = sweep_summary(jobs, "data-limited: more data will help", "sqlite:////x/mlflow.db", "p1", "3")

@@ -209,6 +209,23 @@ def _grid_line(m: dict) -> str:
     return line
 
 
+def slow_bench_reason(metrics: dict, tags: dict) -> str | None:
+    """One line for a CPU bench whose speed-up is below 1x: a first run must not read as a broken engine. The
+    local engine's bound, tau / (1 + k x draft step / target step), says how much the step costs leave; k is
+    read back from that bound (serve/step_costs.py). None on a GPU, at 1x or more, or without step costs."""
+    needed = ("bench/speedup", "bench/tau", "bench/speedup_bound", "bench/draft_step_ms", "bench/target_step_ms")
+    if tags.get("bench/produced_on") != "cpu" or not all(k in metrics for k in needed):
+        return None
+    tau, bound = metrics["bench/tau"], metrics["bench/speedup_bound"]
+    draft, target = metrics["bench/draft_step_ms"], metrics["bench/target_step_ms"]
+    if not metrics["bench/speedup"] < 1.0 or not bound > 0 or not draft > 0:
+        return None
+    k = round((tau / bound - 1.0) * target / draft)
+    return (f"on this CPU a target step takes {target:.3g} ms and each of the {k} draft steps a cycle {draft:.3g} ms,"
+            f" so tau {tau:.3g} allows at most {tau:.3g} / (1 + {k} x {draft:.3g} / {target:.3g}) = {bound:.3g}x;"
+            f" a GPU run: BENCHMARKS.md, \"Speculative-decoding speed-up\"")
+
+
 def job_summary(metrics: dict, tags: dict, warnings: list[str], uri: str | None, run_id: str | None = None,
                 experiment_id: str | None = None, results_file: Path | None = None, stages=STAGE_NAMES) -> str:
     """The end-of-job table: key metrics, stages, warnings, where the draft and the run are."""
@@ -222,6 +239,9 @@ def job_summary(metrics: dict, tags: dict, warnings: list[str], uri: str | None,
         table.add_row(label, _fmt(_first(metrics, names)))
     for label, value in bench_rows(metrics):
         table.add_row(label, value)
+    why = slow_bench_reason(metrics, tags)
+    if why:
+        table.add_row("why below 1x", why)
     if "train/steps" in metrics:
         table.add_row("training", training_state(metrics))
     for stage in stages:
