@@ -209,6 +209,10 @@ def _grid_line(m: dict) -> str:
     return line
 
 
+def _ms(value: float) -> str:
+    return f"{value:.0f}" if value >= 100 else f"{value:.3g}"  # a busy host's 1550 ms, not 1.55e+03
+
+
 def slow_bench_reason(metrics: dict, tags: dict) -> str | None:
     """One line for a CPU bench whose speed-up is below 1x: a first run must not read as a broken engine. The
     local engine's bound, tau / (1 + k x draft step / target step), says how much the step costs leave; k is
@@ -221,9 +225,12 @@ def slow_bench_reason(metrics: dict, tags: dict) -> str | None:
     if not metrics["bench/speedup"] < 1.0 or not bound > 0 or not draft > 0:
         return None
     k = round((tau / bound - 1.0) * target / draft)
-    return (f"on this CPU a target step takes {target:.3g} ms and each of the {k} draft steps a cycle {draft:.3g} ms,"
-            f" so tau {tau:.3g} allows at most {tau:.3g} / (1 + {k} x {draft:.3g} / {target:.3g}) = {bound:.3g}x;"
-            f" a GPU run: BENCHMARKS.md, \"Speculative-decoding speed-up\"")
+    costs = (f"tau {tau:.3g} / (1 + {k} draft steps x {_ms(draft)} ms / a {_ms(target)} ms target step) = "
+             f"{bound:.3g}x")
+    why = (f"the step costs allow at most {costs}" if bound < 1.0 else
+           f"the step costs allow {costs}, of which the engine reached {100 * metrics['bench/speedup'] / bound:.0f}%:"
+           f" the rest is its work beyond those steps (prefills, host bookkeeping), large on a busy CPU")
+    return f"{why}; a GPU run: BENCHMARKS.md, \"Speculative-decoding speed-up\""
 
 
 def job_summary(metrics: dict, tags: dict, warnings: list[str], uri: str | None, run_id: str | None = None,
