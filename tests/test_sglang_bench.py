@@ -12,6 +12,7 @@ from draftlab.sglang.bench import DraftCheckError, run_sglang_bench
 from draftlab.sglang.client import SGLangClient, SGLangClientError
 from draftlab.sglang.formats import convert
 from draftlab.sglang.grid import run_grid
+from draftlab.tracking.summary import bench_rows
 from draftlab.sglang.monitor import free_port
 from sglang_fixtures import write_draft, write_target
 
@@ -81,6 +82,9 @@ def test_grid_measures_each_setting_and_fits_the_step_costs(tmp_path):
     assert metrics[f"{grid}/s2_k1_n3/speedup"] > metrics[f"{grid}/s3_k1_n4/speedup"]
     assert metrics["bench/sglang/grid_best/steps"] == 2.0
     assert 0 < metrics["bench/sglang/grid_best/speedup_of_bound"] <= 1.2
+    assert "bench/sglang/grid/s3_k2_n4/speedup_bound" not in metrics  # a tree's steps cost what no chain shows
+    best = dict(bench_rows(metrics))["SGLang best setting"]
+    assert best.startswith("--speculative-algorithm EAGLE3 --speculative-num-steps 2 ") and "of the" in best
     saved = json.loads((tmp_path / "out" / "grid.json").read_text())
     assert saved["best_flags"].endswith("--speculative-num-steps 2 --speculative-eagle-topk 1 "
                                         "--speculative-num-draft-tokens 3")
