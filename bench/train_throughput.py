@@ -1,6 +1,6 @@
 """Training throughput (tokens/s) and MFU of the EAGLE-3 draft's TTT step on synthetic features.
 
-    python bench/train_throughput.py --device cuda                    # both presets, H200 peak 790 TFLOP/s
+    python bench/train_throughput.py --device cuda                    # both presets, MFU two ways
     python bench/train_throughput.py --device cpu --seq 128 --steps 2 --ttt-steps 2 --preset smollm2
     python bench/train_throughput.py --preset smollm2 --batch-tokens 32768 --targets full   # the old soft targets
     python bench/train_throughput.py --device cpu --preset smollm2 --seq 128 --batch-tokens 512 --ttt-steps 3 \
@@ -20,7 +20,8 @@ How FLOPs are counted (model FLOPs, per trained token; 6 = 2 forward + 4 backwar
                                                    query: (T+1)/2 causal + j diagonal keys at step j)
 Not counted (reported apart as target_head_gflop_per_token): the target head that turns last_hidden into the
 soft targets, 2 * target_hidden * vocab per token, without gradient. Norms, RoPE, softmax and the optimizer are
-not counted either. MFU = counted FLOP/s / --peak.
+not counted either. MFU two ways (draftlab.benchmarks.peaks): `mfu` = counted FLOP/s / the card's datasheet dense
+bf16 peak (the standard definition, the goal's), `mfu_measured` = the same over the card's measured matmul rate.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from draftlab.benchmarks.peaks import mfu_two_ways  # noqa: E402
 from draftlab.model.draft import DraftModelConfig, Eagle3Draft  # noqa: E402
 from draftlab.train.optim import build_optimizer  # noqa: E402
 from draftlab.train.packed import PackedPlan, packed_unroll  # noqa: E402
@@ -175,15 +177,17 @@ def bench(name: str, args) -> dict:
         Path(args.profile).write_text(prof.key_averages().table(sort_by=key, row_limit=40, max_name_column_width=60))
     tokens = B * args.seq * world()  # every rank trains its own B x seq per step
     per_token, parts = flops_per_token(cfg, args.seq, args.ttt_steps)
-    peak = args.peak if args.peak else (790.0 if amp else None)
     achieved = per_token * tokens / seconds / 1e12 / world()  # per GPU
+    two = mfu_two_ways(achieved, torch.cuda.get_device_name() if amp else None)
+    if args.peak:  # an untabled card: the datasheet peak given by hand
+        two.update(peak_tflops=args.peak, mfu=round(achieved / args.peak, 4))
     return {
         "preset": name, "device": args.device, "gpus": world(), "strategy": args.strategy if world() > 1 else None,
         "seq": args.seq, "batch": B, "ttt_steps": args.ttt_steps,
         "layers": args.layers, "compile": args.compile, "compile_loss": args.compile_loss, "targets": args.targets, "unroll": args.unroll,
         "prompt_frac": args.prompt_frac, "host_plan": args.host_plan, "step_s": round(seconds, 4),
         "tokens_per_s": round(tokens / seconds, 1), "gflop_per_token": round(per_token / 1e9, 3),
-        "tflops": round(achieved, 3), "peak_tflops": peak, "mfu": round(achieved / peak, 4) if peak else None,
+        "tflops": round(achieved, 3), **two,
         "target_head_gflop_per_token": round(2 * cfg.target_hidden_size * v / 1e9, 3),
         "max_mem_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2) if amp else None,
         "loss": round(float(loss.detach()), 4), **{k: (round(x, 4) if isinstance(x, float) else x) for k, x in parts.items()},
@@ -200,7 +204,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=1)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--peak", type=float, default=None, help="peak TFLOP/s for MFU (default 790 on CUDA: H200 bf16)")
+    ap.add_argument("--peak", type=float, default=None, help="datasheet peak TFLOP/s for MFU (default: the card's, benchmarks/peaks.py)")
     ap.add_argument("--compile", action="store_true", help="torch.compile the MLPs and norms")
     ap.add_argument("--compile-loss", action="store_true", help="the soft cross-entropy under torch.compile")
     ap.add_argument("--targets", choices=["full", "draft-rows"], default="draft-rows",

@@ -8,8 +8,8 @@
 # for the rest of the environment (DATA, RESULTS, DEVICE, ...). Round k trains every trainer with seed k - 1 (SEED
 # fixes one for all rounds): the rounds' val/loss spread is the seed noise summary.py judges quality by. PROFILE=1:
 # one step of each trainer in the last round is profiled (step PROFILE_AT, default 10: inside the warm-up that the
-# steady rate leaves out). SHAPE names the results in the summary; PEAK_TFLOPS (default 790 on a GPU: the H200's and
-# H100's bf16 matmul) sizes MFU.
+# steady rate leaves out). SHAPE names the results in the summary; MFU is reported two ways, against the card's datasheet
+# dense bf16 peak and its measured matmul rate (src/draftlab/benchmarks/peaks.py); PEAK_TFLOPS: an untabled card's peak.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/settings.sh"
@@ -34,7 +34,6 @@ for round in $(seq "${FIRST_ROUND:-1}" "$last"); do
 done
 py=${DL_PYTHON:-python3}
 peak=${PEAK_TFLOPS:-}
-[ -z "$peak" ] && [ "$DEVICE" = cuda ] && peak=790
 export PYTHONPATH="$here/../../src${DL_SITE:+:$DL_SITE}"
 "$py" "$here/val_loss.py" "$RESULTS" "$data/split.json" --device "$DEVICE" --batch-tokens "$BATCH_TOKENS" \
   --ttt-steps "$TTT" 2> "$RESULTS/val_loss.err" || echo "val_loss.py failed: $RESULTS/val_loss.err"

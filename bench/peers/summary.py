@@ -1,6 +1,6 @@
 """The side-by-side table from bench/peers results: per run and per round, then same-round ratios.
 
-    python bench/peers/summary.py RESULTS SPLIT_JSON [--shape NAME] [--peak-tflops 790]
+    python bench/peers/summary.py RESULTS SPLIT_JSON [--shape NAME] [--peak-tflops TFLOPS]
 
 Run folders are named r<round>-<trainer> (run.sh). Each round's numbers go to RESULTS/round-<k>/results.json; the
 last line printed is one JSON object for `python -m draftlab benchmark` (median ratios over the rounds).
@@ -19,7 +19,9 @@ last line printed is one JSON object for `python -m draftlab benchmark` (median 
   when its median val/loss lies above the peer's by no more than the larger of the two ranges
   (`behind_on_quality` lists the pairs where it does not). `min_steady_ratio` is over dl-new's pairs where dl-new
   ran (other dl-<label> runs are references); `min_steady_ratio_as_good` is None where one of them is behind.
-- MFU: the FLOPs a training token needs x steady tok/s / the peak (`required_flops`): the fc and step 0's
+- MFU two ways: the FLOPs a training token needs x steady tok/s over the run's card's datasheet dense bf16 peak
+  (`mfu`, the standard definition) and over its measured matmul rate (`mfu_measured`), both from
+  draftlab.benchmarks.peaks keyed by the card the run recorded. The count (`required_flops`): the fc and step 0's
   keys and values at every position, everything else only where a prediction counts (the loss-mask share of the
   training tokens), and no gradient nobody needs: the fc's input (the features) and a frozen head's weight, so
   4 x those matmuls, not 6. draftlab's packed unroll computes about that; the peers compute every position, which
@@ -68,6 +70,15 @@ def effective_seq(tokens: int, sq_tokens: int) -> float:
 
 def mfu(flops_per_token: float, tok_s: float, peak_tflops: float) -> float:
     return flops_per_token * tok_s / (peak_tflops * 1e12)
+
+
+def peaks_for(gpu: str | None, datasheet: float | None = None) -> tuple[float | None, float | None]:
+    """The run's card's datasheet dense bf16 peak and measured matmul rate (draftlab.benchmarks.peaks);
+    `datasheet` (--peak-tflops) stands in for an untabled card's datasheet peak."""
+    from draftlab.benchmarks.peaks import DATASHEET_TFLOPS, MEASURED_TFLOPS, card
+
+    key = card(gpu)
+    return datasheet or DATASHEET_TFLOPS.get(key), MEASURED_TFLOPS.get(key)
 
 
 def _counts(split: dict, ttt_steps: int) -> tuple:
@@ -241,19 +252,20 @@ def main() -> None:
     ap.add_argument("results", type=Path)
     ap.add_argument("split", type=Path)
     ap.add_argument("--shape", default=None, help="a name for these results (smollm2, llama8b)")
-    ap.add_argument("--peak-tflops", type=float, default=None, help="for MFU (790: the H200/H100 bf16 matmul)")
+    ap.add_argument("--peak-tflops", type=float, default=None, help="datasheet peak for a card benchmarks/peaks.py lacks")
     args = ap.parse_args()
     split = json.loads(args.split.read_text())
     rounds = load_rounds(args.results, split)
     flops = {}
     print(f"{args.shape or ''} {split['n_train']} train samples, {split['train_tokens']} tokens\n")
-    print("| round | trainer | steady tok/s | MFU | loop tok/s | whole job s | peak alloc GB | nvidia-smi GB "
+    print("| round | trainer | steady tok/s | MFU (datasheet) | MFU (measured) | GFLOP/token required / every position "
+          "| loop tok/s | whole job s | peak alloc GB | nvidia-smi GB "
           "| val/loss | val acc_0 | load before/after |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r, runs in sorted(rounds.items()):
         for name, x in sorted(runs.items()):
             if x.get("failed"):
-                print(f"| {r} | {name} | failed, rc {x['rc']}: {x['error'].replace('|', '/')} |" + " |" * 8)
+                print(f"| {r} | {name} | failed, rc {x['rc']}: {x['error'].replace('|', '/')} |" + " |" * 10)
                 continue
             key = (x["ttt"] or 7, x.get("head_trained", True))
             if key not in flops:  # both counts, once per TTT length and head mode
@@ -262,10 +274,14 @@ def main() -> None:
             x["gflop_per_token"] = every / 1e9
             x["required_gflop_per_token"] = need / 1e9 if need else None
             steady = x["tok_s_steady"]
-            ok = bool(args.peak_tflops and steady)
-            x["mfu"] = mfu(need, steady, args.peak_tflops) if ok and need else None
-            x["mfu_every_position"] = mfu(every, steady, args.peak_tflops) if ok else None
-            print(f"| {r} | {name} | {fmt(steady)} | {fmt(x['mfu'], '.3f')} | {fmt(x['tok_s_loop'])} | "
+            sheet, measured = peaks_for(x.get("gpu"), args.peak_tflops)
+            x["peak_tflops"], x["measured_tflops"] = sheet, measured
+            x["mfu"] = mfu(need, steady, sheet) if steady and need and sheet else None
+            x["mfu_measured"] = mfu(need, steady, measured) if steady and need and measured else None
+            x["mfu_every_position"] = mfu(every, steady, sheet) if steady and sheet else None
+            print(f"| {r} | {name} | {fmt(steady)} | {fmt(x['mfu'], '.3f')} | {fmt(x['mfu_measured'], '.3f')} | "
+                  f"{fmt(x['required_gflop_per_token'], '.2f')} / {fmt(x['gflop_per_token'], '.2f')} | "
+                  f"{fmt(x['tok_s_loop'])} | "
                   f"{fmt(x['whole_job_s'], '.1f')} | {fmt(x['peak_alloc_gb'], '.2f')} | "
                   f"{fmt(x['smi_peak_gb'], '.2f')} | "
                   f"{fmt(x['val_loss'], '.4f')} | {fmt(x['val'].get('val/acc_0'), '.3f')} | {x['load']} |")
