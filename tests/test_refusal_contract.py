@@ -64,6 +64,7 @@ def cases(t):
         (["check-draft", str(t / "draft"), "--extract-manifest", str(t / "nolayers.json")], "layers"),
         (["import-runs", str(t / "empty"), "--experiment", "x"], "results.json"),
         (["draft-contract", "--python", str(t / "missing")], "missing"),
+        (["intervals", str(t / "missing.json")], "missing.json"),
         (["capture-contract", "--python", str(t / "missing")], "missing"),
         # argparse's own refusals: one line naming the argument, not the whole usage
         (["check-draft", str(t / "draft"), "--rules", "newest"], "--rules"),

@@ -16,6 +16,7 @@ COMMANDS = {
     "import-runs": ("draftlab.import_runs", "log jobs run without a tracking store (results.json) into MLflow"),
     "warm-compile": ("draftlab.warmup.compile", "build the train stage's compiled graphs ahead"),
     "warm-decode": ("draftlab.warmup.decode", "build the generate stage's compiled decode step ahead"),
+    "intervals": ("draftlab.serve.rederive", "re-derive a bench result's 95% intervals from its per_prompt.json"),
     "benchmark": ("draftlab.benchmarks.cli", "run a declared benchmark (conf/benchmark/; --list shows them)"),
     "bundle": ("draftlab.offline.bundle", "write what an offline GPU machine needs into one folder"),
 }
