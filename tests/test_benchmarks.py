@@ -137,3 +137,27 @@ def test_the_generate_benchmark_runs_the_stage_on_the_tiny_target(tmp_path):
     client = tracking.open_client(uri)
     runs = tracking.search_runs(client, [tracking.find_experiment_id(client, "benchmarks")])
     assert runs[0].data.metrics["generate/tokens_per_s"] == record["value"]
+
+
+KEEPS = """device: cpu
+goal: "fake: a table kept beside results.json"
+metric: rate
+read: json_lines
+keep: ["root/**/per_prompt.json"]
+command: ["{python}", "-c", "import json, pathlib, sys; d = pathlib.Path(sys.argv[1], 'root', 'runs', 'x', 'bench'); d.mkdir(parents=True); (d / 'per_prompt.json').write_text('{\\"rows\\": []}'); print(json.dumps({'rate': 1}))", "{out}"]
+"""
+
+
+def test_keep_copies_the_per_prompt_table_beside_results_json(tmp_path, monkeypatch):
+    fake_repo(tmp_path / "repo", monkeypatch, KEEPS)
+    assert draftlab_main(["benchmark", "fake", "--out", str(tmp_path / "out"), "--no-tracking"]) == 0
+    record = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert record["kept"] == ["per_prompt.json"]
+    assert json.loads((tmp_path / "out" / "per_prompt.json").read_text()) == {"rows": []}
+    missing = "keep=[root/**/nothing.json]"
+    assert draftlab_main(["benchmark", "fake", missing, "--out", str(tmp_path / "b"), "--no-tracking"]) == 1
+    assert not (tmp_path / "b" / "results.json").exists()  # no result without what re-derives it
+
+
+def test_the_headline_keeps_its_per_prompt_table():
+    assert declarations.compose("headline").keep == ["root/**/per_prompt.json"]

@@ -12,6 +12,9 @@ Strings may hold `{python}` (this interpreter), `{repo}` (the checkout), `{out}`
 `{glob:PATTERN}` (the first match of PATTERN under `{out}`, for folders named by a stage's key); an argument
 left `{required}` must be given on the command line.
 
+`keep`: glob patterns under the run's folder; the newest match of each is copied beside results.json (the raw
+table a result's intervals are re-derived from: the bench stage's per_prompt.json).
+
 `hardware=cpu|gpu` among the overrides picks the declaration for that machine, as `src/run.py hardware=gpu` picks
 the preset: `peers hardware=gpu` runs `peers_gpu`.
 """
@@ -51,6 +54,7 @@ class Benchmark:
     env: dict[str, str] = field(default_factory=dict)
     select: dict = field(default_factory=dict)
     results_glob: str = "root/runs/*/results.json"
+    keep: list[str] = field(default_factory=list)
 
     def met(self, value: float | None) -> bool | None:
         """Whether `value` meets `goal_value` (None when either is unknown)."""

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import subprocess
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ class Measured:
     records: list[dict] = field(default_factory=list)
     numbers: dict[str, float] = field(default_factory=dict)
     value: float | None = None
+    kept: list[str] = field(default_factory=list)
 
 
 def _env(bench: Benchmark, root: Path, out: Path) -> dict[str, str]:
@@ -94,6 +96,19 @@ def newest_results(bench: Benchmark, out: Path) -> dict | None:
     return json.loads(found[-1].read_text()) if found else None
 
 
+def keep_files(bench: Benchmark, out: Path) -> list[str]:
+    """The newest match of each `keep` pattern under `out`, copied into `out` beside results.json; their names.
+    A pattern that matches nothing raises BenchmarkFailed: the result would lack what re-derives it."""
+    kept = []
+    for pattern in bench.keep:
+        found = sorted((p for p in out.glob(pattern) if p.is_file() and p.parent != out), key=lambda p: p.stat().st_mtime)
+        if not found:
+            raise BenchmarkFailed(f"benchmark {bench.name}: nothing under {out} matches keep pattern {pattern!r}")
+        shutil.copy2(found[-1], out / found[-1].name)
+        kept.append(found[-1].name)
+    return kept
+
+
 def measure(bench: Benchmark, out: Path, root: Path | None = None) -> Measured:
     """Runs the setup, then the measured command (timed), and reads its numbers. Raises BenchmarkFailed."""
     root = root or repo_root()
@@ -120,6 +135,7 @@ def measure(bench: Benchmark, out: Path, root: Path | None = None) -> Measured:
         record = newest_results(bench, out)
         result.records = [record] if record else []
         result.numbers = flat_numbers(record.get("metrics", {})) if record else {}
+    result.kept = keep_files(bench, out)
     result.numbers["command_wall_s"] = result.wall_s
     result.value = result.numbers.get(bench.metric)
     if result.value is None:

@@ -65,7 +65,7 @@ def results(bench: Benchmark, measured: Measured, root: Path, started: datetime)
         "date": started.strftime("%Y-%m-%d"), "started": started.isoformat(timespec="seconds"),
         "commit": state["git.commit"], "dirty": state["git.dirty"], "machine": machine(),
         "command": measured.command, "setup": measured.setup, "wall_s": measured.wall_s,
-        "numbers": measured.numbers, "records": measured.records,
+        "numbers": measured.numbers, "records": measured.records, "kept": measured.kept,
     }
 
 
