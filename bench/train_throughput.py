@@ -67,6 +67,21 @@ def flops_per_token(cfg: DraftModelConfig, seq: int, ttt_steps: int) -> tuple[fl
                    "attention_gflop_per_token": attention / 1e9}
 
 
+def required_flops_per_token(cfg: DraftModelConfig, seq: float, ttt_steps: int, counted: float,
+                             head_trained: bool) -> float:
+    """The FLOPs a training token needs (bench/peers/summary.py's docstring): the fc without its input's gradient
+    (4x) and step 0's keys and values at every position; the rest of the layers, the draft head (6x trained, 4x
+    frozen) and attention only at the `counted` share of positions whose prediction has a loss."""
+    _, parts = flops_per_token(cfg, seq, ttt_steps)
+    H, kv_width = cfg.hidden_size, 2 * cfg.num_key_value_heads * cfg.head_dim
+    kv = sum((2 * H if i == 0 else H) * kv_width for i in range(cfg.num_hidden_layers))  # keys of every position
+    layers, head = parts["layer_params"], parts["lm_head_params"]
+    step0 = 6 * kv + 6 * (layers - kv) * counted
+    later = 6 * layers * (ttt_steps - 1) * counted
+    heads = (6 if head_trained else 4) * head * ttt_steps * counted
+    return 4 * parts["fc_params"] + step0 + later + heads + parts["attention_gflop_per_token"] * 1e9 * counted
+
+
 def world() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
@@ -178,6 +193,8 @@ def bench(name: str, args) -> dict:
     tokens = B * args.seq * world()  # every rank trains its own B x seq per step
     per_token, parts = flops_per_token(cfg, args.seq, args.ttt_steps)
     achieved = per_token * tokens / seconds / 1e12 / world()  # per GPU
+    required = required_flops_per_token(cfg, args.seq, args.ttt_steps, 1.0 - args.prompt_frac,
+                                        any(p.requires_grad for p in model.lm_head.parameters()))
     two = mfu_two_ways(achieved, torch.cuda.get_device_name() if amp else None)
     if args.peak:  # an untabled card: the datasheet peak given by hand
         two.update(peak_tflops=args.peak, mfu=round(achieved / args.peak, 4))
@@ -187,6 +204,10 @@ def bench(name: str, args) -> dict:
         "layers": args.layers, "compile": args.compile, "compile_loss": args.compile_loss, "targets": args.targets, "unroll": args.unroll,
         "prompt_frac": args.prompt_frac, "host_plan": args.host_plan, "step_s": round(seconds, 4),
         "tokens_per_s": round(tokens / seconds, 1), "gflop_per_token": round(per_token / 1e9, 3),
+        # what the unroll executes a token (padded: every position; packed: about the required count) against
+        # what a token needs: the two MFUs count gflop_per_token
+        "executed_gflop_per_token": round((per_token if args.unroll == "padded" else required) / 1e9, 3),
+        "required_gflop_per_token": round(required / 1e9, 3),
         "tflops": round(achieved, 3), **two,
         "target_head_gflop_per_token": round(2 * cfg.target_hidden_size * v / 1e9, 3),
         "max_mem_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2) if amp else None,

@@ -34,3 +34,20 @@ def test_peers_summary_reads_the_runs_card():
     assert summary.peaks_for("NVIDIA H100 80GB HBM3") == (989.0, 798.0)
     assert summary.peaks_for("NVIDIA H200") == (989.0, 790.0)
     assert summary.peaks_for("NVIDIA A100-SXM4-80GB", 312.0) == (312.0, None)
+
+
+def test_train_throughput_reports_executed_against_required_flops():
+    import sys
+
+    sys.path.insert(0, str(REPO / "bench"))
+    from train_throughput import flops_per_token, required_flops_per_token
+
+    from draftlab.model.draft import DraftModelConfig
+
+    cfg = DraftModelConfig(hidden_size=4, intermediate_size=8, num_attention_heads=2, num_key_value_heads=1,
+                           head_dim=2, target_hidden_size=4, draft_vocab_size=10, vocab_size=20)
+    every, parts = flops_per_token(cfg, 8, 2)
+    full = required_flops_per_token(cfg, 8, 2, 1.0, head_trained=True)
+    assert every - full == pytest.approx(2 * parts["fc_params"])  # the features take no gradient
+    half = required_flops_per_token(cfg, 8, 2, 0.5, head_trained=True)
+    assert half < full and required_flops_per_token(cfg, 8, 2, 0.5, head_trained=False) < half

@@ -101,15 +101,14 @@ def required_flops(split: dict, ttt_steps: int, head_trained: bool) -> float | N
     """The FLOPs a training token needs (module docstring); None without the split's loss-token count."""
     if not split.get("train_loss_tokens"):
         return None
-    cfg, _, parts = _counts(split, ttt_steps)
-    counted = split["train_loss_tokens"] / split["train_tokens"]
-    H, kv_width = cfg.hidden_size, 2 * cfg.num_key_value_heads * cfg.head_dim
-    kv = sum((2 * H if i == 0 else H) * kv_width for i in range(cfg.num_hidden_layers))  # keys of every position
-    layers, head = parts["layer_params"], parts["lm_head_params"]
-    step0 = 6 * kv + 6 * (layers - kv) * counted
-    later = 6 * layers * (ttt_steps - 1) * counted
-    heads = (6 if head_trained else 4) * head * ttt_steps * counted
-    return 4 * parts["fc_params"] + step0 + later + heads + parts["attention_gflop_per_token"] * 1e9 * counted
+    from train_throughput import required_flops_per_token
+
+    from draftlab.model.draft import DraftModelConfig
+
+    cfg = DraftModelConfig(**split["draft"])
+    seq = effective_seq(split["train_tokens"], split["train_sq_tokens"])
+    return required_flops_per_token(cfg, seq, ttt_steps, split["train_loss_tokens"] / split["train_tokens"],
+                                    head_trained)
 
 
 def head_trained(text: str) -> bool:
