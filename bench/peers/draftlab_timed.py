@@ -29,7 +29,8 @@ def main() -> None:
 
     extract, out, overrides = Path(sys.argv[1]).resolve(), Path(sys.argv[2]).resolve(), sys.argv[3:]
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
-    cfg = compose_conf(overrides)  # the measured tree's conf/: its src/ is first on the path
+    # the measured tree's conf/ (its src/ is first on the path); no deployed-tau benches inside the timed training
+    cfg = compose_conf(["train.bench_every=null", *overrides])
     metrics = train.run(cfg, out, {"extract": extract}, RecordingReporter())
     logging.getLogger("draftlab").info("train: val/loss %.4f after %d steps", metrics.get("val/loss", float("nan")),
                                        int(metrics.get("train/steps", 0)))
