@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from conftest import BENCH, bench_script
 from draftlab.reporting import RecordingReporter
-from draftlab.train import loop
+from draftlab.train import loop, scored
 from draftlab.train.loop import Trainer
 from test_train_loop import FakeSource, _model, _settings
 from test_train_progress import Clock
@@ -43,7 +43,9 @@ class FakeTimes(logging.Handler):
 
 def _trained_log(tmp_path, monkeypatch) -> tuple[str, dict, int]:
     clock = Clock()
-    monkeypatch.setattr(loop, "time", types.SimpleNamespace(perf_counter=clock.perf_counter))
+    fake_time = types.SimpleNamespace(perf_counter=clock.perf_counter)
+    monkeypatch.setattr(loop, "time", fake_time)
+    monkeypatch.setattr(scored, "time", fake_time)  # it times the validation passes
     source = FakeSource()
     trainer = Trainer(_model(source), source, source.lm_head, _settings(epochs=4, eval_every=2, log_every=2),
                       tmp_path / "ckpt", RecordingReporter())
