@@ -57,7 +57,8 @@ def test_num_layers_tiny_from_config():
 
 
 def test_num_layers_hf_reads_config_json_only(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 22}))
+    config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 22}
+    (tmp_path / "config.json").write_text(json.dumps(config))
     cfg = default_config({"target": {"name": "hf", "path": str(tmp_path)}})
     assert num_target_layers(cfg.target) == 22
 

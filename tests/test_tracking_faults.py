@@ -247,7 +247,7 @@ def test_a_failing_store_is_retried_with_backoff_not_at_every_log_point(monkeypa
 @pytest.mark.parametrize("multirun", [False, True])
 def test_cli_refuses_an_unreachable_store_in_one_line(tmp_path, multirun):
     command = [sys.executable, str(REPO / "src" / "run.py"), *(["-m"] if multirun else []), "target=tiny",
-               "data.samples=8", "tracking.uri=http://127.0.0.1:9", f"paths.root={tmp_path}"]
+               "data.samples=8", "bench.prompts=1", "tracking.uri=http://127.0.0.1:9", f"paths.root={tmp_path}"]
     started = time.monotonic()
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=REPO,
                             env={**os.environ, "PYTHONPATH": str(REPO / "src")})

@@ -11,7 +11,7 @@ import pytest
 
 from draftlab.model import draft
 from draftlab.reporting import RecordingReporter
-from draftlab.train import loop
+from draftlab.train import loop, scored
 from draftlab.train.loop import Trainer
 from test_train_loop import FakeSource, _model, _settings
 
@@ -43,6 +43,7 @@ class SlowSource(FakeSource):
 def test_data_wait_share_is_the_time_spent_waiting_for_batches(tmp_path, monkeypatch):
     clock = Clock()
     monkeypatch.setattr(loop, "time", types.SimpleNamespace(perf_counter=clock.perf_counter))
+    monkeypatch.setattr(scored, "time", types.SimpleNamespace(perf_counter=clock.perf_counter))
     source = SlowSource(clock, read_s=3.0)
     rep = RecordingReporter()
 
@@ -63,6 +64,7 @@ def test_data_wait_share_is_the_time_spent_waiting_for_batches(tmp_path, monkeyp
 def test_each_validation_pass_is_logged_with_the_best_so_far(tmp_path, caplog, monkeypatch):
     clock = Clock()  # each validation pass takes 2.5 (fake) seconds, and its log line says so
     monkeypatch.setattr(loop, "time", types.SimpleNamespace(perf_counter=clock.perf_counter))
+    monkeypatch.setattr(scored, "time", types.SimpleNamespace(perf_counter=clock.perf_counter))
     source = FakeSource()
     trainer = Trainer(_model(source), source, source.lm_head, _settings(epochs=3, eval_every=2, log_every=2),
                       tmp_path / "ckpt", RecordingReporter())
@@ -92,6 +94,7 @@ def test_the_log_window_sums_what_its_steps_produced(tmp_path, monkeypatch):
     mean gradient norm and tokens per second, also when a checkpoint folds the sums in the middle of a window."""
     clock = Clock()
     monkeypatch.setattr(loop, "time", types.SimpleNamespace(perf_counter=clock.perf_counter))
+    monkeypatch.setattr(scored, "time", types.SimpleNamespace(perf_counter=clock.perf_counter))
     source = FakeSource()
     rep = RecordingReporter()
     trainer = Trainer(_model(source), source, source.lm_head,

@@ -146,7 +146,9 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter: Reporter) -> dict[str
     recorder = _Recorder(reporter)
     trainer = distributed.make_trainer(model, source, lm_head, settings, out / "checkpoints", recorder)
     main = distributed.is_main()
-    if cfg.train.bench_every and distributed.world_size() <= 1:  # one process serves the draft it benches
+    if cfg.train.bench_every and "generate" not in inputs:  # the prompts it benches on are generate's val split
+        log.warning("train: train.bench_every is ignored: no generate stage among the inputs to take prompts from")
+    elif cfg.train.bench_every and distributed.world_size() <= 1:  # one process serves the draft it benches
         from draftlab.train import bench_tau
 
         trainer.bench = bench_tau.from_config(cfg, Path(inputs["generate"]), dcfg)
