@@ -345,7 +345,7 @@ def main(argv: list[str]) -> int:
 
     from draftlab.cli_parser import ArgumentParser
     from draftlab.sglang.capture import contract_path, shipped_versions
-    from draftlab.sglang.contract import sglang_python, sglang_sources
+    from draftlab.sglang.contract import cli_python, sglang_sources
 
     parser = ArgumentParser(prog="python -m draftlab capture-contract",
                             description="Regenerate SGLang's EAGLE-3 capture contracts from each version's model "
@@ -355,10 +355,8 @@ def main(argv: list[str]) -> int:
                         "shipped one, and with --write also every version whose source is found)")
     parser.add_argument("--python", help="the sglang venv's interpreter (default: scripts/setup-sglang.sh's)")
     args = parser.parse_args(argv)
-    python = Path(args.python) if args.python else sglang_python()
-    if python is None or not python.is_file():
-        print(f"capture-contract: {python or 'no sglang venv'}: no such interpreter (run scripts/setup-sglang.sh "
-              "or pass --python)", file=sys.stderr)
+    python = cli_python("capture-contract", args.python)
+    if python is None:
         return 2
     sources = sglang_sources(python)
     versions = args.version or sorted(set(shipped_versions()) | (set(sources) if args.write else set()))

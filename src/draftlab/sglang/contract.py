@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -25,13 +26,36 @@ def sglang_python() -> Path | None:
     return candidate if candidate.exists() else None
 
 
+FIND_SGLANG = ("import importlib.metadata as m, importlib.util as u, json; s = u.find_spec('sglang'); "
+               "print(json.dumps(s and [list(s.submodule_search_locations)[0], m.version('sglang')]))")
+
+
+def find_sglang(python, env: dict | None = None, timeout_s: float = 120.0) -> tuple[Path, str] | None:
+    """The package folder and version of the sglang `python` imports (with `env`), found without importing it;
+    None when it has none. OSError / TimeoutExpired / CalledProcessError when the interpreter cannot run."""
+    done = subprocess.run([str(python), "-c", FIND_SGLANG], capture_output=True, text=True, check=True,
+                          timeout=timeout_s, env=env, stdin=subprocess.DEVNULL)
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    return None if found is None else (Path(found[0]), found[1])
+
+
 def installed_sglang(python: Path) -> tuple[Path, str]:
-    """The package folder and version of the sglang installed for `python`, found without importing sglang."""
-    code = ("import importlib.metadata as m, importlib.util as u, pathlib; s = u.find_spec('sglang'); "
-            "print(pathlib.Path(list(s.submodule_search_locations)[0])); print(m.version('sglang'))")
-    done = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True, timeout=120)
-    folder, version = done.stdout.split()
-    return Path(folder), version
+    """The package folder and version of the sglang installed for `python`."""
+    found = find_sglang(python)
+    if found is None:
+        raise FileNotFoundError(f"{python}: has no sglang installed")
+    return found
+
+
+def cli_python(prog: str, explicit: str | None) -> Path | None:
+    """A contract command's sglang interpreter (--python, else the venv's); None, with a one-line refusal
+    printed, when there is none."""
+    python = Path(explicit) if explicit else sglang_python()
+    if python is None or not python.is_file():
+        print(f"{prog}: {python or 'no sglang venv'}: no such interpreter (run scripts/setup-sglang.sh or pass "
+              "--python)", file=sys.stderr)
+        return None
+    return python
 
 
 def sglang_sources(python: Path | None = None) -> dict[str, tuple[Path, str | None]]:

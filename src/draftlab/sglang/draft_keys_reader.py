@@ -229,20 +229,17 @@ def read_draft_contract(srt: Path, version: str) -> dict:
 
 def main(argv: list[str]) -> int:
     import json
-    import sys
 
     from draftlab.cli_parser import ArgumentParser
-    from draftlab.sglang.contract import installed_sglang, sglang_python
+    from draftlab.sglang.contract import cli_python, installed_sglang
 
     parser = ArgumentParser(prog="python -m draftlab draft-contract",
                             description="Regenerate the draft config keys and weight files SGLang reads.")
     parser.add_argument("--write", action="store_true", help=f"write {CONTRACT.name} (default: compare only)")
     parser.add_argument("--python", help="the sglang venv's interpreter (default: scripts/setup-sglang.sh's)")
     args = parser.parse_args(argv)
-    python = Path(args.python) if args.python else sglang_python()
-    if python is None or not python.is_file():
-        print(f"draft-contract: {python or 'no sglang venv'}: no such interpreter (run scripts/setup-sglang.sh or "
-              "pass --python)", file=sys.stderr)
+    python = cli_python("draft-contract", args.python)
+    if python is None:
         return 2
     package, version = installed_sglang(python)
     text = json.dumps(read_draft_contract(package / "srt", version), indent=1) + "\n"

@@ -7,14 +7,11 @@ which version it has, without importing it (an import takes 20 s and loads CUDA)
 
 from __future__ import annotations
 
-import json
 import subprocess
 from typing import Any
 
 from draftlab.sglang.bench import server_env
-
-PROBE = ("import importlib.util, importlib.metadata as m, json; s = importlib.util.find_spec('sglang'); "
-         "print(json.dumps([s.origin if s else None, m.version('sglang') if s else None]))")
+from draftlab.sglang.contract import find_sglang
 
 
 class ServerPythonError(ValueError):
@@ -25,15 +22,13 @@ def server_sglang(serve: Any, timeout_s: float = 60.0) -> tuple[str, str]:
     """(sglang's __init__.py, its version) as the server process will see them; ServerPythonError otherwise."""
     python = str(serve.python or "python")
     try:
-        done = subprocess.run([python, "-c", PROBE], capture_output=True, text=True, timeout=timeout_s,
-                              env=server_env(serve), stdin=subprocess.DEVNULL)
+        found = find_sglang(python, server_env(serve), timeout_s)
     except (OSError, subprocess.TimeoutExpired) as err:
         raise ServerPythonError(f"serve.python: {python!r} cannot be run ({err})") from None
-    if done.returncode != 0:
-        raise ServerPythonError(f"serve.python: {python!r} failed: {done.stderr.strip().splitlines()[-1:]}")
-    origin, version = json.loads(done.stdout.strip().splitlines()[-1])
-    if origin is None:
+    except subprocess.CalledProcessError as err:
+        raise ServerPythonError(f"serve.python: {python!r} failed: {err.stderr.strip().splitlines()[-1:]}") from None
+    if found is None:
         raise ServerPythonError(f"serve.python: {python!r} cannot import sglang (with serve.env "
                                 f"{dict(serve.env or {})}); install it there, or point serve.python or "
                                 "+serve.env.PYTHONPATH at an interpreter or site that has it")
-    return origin, version
+    return str(found[0] / "__init__.py"), found[1]
