@@ -136,6 +136,18 @@ def read_samples(folder: Path, limit: int | None = None, split: str | None = Non
                          text.get("conversation_id", ""))
 
 
+def val_prompts(folder: Path, count: int, limit: int | None = None) -> list[list[int]]:
+    """The prompt ids of the first `count` validation samples among the first `limit` (a job's data.samples): the
+    same prompts whatever other jobs have added to a shared pool meanwhile; fewer when the split holds fewer."""
+    limit = None if limit is None else min(limit, count_samples(Path(folder)))
+    prompts = []
+    for sample in read_samples(Path(folder), limit=limit, split="val"):
+        prompts.append(sample.input_ids[: sample.prompt_len].tolist())
+        if len(prompts) == count:
+            break
+    return prompts
+
+
 def _read_texts(path: Path) -> dict[int, dict]:
     # "\n" only: str.splitlines also splits at U+2028 and other breaks that ensure_ascii=False leaves in a text
     records = (json.loads(line) for line in path.read_text().split("\n") if line.strip())

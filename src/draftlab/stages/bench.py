@@ -59,14 +59,9 @@ class BenchRun:
 def held_out_prompts(samples_folder: Path, count: int, limit: int | None = None) -> list[list[int]]:
     """The chat-templated prompts of the first `count` validation samples among the first `limit` (the job's
     data.samples): the same prompts whatever other jobs have added to the shared pool meanwhile."""
-    from draftlab.data.samples import count_samples, read_samples
+    from draftlab.data.samples import val_prompts
 
-    prompts = []
-    limit = None if limit is None else min(limit, count_samples(Path(samples_folder)))
-    for sample in read_samples(Path(samples_folder), limit=limit, split="val"):
-        prompts.append(sample.input_ids[: sample.prompt_len].tolist())
-        if len(prompts) == count:
-            break
+    prompts = val_prompts(samples_folder, count, limit)
     if not prompts:
         raise ValueError(f"{samples_folder}: no validation samples to bench on (data.val_fraction = 0?)")
     if len(prompts) < count:

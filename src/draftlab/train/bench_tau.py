@@ -30,14 +30,9 @@ log = logging.getLogger("draftlab")
 
 def held_out_prompts(samples_folder: Path, count: int, limit: int | None) -> list[list[int]]:
     """The prompt ids of the first `count` validation samples among the first `limit`: the bench stage's."""
-    from draftlab.data.samples import count_samples, read_samples
+    from draftlab.data.samples import val_prompts
 
-    limit = None if limit is None else min(limit, count_samples(Path(samples_folder)))
-    prompts = []
-    for sample in read_samples(Path(samples_folder), limit=limit, split="val"):
-        prompts.append(sample.input_ids[: sample.prompt_len].tolist())
-        if len(prompts) == count:
-            break
+    prompts = val_prompts(samples_folder, count, limit)
     if not prompts:
         raise ValueError(f"train.bench_every: {samples_folder} holds no validation prompts to bench on")
     return prompts
