@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The 50,000-sample SmolLM2 draft trained to convergence, then served by the real SGLang beside draftlab's local
 # engine (serve.backend=both): both bench sets, batch sizes 1, 4, 16 as concurrent requests, and the serving grid.
-# Run from the root of a device call's tree that carries .gpu-stage/ (bench/gpu/stage.sh; SGLang's site archive
-# with its own call, as .gpu-stage/sglang/site.tar.xz):
+# Run from the repository root with .gpu-stage/ there (bench/gpu/stage.sh; SGLang's site archive as
+# .gpu-stage/sglang/site.tar.xz):
 #   bash bench/gpu/serve.sh install    # bench/gpu/machine.sh's install, and SGLang's site unpacked once it came
 #   bash bench/gpu/serve.sh start      # detached: generate, extract, train (the draft packed), then the bench stage
 #   bash bench/gpu/serve.sh watch      # progress every minute until it ends or BUDGET s (540), then collect

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Stages the real SGLang for a GPU machine without a package index (Python 3.12, torch 2.11 + CUDA 13 there): the
 # wheels of its serving path, pinned, installed into one folder and packed as STAGE/sglang/site.tar.xz (about
-# 54 MiB, one device call's carry). bench/gpu/serve.sh unpacks it and gives its path to the server process only.
+# 54 MiB). bench/gpu/serve.sh unpacks it and gives its path to the server process only.
 #   PY312=python3.12 bash bench/gpu/stage_sglang.sh DOWNLOADS STAGE
 # SGLang 0.5.17 is the newest release built for torch 2.11 (0.5.18 moves to 2.13). Its serving path loads these 40
 # wheels; transformers 5.12.1 and tokenizers 0.22.2 are SGLang's pins, which the machine's own transformers breaks.
