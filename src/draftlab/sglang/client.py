@@ -20,6 +20,14 @@ class SGLangClientError(RuntimeError):
     pass
 
 
+def _body(raw: bytes) -> dict:
+    """A JSON answer as it is; a plain-text one (SGLang's /flush_cache says "Cache flushed.") under "text"."""
+    try:
+        return json.loads(raw) if raw else {}
+    except json.JSONDecodeError:
+        return {"text": raw.decode("utf-8", "replace")}
+
+
 class SGLangClient:
     def __init__(self, host: str, port: int, timeout_s: float = 600.0):
         if host not in LOOPBACK:
@@ -34,14 +42,9 @@ class SGLangClient:
                                          headers={"Content-Type": "application/json"})
         try:
             with OPENER.open(request, timeout=self.timeout_s) as resp:
-                raw = resp.read()
-                return resp.status, (json.loads(raw) if raw else {})
+                return resp.status, _body(resp.read())
         except urllib.error.HTTPError as err:
-            raw = err.read()
-            try:
-                return err.code, json.loads(raw) if raw else {}
-            except json.JSONDecodeError:
-                return err.code, {"error": raw.decode("utf-8", "replace")}
+            return err.code, _body(err.read())
 
     def generate(self, prompt: list[int] | str, max_new_tokens: int, temperature: float = 0.0) -> dict:
         """One /generate request; returns the response with `meta_info` and the client-side `latency_s`."""
