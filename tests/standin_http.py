@@ -13,10 +13,10 @@ class JsonHandler(BaseHTTPRequestHandler):
     def log_message(self, fmt, *a):  # the stand-ins print their own SGLang-like lines, not one per request
         pass
 
-    def reply(self, code: int, body=None) -> None:
-        data = b"" if body is None else json.dumps(body).encode()
+    def reply(self, code: int, body=None, content_type: str = "application/json") -> None:
+        data = b"" if body is None else body.encode() if isinstance(body, str) else json.dumps(body).encode()
         self.send_response(code)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)

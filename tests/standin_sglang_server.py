@@ -108,9 +108,9 @@ def make_handler(args):
 
         def do_POST(self):
             body = self.json_body()
-            if self.path == "/flush_cache":  # like SGLang: also resets the acceptance counters
+            if self.path == "/flush_cache":  # like SGLang: resets the acceptance counters, answers in plain text
                 State.verify_ct = State.tokens = 0
-                self.reply(200, {})
+                self.reply(200, "Cache flushed.\nPlease check backend logs for more details.\n", "text/plain")
                 return
             if self.path != "/generate":
                 self.reply(404, {"error": "not found"})
