@@ -14,12 +14,12 @@ from hydra.core.global_hydra import GlobalHydra
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
-BENCH = REPO / "bench"
+BENCHMARKS = REPO / "benchmarks"
 
 
-def bench_script(name: str):
-    """bench/NAME.py as a module (bench/ is scripts, not a package): its functions tested where they are."""
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+def benchmark_script(name: str):
+    """benchmarks/NAME.py as a module (benchmarks/ is scripts, not a package): its functions tested where they are."""
+    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -112,7 +112,7 @@ def test_a_shared_validation_set_pairs_the_runs():
 
 
 def test_runs_on_one_set_stay_paired_beside_a_set_generated_again():
-    """Two sessions' pools: equal lengths within each, other lengths between; a run scored on a subset of one set
+    """Two machines' pools: equal lengths within each, other lengths between; a run scored on a subset of one set
     joins that set."""
     rng = np.random.default_rng(2)
     values, first, again = rng.normal(8.0, 3.0, 400), [60.0] * 400, [70.0] * 10 + [60.0] * 390

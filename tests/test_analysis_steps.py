@@ -65,7 +65,7 @@ def test_grid_where_both_axes_are_flat_is_not_under_trained_nor_data_limited():
 ISSUE_TABLE = [(6400, 4, 380, 14.24, 0.446, 1.80, 1.63), (3200, 8, 384, 14.49, 0.438, 1.78, 1.58),
                (1600, 16, 384, 15.03, 0.417, 1.73, None), (6400, 16, 1520, 11.04, 0.582, 2.31, 1.99),
                (3200, 32, 1536, 12.01, 0.534, 2.12, None)]
-# stage speeds measured in that sweep (bench/results/h200_data_scaling_jobs.jsonl, job sweep/0)
+# stage speeds measured in that sweep (benchmarks/results/h200_data_scaling_jobs.jsonl, job sweep/0)
 H200 = {"generate/seconds": 98.83, "generate/new_samples": 6656, "extract/seconds": 19.27,
         "extract/new_samples": 6400}
 
@@ -102,7 +102,7 @@ def test_issue_table_at_380_steps_is_not_data_limited():
 
 def test_old_fixed_epoch_sweep_names_the_steps_confound():
     records = []
-    for line in (REPO / "bench" / "results" / "h200_data_scaling_jobs.jsonl").read_text().splitlines():
+    for line in (REPO / "benchmarks" / "results" / "h200_data_scaling_jobs.jsonl").read_text().splitlines():
         job = json.loads(line)
         records.append({"run_id": job["job"], "metrics": job["metrics"],
                         "params": {"data.samples": job["data.samples"], "train.seed": job["train.seed"],

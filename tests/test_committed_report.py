@@ -6,7 +6,7 @@ from pathlib import Path
 from draftlab.analysis.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
-RECORDS = "bench/results/data_scaling/records.jsonl.gz"  # as the report's first line names it
+RECORDS = "benchmarks/results/data_scaling/records.jsonl.gz"  # as the report's first line names it
 
 
 def test_the_committed_report_is_the_records_analysed_by_this_code(tmp_path, monkeypatch, capsys):

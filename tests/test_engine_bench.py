@@ -1,4 +1,4 @@
-"""The engine benchmark's scripts run end to end on the tiny target (the H200 call runs them once, unattended):
+"""The engine benchmark's scripts run end to end on the tiny target (an H200 job runs them once, unattended):
 probe_draft.py writes a loadable draft, slim_draft.py a smaller one served identically, and spec_decode.py
 measures each mode with the same greedy output. Their numbers are never asserted."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import bench_script as _script
+from conftest import benchmark_script as _script
 
 
 @pytest.fixture(scope="module")

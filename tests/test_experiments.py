@@ -62,7 +62,7 @@ def test_epochs_experiment_stays():
 
 
 def test_the_gpu_script_runs_the_headers_sweeps_as_valid_overrides(tmp_path):
-    """bench/gpu/data_scaling.sh reads its sweeps from the experiment's header. Expanded as Hydra's sweeper does
+    """benchmarks/gpu/data_scaling.sh reads its sweeps from the experiment's header. Expanded as Hydra's sweeper does
     (the experiment's sweep params, then the line's overrides): 6 + 3 jobs of sizes and seeds, the steps probe at
     the two largest sizes (seed 0), each ablation at the largest size with 2 seeds; every job validates."""
     import subprocess
@@ -71,7 +71,7 @@ def test_the_gpu_script_runs_the_headers_sweeps_as_valid_overrides(tmp_path):
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     (tmp_path / "code").symlink_to(CONF.parent)
-    done = subprocess.run(["bash", str(CONF.parent / "bench" / "gpu" / "data_scaling.sh"), "sweeps"],
+    done = subprocess.run(["bash", str(CONF.parent / "benchmarks" / "gpu" / "data_scaling.sh"), "sweeps"],
                           env={"G": str(tmp_path), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
                           check=True)
     params = OmegaConf.load(CONF / "experiment" / "data_scaling_gpu.yaml").hydra.sweeper.params
@@ -94,11 +94,12 @@ def test_the_gpu_script_runs_the_headers_sweeps_as_valid_overrides(tmp_path):
                                           ("5,4", "4 5"), ("3", "3"), ("6", None), ("0", None), ("3,", None),
                                           ("d", None)])
 def test_the_gpu_script_names_a_parts_sweeps(tmp_path, part, sweeps):
-    """A part is a, b or c (a session each), all, or sweep numbers for the ones a session left unrun."""
+    """A part is a, b or c (each about half an hour of jobs), all, or sweep numbers for the ones a stopped part
+    left unrun."""
     import subprocess
 
     (tmp_path / "code").symlink_to(CONF.parent)
-    done = subprocess.run(["bash", str(CONF.parent / "bench" / "gpu" / "data_scaling.sh"), "part", part],
+    done = subprocess.run(["bash", str(CONF.parent / "benchmarks" / "gpu" / "data_scaling.sh"), "part", part],
                           env={"G": str(tmp_path), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True)
     if sweeps is None:
         assert done.returncode == 2 and f"not {part}" in done.stderr
@@ -112,20 +113,20 @@ def test_the_gpu_script_refuses_a_bad_part_before_it_starts(tmp_path, parts):
     import subprocess
 
     (tmp_path / "code").symlink_to(CONF.parent)
-    done = subprocess.run(["bash", str(CONF.parent / "bench" / "gpu" / "data_scaling.sh"), "start", *parts],
+    done = subprocess.run(["bash", str(CONF.parent / "benchmarks" / "gpu" / "data_scaling.sh"), "start", *parts],
                           env={"G": str(tmp_path), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True)
     assert done.returncode == 2 and not (tmp_path / "pid").exists()
     assert ("PART..." in done.stderr) if not parts else (f"not {parts[-1].split(':')[0]}" in done.stderr)
 
 
 def test_the_gpu_script_asks_for_the_validation_sets_whole_shard_first(tmp_path):
-    """Every session's pool is first asked for exactly its first shard (the validation set and the training samples
-    after it), so each session answers that shard whole, as the committed records' pool was answered."""
+    """Every machine's pool is first asked for exactly its first shard (the validation set and the training samples
+    after it), so each machine answers that shard whole, as the committed records' pool was answered."""
     import subprocess
 
     (tmp_path / "code").symlink_to(CONF.parent)
     path = f"{Path(sys.executable).parent}:/usr/bin:/bin"  # its python3 composes the experiment
-    done = subprocess.run(["bash", str(CONF.parent / "bench" / "gpu" / "data_scaling.sh"), "first_shard"],
+    done = subprocess.run(["bash", str(CONF.parent / "benchmarks" / "gpu" / "data_scaling.sh"), "first_shard"],
                           env={"G": str(tmp_path), "PATH": path}, capture_output=True, text=True, check=True)
     gpu = OmegaConf.load(CONF / "hardware" / "gpu.yaml")
     experiment = OmegaConf.load(CONF / "experiment" / "data_scaling_gpu.yaml")

@@ -1,4 +1,4 @@
-"""bench/host_load.py reads /proc/stat's first line into the shares of CPU time stolen and busy between two
+"""benchmarks/host_load.py reads /proc/stat's first line into the shares of CPU time stolen and busy between two
 snapshots: guest time (already inside user) is not counted twice, and a machine without /proc/stat gives None."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import BENCH, bench_script
+from conftest import BENCHMARKS, benchmark_script
 
 
 def _host_load():
-    return bench_script("host_load")
+    return benchmark_script("host_load")
 
 
 def _stat(path: Path, user, nice, system, idle, iowait, irq, softirq, steal, guest) -> str:
@@ -46,8 +46,8 @@ def test_no_proc_stat_gives_none(tmp_path):
 
 
 def test_command_line_passes_the_output_through_and_adds_a_json_line():
-    done = subprocess.run([sys.executable, str(BENCH / "host_load.py"), "--", sys.executable, "-c", "print('hello')"],
-                          capture_output=True, text=True, check=True)
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "host_load.py"), "--", sys.executable, "-c",
+                           "print('hello')"], capture_output=True, text=True, check=True)
     first, last = done.stdout.splitlines()
     assert first == "hello"
     record = json.loads(last)

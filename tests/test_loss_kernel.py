@@ -1,4 +1,4 @@
-"""bench/loss_kernel.py times the packed unroll's loss with its soft targets as fp32 probabilities and as bf16
+"""benchmarks/loss_kernel.py times the packed unroll's loss with its soft targets as fp32 probabilities and as bf16
 logits, step by step, and over every pair at once (`pairs`): all variants compute one loss and one gradient (the
 bench checks the loss) with the trainer's own functions."""
 
@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from conftest import BENCH, bench_script
+from conftest import BENCHMARKS, benchmark_script
 
 
 def _inputs(pairs=24, vocab=16, capacity=8):
@@ -27,7 +27,7 @@ def _inputs(pairs=24, vocab=16, capacity=8):
 
 
 def test_every_variant_gives_one_loss_one_gradient_and_the_same_hits():
-    bench = bench_script("loss_kernel")
+    bench = benchmark_script("loss_kernel")
     logits, *rest = _inputs()
     results = []
     for targets, loss_fn in bench.VARIANTS.values():
@@ -45,7 +45,7 @@ def test_every_variant_gives_one_loss_one_gradient_and_the_same_hits():
 
 
 def test_the_bf16_form_gives_the_teachers_softmax_at_the_gathered_rows():
-    bench = bench_script("loss_kernel")
+    bench = benchmark_script("loss_kernel")
     _, teacher, index, _, _ = _inputs()
     want = teacher.float().softmax(-1)[index]
     assert torch.allclose(bench.logits_targets(teacher)(index), want, rtol=1e-5, atol=1e-7)
@@ -53,8 +53,8 @@ def test_the_bf16_form_gives_the_teachers_softmax_at_the_gathered_rows():
 
 def test_the_bench_runs_every_variant_and_checks_they_agree():
     """The CLI on the CPU, tiny: one JSON line per variant, the same loss in both (else it raises)."""
-    command = [sys.executable, str(BENCH / "loss_kernel.py"), "--device", "cpu", "--capacity", "16", "--vocab", "32",
-               "--steps", "3", "--repeats", "1"]
+    command = [sys.executable, str(BENCHMARKS / "loss_kernel.py"), "--device", "cpu", "--capacity", "16",
+               "--vocab", "32", "--steps", "3", "--repeats", "1"]
     out = subprocess.run(command, capture_output=True, text=True, check=True)
     lines = [json.loads(line) for line in out.stdout.splitlines()]
     assert [line["variant"] for line in lines] == ["probs", "logits", "pairs"] and lines[0]["pairs"] == 48

@@ -1,4 +1,4 @@
-"""bench/paired_val_loss.py pairs two codes' runs by seed: the differences are taken within a seed, only at the
+"""benchmarks/paired_val_loss.py pairs two codes' runs by seed: the differences are taken within a seed, only at the
 passes every run reached, the verdict reads the interval against the margin, a stopped comparison resumes
 without running a finished pair again, and a pair trained on different features is refused while its other
 differing params are shown. The jobs here are stub `run.py`s that write what the real job writes."""
@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from conftest import bench_script
+from conftest import benchmark_script
 
 STUB = textwrap.dedent("""
     import json, os, sys
@@ -36,7 +36,7 @@ def _record(tag, seed, losses):
 
 
 def test_pairs_within_a_seed_at_the_passes_all_runs_reached():
-    pv = bench_script("paired_val_loss")
+    pv = benchmark_script("paired_val_loss")
     records = [_record("base", 0, {10: 2.0, 20: 1.0}), _record("new", 0, {10: 2.02, 20: 1.01, 30: 0.5}),
                _record("base", 1, {10: 4.0, 20: 2.0}), _record("new", 1, {10: 3.96, 20: 2.03}),
                _record("new", 2, {10: 9.0, 20: 9.0})]  # no base run: not paired
@@ -50,7 +50,7 @@ def test_pairs_within_a_seed_at_the_passes_all_runs_reached():
 
 
 def test_verdict_reads_the_last_pass_interval_against_the_margin():
-    pv = bench_script("paired_val_loss")
+    pv = benchmark_script("paired_val_loss")
     assert pv.verdict([{"step": 9, "ci95_pct": [-0.3, 0.2]}], 0.25) == (
         "no worse within 0.25% at step 9 (95% interval -0.300% to +0.200%)")
     rows = [{"step": 9, "ci95_pct": [-0.3, 0.2]}, {"step": 10, "ci95_pct": [-0.1, 0.3]}]
@@ -59,7 +59,7 @@ def test_verdict_reads_the_last_pass_interval_against_the_margin():
 
 
 def test_runs_each_code_per_seed_alternating_and_resumes(tmp_path, capsys):
-    pv = bench_script("paired_val_loss")
+    pv = benchmark_script("paired_val_loss")
     codes = {}
     for tag, shift in (("base", "0.0"), ("new", "0.001")):
         code = tmp_path / tag
@@ -91,7 +91,7 @@ def test_runs_each_code_per_seed_alternating_and_resumes(tmp_path, capsys):
 
 
 def test_a_job_without_history_is_an_error_naming_its_manifest(tmp_path):
-    pv = bench_script("paired_val_loss")
+    pv = benchmark_script("paired_val_loss")
     train = tmp_path / "train" / "k"
     (train / "draft").mkdir(parents=True)
     (tmp_path / "run").mkdir()
@@ -101,7 +101,7 @@ def test_a_job_without_history_is_an_error_naming_its_manifest(tmp_path):
 
 
 def test_a_failed_job_names_its_log(tmp_path):
-    pv = bench_script("paired_val_loss")
+    pv = benchmark_script("paired_val_loss")
     code = tmp_path / "broken"
     (code / "src").mkdir(parents=True)
     (code / "src" / "run.py").write_text("raise SystemExit(3)\n")
@@ -112,7 +112,7 @@ def test_a_failed_job_names_its_log(tmp_path):
 
 
 def test_runs_made_elsewhere_are_added_from_their_manifests(tmp_path, capsys):
-    pv = bench_script("paired_val_loss")
+    pv = benchmark_script("paired_val_loss")
     argv = ["--out", str(tmp_path / "out"), "--summary-only"]
     for tag, seed, loss in (("base", 0, 2.0), ("new", 0, 2.01), ("base", 1, 3.0), ("new", 1, 2.97)):
         manifest = tmp_path / f"{tag}{seed}" / "manifest.json"
@@ -131,7 +131,7 @@ def test_runs_made_elsewhere_are_added_from_their_manifests(tmp_path, capsys):
 
 
 def test_a_resumed_comparison_refuses_other_overrides_before_running(tmp_path, capsys):
-    pv = bench_script("paired_val_loss")
+    pv = benchmark_script("paired_val_loss")
     out = tmp_path / "out"
     out.mkdir()
     (out / "runs.jsonl").write_text(json.dumps({"tag": "base", "seed": 0, "overrides": ["train.max_steps=7"],
@@ -160,7 +160,7 @@ def _job_files(folder, loss, features, **params):
 
 
 def test_added_runs_with_their_jobs_show_what_else_a_pair_differs_in(tmp_path, capsys):
-    pv = bench_script("paired_val_loss")
+    pv = benchmark_script("paired_val_loss")
     argv = ["--out", str(tmp_path / "out"), "--summary-only"]
     for tag, seed, loss, warmup in (("base", 0, 2.0, "True"), ("new", 0, 2.01, "auto"),
                                     ("base", 1, 3.0, "True"), ("new", 1, 2.97, "auto")):
@@ -176,7 +176,7 @@ def test_added_runs_with_their_jobs_show_what_else_a_pair_differs_in(tmp_path, c
 
 
 def test_a_pair_on_different_features_is_refused(tmp_path, capsys):
-    pv = bench_script("paired_val_loss")
+    pv = benchmark_script("paired_val_loss")
     argv = ["--out", str(tmp_path / "out"), "--summary-only"]
     for tag, seed, features in (("base", 0, "aaa"), ("new", 0, "aaa"), ("base", 1, "aaa"), ("new", 1, "bbb")):
         argv += ["--add", tag, str(seed), *_job_files(tmp_path / f"{tag}{seed}", 2.0, features,
@@ -188,7 +188,7 @@ def test_a_pair_on_different_features_is_refused(tmp_path, capsys):
 
 
 def test_an_add_names_its_bad_arguments(tmp_path, capsys):
-    pv = bench_script("paired_val_loss")
+    pv = benchmark_script("paired_val_loss")
     manifest, _ = _job_files(tmp_path / "run", 2.0, "feat")
     not_a_job = tmp_path / "other.json"
     not_a_job.write_text("{}")

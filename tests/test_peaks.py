@@ -28,7 +28,7 @@ def test_untabled_cards_get_no_mfu():
 
 
 def test_peers_summary_reads_the_runs_card():
-    spec = importlib.util.spec_from_file_location("peers_summary", REPO / "bench" / "peers" / "summary.py")
+    spec = importlib.util.spec_from_file_location("peers_summary", REPO / "benchmarks" / "peers" / "summary.py")
     summary = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(summary)
     assert summary.peaks_for("NVIDIA H100 80GB HBM3") == (989.0, 798.0)
@@ -39,7 +39,7 @@ def test_peers_summary_reads_the_runs_card():
 def test_train_throughput_reports_executed_against_required_flops():
     import sys
 
-    sys.path.insert(0, str(REPO / "bench"))
+    sys.path.insert(0, str(REPO / "benchmarks"))
     from train_throughput import flops_per_token, required_flops_per_token
 
     from draftlab.model.draft import DraftModelConfig

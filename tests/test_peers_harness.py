@@ -1,6 +1,6 @@
-"""bench/peers: the synthetic features writer, the conversion into the peers' formats, the summary's arithmetic
+"""benchmarks/peers: the synthetic features writer, the conversion into the peers' formats, the summary's arithmetic
 (steady window, MFU, ratios), and the harness end to end on a tiny pool: draftlab's trainer always, the peers
-only where their environments are installed (bench/peers/setup.sh, $PEERS). Timings are never asserted."""
+only where their environments are installed (benchmarks/peers/setup.sh, $PEERS). Timings are never asserted."""
 
 from __future__ import annotations
 
@@ -21,14 +21,14 @@ from draftlab.data.features import read_manifest
 from draftlab.data.reader import FeatureSource, offline_entries
 from draftlab.data.vocab import read_vocab, vocab_path
 
-PEERS_DIR = REPO / "bench" / "peers"
+PEERS_DIR = REPO / "benchmarks" / "peers"
 TINY = ["--hidden", "64", "--vocab", "256", "--draft-vocab", "64", "--layers", "8", "--heads", "4", "--kv-heads", "2",
         "--intermediate", "64", "--min-len", "16", "--max-len", "40", "--val-every", "4", "--per-shard", "5",
         "--device", "cpu"]
 
 
 def load(name: str):
-    """A bench/peers script as a module (they are scripts, not a package)."""
+    """A benchmarks/peers script as a module (they are scripts, not a package)."""
     spec = importlib.util.spec_from_file_location(f"peers_{name}", PEERS_DIR / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -270,8 +270,8 @@ def test_the_harness_runs_draftlab_end_to_end_on_a_tiny_pool(pool, tmp_path):
 def test_the_peers_train_and_load_into_draftlabs_evaluator(pool, tmp_path):
     peers = os.environ.get("PEERS")
     if not peers or not all(Path(peers, v, "bin", "python").exists() for v in ("venv-spec", "venv-sf")):
-        pytest.skip("speculators and SpecForge are optional installs: bash bench/peers/setup.sh, then set PEERS to "
-                    "the folder holding venv-spec and venv-sf")
+        pytest.skip("speculators and SpecForge are optional installs: bash benchmarks/peers/setup.sh, then set PEERS "
+                    "to the folder holding venv-spec and venv-sf")
     env, results = harness_env(tmp_path, pool, peers)
     # two data workers: speculators starts them by spawn, which re-imports its timed entry point; its forward
     # compiled with the eager loss, as run.sh trains it on a GPU

@@ -191,13 +191,13 @@ def test_training_memory_by_strategy(tmp_path):
 
 
 def test_memory_estimate_within_10_percent_of_h100_readings():
-    """bench/plan_memory.py's peaks of real training steps on an H100 (nine draft shapes of the three targets)."""
+    """benchmarks/plan_memory.py's peaks of real training steps on an H100 (nine draft shapes of the three targets)."""
     from types import SimpleNamespace
 
     from draftlab.plan_estimates import train_memory
     from draftlab.target_shape import text_config
 
-    readings = Path(__file__).resolve().parents[1] / "bench" / "results" / "h100_plan_memory.jsonl"
+    readings = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "h100_plan_memory.jsonl"
     rows = [json.loads(line) for line in readings.read_text().splitlines()]
     assert len(rows) == 9
     for r in rows:

@@ -1,5 +1,5 @@
-"""bench/gpu/pool_prefix.py and data_scaling.sh's pool.tgz: a session's validation answers carried into the next.
-A pool generated again answers the validation set again (docs/tracking.md); a carried prefix keeps its answers."""
+"""benchmarks/gpu/pool_prefix.py and data_scaling.sh's pool.tgz: one machine's validation answers, staged for the
+next. A pool generated again answers the validation set again (docs/tracking.md); a staged prefix keeps its answers."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import bench_script
+from conftest import benchmark_script
 from draftlab.data.samples import Sample, read_manifest, read_samples, write_samples
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "bench" / "gpu" / "data_scaling.sh"
+SCRIPT = REPO / "benchmarks" / "gpu" / "data_scaling.sh"
 
 
 def pool(folder: Path, n: int = 8, shard_size: int = 3) -> Path:
@@ -31,7 +31,7 @@ def fields(samples) -> list[tuple]:
 
 
 def test_the_prefix_is_the_pools_first_shards_under_its_fingerprint(tmp_path):
-    write_prefix = bench_script("gpu/pool_prefix").write_prefix
+    write_prefix = benchmark_script("gpu/pool_prefix").write_prefix
     source = pool(tmp_path / "generate" / "abc123")  # shards of 3, 3 and 2 samples
     target = write_prefix(source, tmp_path / "out", 2)
     assert target == tmp_path / "out" / "abc123" and read_manifest(target)["fingerprint"] == "fp-pool"
@@ -48,15 +48,15 @@ def test_the_prefix_is_the_pools_first_shards_under_its_fingerprint(tmp_path):
     assert not (tmp_path / "other").exists()  # refused before anything is written
 
 
-def test_collect_sends_the_prefix_and_install_puts_it_under_the_next_sessions_pool(tmp_path):
-    """One session's collect writes $OUT/pool.tgz; the next carries it as .gpu-stage/pool/ and its jobs' pool
+def test_collect_sends_the_prefix_and_install_puts_it_under_the_next_machines_pool(tmp_path):
+    """One machine's collect writes $OUT/pool.tgz; the next has it staged as .gpu-stage/pool/ and its jobs' pool
     starts with the same samples."""
     first, second, out, tree = (tmp_path / name for name in ("g1", "g2", "out", "tree"))
-    for g in (first, second):  # the code copy install makes, without bench/results
+    for g in (first, second):  # the code copy install makes, without benchmarks/results
         subprocess.run(["bash", str(SCRIPT), "gpu_code_copy", str(g)], cwd=REPO, check=True)
-    records = Path("bench", "results", "data_scaling", "records.jsonl.gz")
+    records = Path("benchmarks", "results", "data_scaling", "records.jsonl.gz")
     (tree / records).parent.mkdir(parents=True)
-    (tree / records).symlink_to(REPO / records)  # the call's tree holds the records; the code copy does not
+    (tree / records).symlink_to(REPO / records)  # the repository root holds the records; the code copy does not
     source = pool(first / "dl" / "generate" / "abc123", n=4096, shard_size=1024)
     out.mkdir()
     env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "OUT": str(out), "HOME": str(tmp_path),
@@ -73,12 +73,12 @@ def test_collect_sends_the_prefix_and_install_puts_it_under_the_next_sessions_po
     got = fields(read_samples(second / "dl" / "generate" / "abc123", with_text=True))
     assert len(got) == 1024 and got == fields(read_samples(source, limit=1024, with_text=True))  # the first shard
     subprocess.run(["bash", str(SCRIPT), "collect"], env={**env, "G": str(second)}, check=True, capture_output=True)
-    assert not (out / "pool.tgz").exists()  # a carried pool is not sent back again
+    assert not (out / "pool.tgz").exists()  # a staged pool is not sent back again
 
 
 def test_compare_counts_validation_answers_of_other_lengths(tmp_path):
     """Each answer has 3 loss positions; a run scored on these answers matches, one scored on others does not."""
-    module = bench_script("gpu/pool_prefix")
+    module = benchmark_script("gpu/pool_prefix")
     source = pool(tmp_path / "generate" / "abc123")
     records = tmp_path / "records.jsonl"
     lines = ['{"run_id": "same", "val_samples": {"index": [0, 1], "tokens": [3, 3]}}',
@@ -90,9 +90,9 @@ def test_compare_counts_validation_answers_of_other_lengths(tmp_path):
         module.main([str(source)])  # neither OUT nor --compare
 
 
-def test_a_carried_pool_the_jobs_did_not_extend_is_dropped_with_a_warning(tmp_path):
-    """Another generate key (other code or settings) makes the jobs a pool of their own: the carried one is not
-    theirs, is said so, and gives way to the session's own pool.tgz."""
+def test_a_staged_pool_the_jobs_did_not_extend_is_dropped_with_a_warning(tmp_path):
+    """Another generate key (other code or settings) makes the jobs a pool of their own: the staged one is not
+    theirs, is said so, and gives way to the machine's own pool.tgz."""
     (tmp_path / "code").symlink_to(REPO)
     (tmp_path / "dl" / "generate" / "abc123").mkdir(parents=True)
     (tmp_path / "dl" / "generate" / "abc123" / "manifest.json").write_text("{}")

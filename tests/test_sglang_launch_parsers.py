@@ -23,7 +23,7 @@ pytestmark = [
 # GPU flags below
 VERSIONED = "version" in inspect.signature(build_server_argv).parameters
 LAUNCH_VERSIONS = shipped_versions() if VERSIONED else ["0.5.23"]
-# The flags bench/gpu's launch line passes on the GPU machine (shared/reference/sglang-gpu/README.md), and the
+# The flags benchmarks/gpu's launch line passes on the GPU machine (shared/reference/sglang-gpu/README.md), and the
 # cuda-graph flags of either spelling
 GPU_FLAGS = {
     "--attention-backend": ["triton"], "--sampling-backend": ["pytorch"], "--grammar-backend": ["none"],

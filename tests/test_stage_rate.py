@@ -1,4 +1,4 @@
-"""bench/stage_rate.py reads the train stage's steady rate off a job's log: the trainer's own validation lines, in
+"""benchmarks/stage_rate.py reads the train stage's steady rate off a job's log: the trainer's own validation lines, in
 Hydra's default log format, timed by a fake clock (each step 1 s, each pass 2.5 s), give back the tokens a step
 over one second once the passes are left out; a span without its passes logged is refused with the steps it has."""
 
@@ -15,14 +15,14 @@ import hydra
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import BENCH, bench_script
+from conftest import BENCHMARKS, benchmark_script
 from draftlab.reporting import RecordingReporter
 from draftlab.train import loop, scored
 from draftlab.train.loop import Trainer
 from test_train_loop import FakeSource, _model, _settings
 from test_train_progress import Clock
 
-stage_rate = bench_script("stage_rate")
+stage_rate = benchmark_script("stage_rate")
 EPOCH_START = 1_764_900_000.0  # the log's first second (any fixed time)
 
 
@@ -100,11 +100,11 @@ def test_the_command_reads_a_packed_job_folder(tmp_path, monkeypatch):
     (job / "small").mkdir(parents=True)
     (job / "log-small.txt").write_text(text)
     (job / "small" / "results.json").write_text(json.dumps({"metrics": metrics}))
-    out = subprocess.run([sys.executable, str(BENCH / "stage_rate.py"), str(job), "--stated", "1",
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "stage_rate.py"), str(job), "--stated", "1",
                           "--json", str(tmp_path / "rates.jsonl")], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     row = json.loads((tmp_path / "rates.jsonl").read_text())
     assert row["run"] == "small_new_0" and f"median {row['tokens_per_s']:.0f} tok/s" in out.stdout
-    missing = subprocess.run([sys.executable, str(BENCH / "stage_rate.py"), str(tmp_path / "ckpt")],
+    missing = subprocess.run([sys.executable, str(BENCHMARKS / "stage_rate.py"), str(tmp_path / "ckpt")],
                              capture_output=True, text=True, timeout=60)
     assert missing.returncode != 0 and "needs results.json" in missing.stderr

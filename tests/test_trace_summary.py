@@ -1,4 +1,4 @@
-"""bench/trace_summary.py reads what bounds a profiled step from a Chrome trace: the GPU's busy time counts
+"""benchmarks/trace_summary.py reads what bounds a profiled step from a Chrome trace: the GPU's busy time counts
 overlapping kernels once, the left-out last step's work is not counted, and a host thread's time is its outermost
 ops' (nested ops are inside them, not added to them)."""
 
@@ -7,11 +7,11 @@ from __future__ import annotations
 import gzip
 import json
 
-from conftest import bench_script
+from conftest import benchmark_script
 
 
 def _trace_summary():
-    return bench_script("trace_summary")
+    return benchmark_script("trace_summary")
 
 
 def _event(name, cat, ts, dur, tid=1):

@@ -9,8 +9,8 @@ gradient buckets, 4P_t); bf16 copies of the Linear weights under autocast; the t
 the batch in the pool's dtype and widened to fp32; and T x `activation_bytes`, what the padded TTT unroll keeps for
 the backward, counted tensor by tensor (RMSNorm's fp32 rows, autocast's casts, the TTT cache, at step j the j
 diagonal values and the fp32 keys of the scores, the MLP, the loss's fp32 logits, and its gradient at the backward's
-start). Against torch.cuda.max_memory_allocated of real steps on an H100 (bench/plan_memory.py; nine shapes in
-bench/results/h100_plan_memory.jsonl) it read 1-4% high. The packed unroll (one GPU) keeps less; CUDA's context and
+start). Against torch.cuda.max_memory_allocated of real steps on an H100 (benchmarks/plan_memory.py; nine shapes in
+benchmarks/results/h100_plan_memory.jsonl) it read 1-4% high. The packed unroll (one GPU) keeps less; CUDA's context and
 the allocator's slack (1-2 GB) come on top.
 """
 
@@ -26,7 +26,7 @@ TB = 1e12
 
 def draft_shape(text: dict, draft_cfg, layer_ids: list[int], draft_vocab: int, max_seq_len: int) -> dict:
     """The draft's DraftModelConfig fields from the target's text config and draft.* (None = the target's value):
-    what the plan counts, the train stage builds (`draft_config`) and bench/peers/convert.py gives the peers.
+    what the plan counts, the train stage builds (`draft_config`) and benchmarks/peers/convert.py gives the peers.
     SGLang refuses a draft whose context is shorter than the target's (sglang-eagle3.md 1.7)."""
     hidden_t, heads_t = text["hidden_size"], text["num_attention_heads"]
     hidden = draft_cfg.hidden_size or hidden_t

@@ -6,7 +6,7 @@ __all__ = ["AnalysisResult", "Thresholds", "analyze"]
 
 
 def __getattr__(name: str):
-    """The package's names on first use: `records` alone (import-runs, bench scripts) then loads no plotting."""
+    """The package's names on first use: `records` alone (import-runs, the benchmark scripts) then loads no plotting."""
     if name in ("AnalysisResult", "analyze"):
         from draftlab.analysis import core
 

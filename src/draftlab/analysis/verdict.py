@@ -60,7 +60,7 @@ class Thresholds:
     small_gap_rel: float = 0.05  # |val - train| / val below this: no overfitting
     train_above_val_rel: float = 0.05  # train loss this far above val: the optimiser has not fit the data
     # Noise when no cell has replicate seeds: the seed-to-seed sd of SmolLM2's own sweep
-    # (bench/results/h200_data_scaling_jobs.jsonl, pooled over 6 sizes) is 1.4% of val/loss and 0.012 of tau;
+    # (benchmarks/results/h200_data_scaling_jobs.jsonl, pooled over 6 sizes) is 1.4% of val/loss and 0.012 of tau;
     # the assumed values are above it, so an unreplicated sweep gets wider, not narrower, intervals.
     assumed_noise_rel: float = 0.02
     assumed_noise_tau: float = 0.05

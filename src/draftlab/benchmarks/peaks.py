@@ -3,7 +3,7 @@
 `DATASHEET_TFLOPS` is the vendor's dense (no sparsity) bf16 tensor-core peak, the standard MFU denominator.
 `MEASURED_TFLOPS` is what a dense bf16 matmul reached on the card; it is a second reading, never the goal's.
 H200 790: the figure BENCHMARKS.md's MFU rows were computed against (an 8192^3 matmul ran at 764 there);
-H100 798: the device notes' measured rate, no raw file in bench/results records it.
+H100 798: the device notes' measured rate, no raw file in benchmarks/results records it.
 """
 
 from __future__ import annotations

@@ -28,11 +28,11 @@ PLAN_WINDOW = 256  # samples sorted by length together: little padding, still a 
 MAX_OPEN_SHARDS = 128
 # Offline batches built ahead while the caller trains on the current one. Deep: a step replayed as CUDA graphs lets
 # the host run steps ahead of the GPU and then wait for it, so it takes batches in bursts; 8 ahead, not 2, cut the
-# trainer's wait for batches on an H200 (bench/trainer_speed.py --prefetch). Pinned on a
+# trainer's wait for batches on an H200 (benchmarks/trainer_speed.py --prefetch). Pinned on a
 # GPU host: ~75 MB a batch at 16,384 tokens, so ~600 MB, twice that while a validation pass reads beside the paused
 # training iterator, and as much on each torchrun rank (each reads the whole global batch).
 PREFETCH = 8
-READ_WORKERS = 2  # threads building them: each batch on its own (bench/read_batches.py --read-workers times 1 and 2)
+READ_WORKERS = 2  # threads building them, each batch on its own (benchmarks/read_batches.py --read-workers: 1 and 2)
 
 
 def batch_buffers(B: int, T: int, width: int, hidden: int, dtype: torch.dtype, with_top: bool,
@@ -60,8 +60,8 @@ def plan_batches(lengths: list[int], batch_tokens: int, seed: int, epoch: int, s
     the GPU preset's 16,384 tokens a batch held 69% of its budget on average, so train.plan_window
     trades a more random order for fuller batches. Deterministic for (seed, epoch).
     Not shuffled (validation): longest first, ties in index order, as one window. Order does not matter to a pass's
-    sums, padding does: on 2,000 headline-like lengths (bench/train_data_path.headline_lengths) at 16,384 tokens,
-    index order padded them to 2.26x their tokens in 50 batches, by length 1.05x in 23 (bench/val_pass.py).
+    sums, padding does: on 2,000 headline-like lengths (benchmarks/train_data_path.headline_lengths) at 16,384 tokens,
+    index order padded them to 2.26x their tokens in 50 batches, by length 1.05x in 23 (benchmarks/val_pass.py).
     """
     n = len(lengths)
     gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + int(epoch))
@@ -97,7 +97,7 @@ def cut_batches(order, lengths: list[int], batch_tokens: int) -> list[list[int]]
 class OpenShard:
     """A shard's tensors as views of its mmap (safetensors 0.8's `get_tensor` maps the file and copies nothing: no
     row is read on open). Rows are sliced from the views; through the handle a row span cost about 90 us a call and
-    a 16k-token batch has about 90 rows of each tensor (bench/read_batches.py). The loss mask is a bool copy."""
+    a 16k-token batch has about 90 rows of each tensor (benchmarks/read_batches.py). The loss mask is a bool copy."""
 
     def __init__(self, path: Path):
         handle = safe_open(str(path), framework="pt")

@@ -59,7 +59,7 @@ def padding_for(core, batch_tokens: int, count_bucket: int | None = None) -> dic
     for the compiled one (module docstring); with CUDA graphs (train.compile_cuda_graphs) every size to a few
     buckets, since a graph is recorded for each distinct set of sizes: the length to 64, the rows to 8, the
     plan's counts to one capacity, a multiple of `count_bucket` (train.graph_count_bucket), else of an eighth of
-    the token budget (`bench/unroll_sizes.py` counts the sets an epoch has and the filler each costs)."""
+    the token budget (`benchmarks/unroll_sizes.py` counts the sets an epoch has and the filler each costs)."""
     if core is None:
         return {"multiple": 1}
     if not core.cuda_graphs:

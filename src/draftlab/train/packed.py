@@ -213,7 +213,7 @@ def _pair_ce(ce, logits: Tensor, targets: RowTargets, teacher: Tensor, sizes: li
     Compiled, in one pass over [pairs, draft vocab]. Taken step by step, the gradient of the head's logits was one
     pointwise kernel over their concatenation in which every element computed every step's branch (Inductor fuses a
     `cat` of computed inputs that way): on the H200 that kernel took 4.7 ms of a 20.9 ms step
-    (bench/loss_kernel.py times the forms). Eager, step by step: each step's temporaries are a seventh of the size,
+    (benchmarks/loss_kernel.py times the forms). Eager, step by step: each step's temporaries are a seventh of the size,
     and on two CPU cores the whole unroll ran 1.7x slower with them at once, its elementwise passes no longer in the
     caches. An eager unroll on a GPU (eager validation, a one-row batch, train.compile_unroll=false) also goes step
     by step: the same values; its speed there not measured."""

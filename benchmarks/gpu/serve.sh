@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The 50,000-sample SmolLM2 draft trained to convergence, then served by the real SGLang beside draftlab's local
+# engine (serve.backend=both): both bench sets, batch sizes 1, 4, 16 as concurrent requests, and the serving grid.
+# Run from the repository root with .gpu-stage/ there (benchmarks/gpu/stage.sh; SGLang's site archive as
+# .gpu-stage/sglang/site.tar.xz):
+#   bash benchmarks/gpu/serve.sh install  # machine.sh's install, and SGLang's site unpacked once it is there
+#   bash benchmarks/gpu/serve.sh start    # detached: generate, extract, train (the draft packed), then the bench stage
+#   bash benchmarks/gpu/serve.sh watch    # progress every minute until it ends or BUDGET s (540), then collect
+#   bash benchmarks/gpu/serve.sh collect  # $OUT: log.txt, bench.tgz (results.json, the bench stage's files, server
+#                                         # logs); with DRAFT=1 also the draft in parts of 15 MB (draft.tgz.part-*)
+# Environment: G (/tmp/serve), BUDGET, GGUF_WAIT, DRAFTLAB_GIT_COMMIT, SAMPLES (50000), GRID (the bench.sglang_grid
+# override), EXTRA (more overrides, words).
+set -uo pipefail
+G=${G:-/tmp/serve}
+here=$(cd "$(dirname "$0")" && pwd)
+code=$G/code
+export PYTHONUNBUFFERED=1
+. "$here/machine.sh"
+
+install() {
+  gpu_install .gpu-stage "$G" || return 1
+  local archive=.gpu-stage/sglang/site.tar.xz
+  if [ -f "$archive" ] && [ ! -d "$G/sglang-site/sglang" ]; then
+    mkdir -p "$G/sglang-site" && python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], \
+filter='tar')" "$archive" "$G/sglang-site" || return 1
+  fi
+  echo "sglang: $([ -d "$G/sglang-site/sglang" ] && echo unpacked || echo missing)"
+}
+
+overrides() {  # the run's overrides: SmolLM2 on the staged prompts, SGLang from its own site for its process only
+  local jit=$G/jit
+  printf '%s\n' hardware=gpu "data.samples=${SAMPLES:-50000}" data.source=jsonl "data.path=$G/carried/prompts.jsonl" \
+    "paths.root=$G/root" "tracking.uri=sqlite:///$G/mlflow.db" serve=sglang serve.backend=both serve.python=python3 \
+    "+serve.env.PYTHONPATH=$G/sglang-site" +serve.env.HF_HUB_OFFLINE=1 +serve.env.TRANSFORMERS_OFFLINE=1 \
+    "+serve.env.TVM_FFI_CACHE_DIR=$jit/tvm" "+serve.env.FLASHINFER_WORKSPACE_BASE=$jit/fi" \
+    "+serve.env.TRITON_CACHE_DIR=$jit/triton" \
+    "serve.extra_args=[--attention-backend,triton,--sampling-backend,pytorch,--grammar-backend,none,\
+--mm-feature-transport,cpu]" serve.mem_fraction_static=0.4 serve.cuda_graph_max_bs=16 serve.startup_timeout_s=480 \
+    "bench.sglang_grid=${GRID:-[[3,1],[4,2,8]]}" bench.grid_prompts=30 serve.sglang_version=0.5.17
+}
+
+run() {  # run OVERRIDE...: src/run.py with the run's overrides, then these, then EXTRA
+  local args
+  mapfile -t args < <(overrides)
+  # shellcheck disable=SC2086  # EXTRA is words
+  (cd "$code" && PYTHONPATH=src:$G/site-dl python3 src/run.py "${args[@]}" "$@" ${EXTRA:-} < /dev/null)
+}
+
+pipeline() {  # the detached job
+  gpu_wait_smollm2 "$G" || return 1
+  run 'stages=[generate,extract,train]' || return 1
+  pack_draft || return 1
+  [ -d "$G/sglang-site/sglang" ] || { echo "sglang: no site unpacked; stage .gpu-stage/sglang and install"; return 1; }
+  run || { echo "bench: failed with CUDA graphs; once more without them"; run serve.cuda_graph=false; }
+}
+
+pack_draft() {  # the trained draft, to keep: `DRAFT=1 collect` brings it back
+  local draft
+  draft=$(ls -d "$G"/root/train/*/draft 2> /dev/null | head -n 1)
+  [ -n "$draft" ] || { echo "draft: none under $G/root/train"; return 1; }
+  tar -czf "$G/draft.tgz" -C "$(dirname "$draft")" draft metrics.json manifest.json && echo "draft: packed $draft"
+}
+
+start() {
+  gpu_start "$G" "bash benchmarks/gpu/serve.sh pipeline"
+}
+
+watch() {
+  gpu_wait "$G"
+  grep -ah "stage \|sglang\|grid\|Error\|tau" "$G/log.txt" 2> /dev/null | grep -v "it/s\]" | tail -n 25
+  collect
+}
+
+collect() {
+  [ -n "${OUT:-}" ] || return 0
+  local bench
+  bench=$(ls -d "$G"/root/bench/*/ 2> /dev/null | head -n 1)
+  if [ -n "$bench" ]; then  # server logs cut to their last 200 kB: the phases and the errors are at the ends
+    (cd "$bench" && for f in *.log; do [ -f "$f" ] && tail -c 200000 "$f" > "$f.tail"; done
+     tar -czf "$OUT/bench.tgz" --exclude='*.log' --exclude=generations.jsonl . )
+  fi
+  find "$G/root" "$code/outputs" -name results.json -newer "$G/code" -print0 2> /dev/null \
+    | tar -czf "$OUT/results.tgz" --null -T - 2> /dev/null
+  if [ "${DRAFT:-0}" = 1 ] && [ -f "$G/draft.tgz" ]; then
+    split -b 15000000 -d "$G/draft.tgz" "$OUT/draft.tgz.part-"
+  fi
+  gpu_log_out "$G"
+}
+
+step=${1:?usage: serve.sh install|start|watch|collect|pipeline}
+shift
+"$step" "$@"
