@@ -48,12 +48,12 @@ run() {  # run OVERRIDE...: src/run.py with the run's overrides, then these, the
   (cd "$code" && PYTHONPATH=src:$G/site-dl python3 src/run.py "${args[@]}" "$@" ${EXTRA:-} < /dev/null)
 }
 
-pipeline() {  # the detached job
+pipeline() {  # the detached job: one src/run.py, so its preflight checks the bench's needs before training
   gpu_wait_smollm2 "$G" || return 1
-  run 'stages=[generate,extract,train]' || return 1
-  pack_draft || return 1
-  [ -d "$G/sglang-site/sglang" ] || { echo "sglang: no site unpacked; stage .gpu-stage/sglang and install"; return 1; }
-  run || { echo "bench: failed with CUDA graphs; once more without them"; run serve.cuda_graph=false; }
+  run && { pack_draft; return 0; }
+  pack_draft || return 1  # no draft: the failure came before the bench, and a second run would repeat it
+  echo "bench: failed with CUDA graphs; once more without them"
+  run serve.cuda_graph=false
 }
 
 pack_draft() {  # the trained draft, to keep: `DRAFT=1 collect` brings it back
@@ -63,7 +63,8 @@ pack_draft() {  # the trained draft, to keep: `DRAFT=1 collect` brings it back
   tar -czf "$G/draft.tgz" -C "$(dirname "$draft")" draft metrics.json manifest.json && echo "draft: packed $draft"
 }
 
-start() {
+start() {  # SGLang's site first: the run's preflight asks the server's python for sglang
+  [ -d "$G/sglang-site/sglang" ] || { echo "sglang: no site unpacked; stage .gpu-stage/sglang and install"; return 1; }
   gpu_start "$G" "bash benchmarks/gpu/serve.sh pipeline"
 }
 
