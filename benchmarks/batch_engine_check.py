@@ -23,7 +23,7 @@ from draftlab.serve.engine import SpecEngine, target_decode  # noqa: E402
 from draftlab.serve.modes import GRAPHS, STATIC, target_runner  # noqa: E402
 from draftlab.serve.static_drafter import StaticEagle3Drafter  # noqa: E402
 from draftlab.serve.teacher_forced import pooled, prompt_row  # noqa: E402
-from draftlab.target import tiny_target  # noqa: E402
+from draftlab.target.target import tiny_target  # noqa: E402
 
 PROMPTS = ["Hello there", "What is the capital of France?", "Write a poem about the sea", "abc", "1+1=",
            "Why is the sky blue?"]

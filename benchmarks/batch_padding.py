@@ -21,8 +21,8 @@ from pathlib import Path
 
 
 def prompt_lengths(path: Path, max_tokens: int, count: int, root: str) -> list[int]:
-    from draftlab.config import default_config
-    from draftlab.target import chat_ids_many, load_target, load_tokenizer
+    from draftlab.config.config import default_config
+    from draftlab.target.target import chat_ids_many, load_target, load_tokenizer
 
     cfg = default_config({"paths": {"root": root}})
     models = Path(root) / "models"

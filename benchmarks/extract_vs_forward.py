@@ -3,7 +3,7 @@
 Extraction = the extract stage's inner loop exactly (`extract_shard`: hooked forward + per-sample gather + cast to
 the storage dtype + the full-vocabulary top-1, then `ShardWriter`: device->host copy + safetensors writes on its
 background threads). Forward = `model.model(...)` without any capture on batches cut the same way (same host-side
-padding and copies) and with the stage's attention kernels (draftlab.attention). Variants, each timed in turn
+padding and copies) and with the stage's attention kernels (draftlab.model.attention). Variants, each timed in turn
 `--repeats` times, each repeat starting one variant later (best and median tok/s kept, and each repeat's forward
 over the same repeat's variant, `ratios_paired`: robust to a shared machine), so that the cost splits into its
 parts. Beside each run, the host's load over it (`host_load_runs`: the CPU time stolen by the hypervisor and busy,
@@ -51,13 +51,13 @@ from pathlib import Path
 import torch
 
 import host_load  # benchmarks/, beside this script
-from draftlab.attention import variable_shape_attention
-from draftlab.config import default_config
+from draftlab.model.attention import variable_shape_attention
+from draftlab.config.config import default_config
 from draftlab.data.features import HiddenTap, head_top1, model_mask, pad_batch, stored_top1
 from draftlab.data.layers import resolve_layers
 from draftlab.data.samples import Sample, read_samples
 from draftlab.stages.extract import ShardWriter, extract_shard, length_batches, start_host_copy
-from draftlab.target import load_target
+from draftlab.target.target import load_target
 
 
 def synthetic_samples(count: int, min_len: int, max_len: int, vocab: int, seed: int) -> list[Sample]:
@@ -172,7 +172,7 @@ def shaped_target(device: str, dtype: torch.dtype):
     """A random Llama of SmolLM2-135M's shape: the same cost as the real one without its 98 MB GGUF."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from draftlab.target import Target, config_fingerprint
+    from draftlab.target.target import Target, config_fingerprint
 
     config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                          num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,

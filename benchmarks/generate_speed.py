@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from draftlab.config import default_config
-from draftlab.target import load_target
+from draftlab.config.config import default_config
+from draftlab.target.target import load_target
 
 
 def sync(device: torch.device) -> None:

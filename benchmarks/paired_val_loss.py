@@ -46,7 +46,7 @@ from scipy import stats
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from draftlab import fsutil  # noqa: E402
+from draftlab.util import fsutil  # noqa: E402
 
 
 def run_order(tags: list[str], seeds: list[int]) -> list[tuple[str, int]]:

@@ -1,4 +1,4 @@
-"""The plan's training-memory estimate (draftlab/plan_estimates.py `train_memory`) against the peak a real training
+"""The plan's training-memory estimate (draftlab/plan/plan_estimates.py `train_memory`) against the peak a real training
 step reaches on one GPU, for the draft of a real target's config.json (tests/data/*; random weights, random batch).
 
 The step is the data-parallel trainer's (train/distributed.py): the padded TTT unroll under bf16 autocast, the
@@ -24,8 +24,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from draftlab.model.draft import DraftModelConfig, Eagle3Draft  # noqa: E402
-from draftlab.plan_estimates import draft_params, draft_shape, train_memory  # noqa: E402
-from draftlab.target_shape import text_config  # noqa: E402
+from draftlab.plan.plan_estimates import draft_params, draft_shape, train_memory  # noqa: E402
+from draftlab.target.target_shape import text_config  # noqa: E402
 from draftlab.train.optim import build_optimizer  # noqa: E402
 from draftlab.train.ttt import soft_ce_rows, target_distribution, ttt_unroll  # noqa: E402
 

@@ -22,11 +22,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from draftlab.config import default_config  # noqa: E402
-from draftlab.export import export_draft  # noqa: E402
+from draftlab.config.config import default_config  # noqa: E402
+from draftlab.sglang.export import export_draft  # noqa: E402
 from draftlab.model.draft import Eagle3Draft  # noqa: E402
 from draftlab.stages.train import draft_config  # noqa: E402
-from draftlab.target import load_target  # noqa: E402
+from draftlab.target.target import load_target  # noqa: E402
 
 
 def main(argv=None) -> Path:

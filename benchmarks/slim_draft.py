@@ -50,9 +50,9 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     dropped = slim(args.src, args.dst)
 
-    from draftlab.config import default_config
+    from draftlab.config.config import default_config
     from draftlab.serve.loader import load_draft_like_sglang
-    from draftlab.target import load_target
+    from draftlab.target.target import load_target
 
     cfg = default_config({"target": {"name": args.target, "device": "cpu", "dtype": "bfloat16"}})
     target = load_target(cfg.target, Path(args.cache_dir))

@@ -32,12 +32,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from draftlab import fsutil  # noqa: E402
-from draftlab.config import default_config  # noqa: E402
+from draftlab.util import fsutil  # noqa: E402
+from draftlab.config.config import default_config  # noqa: E402
 from draftlab.serve import step_costs  # noqa: E402
 from draftlab.serve.modes import NAMED, load_drafter  # noqa: E402
 from draftlab.stages.bench import held_out_prompts, measure, summarize  # noqa: E402
-from draftlab.target import load_target  # noqa: E402
+from draftlab.target.target import load_target  # noqa: E402
 
 
 def val_prompts(target, source: str, path: str | None, count: int, max_prompt_tokens: int, seed: int,

@@ -24,12 +24,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from draftlab.config import default_config  # noqa: E402
+from draftlab.config.config import default_config  # noqa: E402
 from draftlab.data.features import HiddenTap, pad_batch  # noqa: E402
 from draftlab.data.layers import resolve_layers  # noqa: E402
 from draftlab.data.prompts import load_prompts  # noqa: E402
-from draftlab.fsutil import atomic_write_json  # noqa: E402
-from draftlab.target import load_target  # noqa: E402
+from draftlab.util.fsutil import atomic_write_json  # noqa: E402
+from draftlab.target.target import load_target  # noqa: E402
 
 
 def features(target, prompts: list[list[int]], layers: list[int], batch_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

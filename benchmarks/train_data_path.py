@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from draftlab.data.features import FORMAT, Entry  # noqa: E402
 from draftlab.data.reader import FeatureSource  # noqa: E402
-from draftlab.fsutil import atomic_write_json, read_json  # noqa: E402
+from draftlab.util.fsutil import atomic_write_json, read_json  # noqa: E402
 from draftlab.model.draft import DraftModelConfig, Eagle3Draft  # noqa: E402
 from draftlab.train.optim import build_optimizer  # noqa: E402
 from draftlab.train.ttt import target_distribution, ttt_unroll  # noqa: E402

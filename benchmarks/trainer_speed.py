@@ -47,7 +47,7 @@ import host_load  # noqa: E402
 from train_data_path import H, V, smollm2_draft, synthetic_source  # noqa: E402
 
 from draftlab.data import reader  # noqa: E402
-from draftlab.reporting import RecordingReporter  # noqa: E402
+from draftlab.util.reporting import RecordingReporter  # noqa: E402
 from draftlab.train import device_batch  # noqa: E402
 from draftlab.train.loop import LoopSettings, Trainer  # noqa: E402
 

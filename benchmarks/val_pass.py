@@ -28,7 +28,7 @@ import torch
 from train_data_path import V, headline_lengths, smollm2_draft, synthetic_source  # benchmarks/: puts src/ on the path
 
 from draftlab.data import reader
-from draftlab.reporting import RecordingReporter
+from draftlab.util.reporting import RecordingReporter
 from draftlab.train.loop import LoopSettings, Trainer
 
 plan_by_length = reader.plan_batches

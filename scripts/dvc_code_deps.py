@@ -8,8 +8,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from draftlab.code_version import stage_files  # noqa: E402
-from draftlab.config import STAGE_NAMES  # noqa: E402
+from draftlab.provenance.code_version import stage_files  # noqa: E402
+from draftlab.config.config import STAGE_NAMES  # noqa: E402
 
 
 def rewrite(text: str) -> str:

@@ -6,7 +6,7 @@
 
 import sys
 
-from draftlab.analysis.cli import main
+from draftlab.tracking.analyze import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -10,7 +10,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from draftlab.config import ConfigError, check_overrides
+from draftlab.config.config import ConfigError, check_overrides
 from draftlab.tracking.run_names import job_run_name
 from draftlab.task import run_task
 from draftlab.tracking.run_context import parent_run_id_for

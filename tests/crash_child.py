@@ -19,9 +19,9 @@ from pathlib import Path
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1] / "src")]
 
 from conftest import compose_config, tiny_overrides  # noqa: E402
-from draftlab.config import validate  # noqa: E402
+from draftlab.config.config import validate  # noqa: E402
 from draftlab.pipeline import run_stages  # noqa: E402
-from draftlab.reporting import NullReporter  # noqa: E402
+from draftlab.util.reporting import NullReporter  # noqa: E402
 
 
 def config(root: Path):

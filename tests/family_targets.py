@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from draftlab.target import tiny_tokenizer
+from draftlab.target.target import tiny_tokenizer
 
 COMMON = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False)

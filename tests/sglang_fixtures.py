@@ -1,6 +1,6 @@
 """Tiny draft and target folders in our export format, for the SGLang tests (random tensors, a few KB).
 
-`write_draft(folder, ...)` writes config.json + model.safetensors as src/draftlab/export.py does; keyword
+`write_draft(folder, ...)` writes config.json + model.safetensors as src/draftlab/sglang/export.py does; keyword
 hooks let a test break one thing (rename keys, drop keys, replace a tensor, patch the config).
 """
 

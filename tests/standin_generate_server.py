@@ -25,7 +25,7 @@ from standin_http import JsonHandler  # noqa: E402
 import torch  # noqa: E402
 
 from draftlab.stages.generate import generate_batch  # noqa: E402
-from draftlab.target import tiny_target  # noqa: E402
+from draftlab.target.target import tiny_target  # noqa: E402
 
 
 def main() -> None:

@@ -169,8 +169,8 @@ def test_mlflow_round_trip_and_cli_logs_to_parent(tmp_path, capsys):
     from mlflow.entities import Metric, Param
     from mlflow.tracking import MlflowClient
 
-    from draftlab.analysis.cli import main
-    from draftlab.analysis.mlflow_source import load_records
+    from draftlab.tracking.analyze import main
+    from draftlab.tracking.mlflow_source import load_records
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri)

@@ -7,9 +7,9 @@ import pytest
 from conftest import compose_config
 from draftlab.analysis.axes import stage_costs
 from draftlab.analysis.records import normalise, read_records, write_records
-from draftlab.config import validate
+from draftlab.config.config import validate
 from draftlab.tracking.run_context import flatten
-from draftlab.stage_keys import NOT_FINGERPRINTED, fingerprinted
+from draftlab.plan.stage_keys import NOT_FINGERPRINTED, fingerprinted
 
 
 def _record(samples=800, seed=0, **params):

@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from draftlab.analysis.cli import main
+from draftlab.tracking.analyze import main
 from draftlab.analysis.core import analyze
 from draftlab.analysis.fit import fit_power_law
 from draftlab.analysis.families import NO_CEILING

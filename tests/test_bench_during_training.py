@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from draftlab.reporting import RecordingReporter
+from draftlab.util.reporting import RecordingReporter
 from draftlab.train.checkpoint import trainable_state
 from draftlab.train.loop import Trainer
 from draftlab.train.tau_curve import tau_during_training
@@ -63,7 +63,7 @@ def test_stop_on_loss_keeps_the_loss_minimum_and_benches_alongside(tmp_path):
 
 
 def test_stop_on_tau_needs_bench_every():
-    from draftlab.config import ConfigError, default_config
+    from draftlab.config.config import ConfigError, default_config
 
     with pytest.raises(ConfigError, match="train.stop_on"):
         default_config({"train": {"stop_on": "tau", "bench_every": None}})

@@ -1,11 +1,11 @@
-"""bench.sets entries (data/bench_sets.py) and a set's intervals (serve/intervals.py)."""
+"""bench.sets entries (data/bench_sets.py) and a set's intervals (stats/intervals.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from draftlab.data.bench_sets import humaneval_prompts, parse_sets, set_texts
-from draftlab.serve.intervals import MIN_PROMPTS, TOO_WIDE, decidable, set_metrics
+from draftlab.stats.intervals import MIN_PROMPTS, TOO_WIDE, decidable, set_metrics
 
 
 def test_humaneval_is_the_packages_164_prompts_in_task_order():

@@ -21,17 +21,17 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from draftlab.config import default_config
+from draftlab.config.config import default_config
 from draftlab.data.samples import Sample, write_samples
 from draftlab.data.vocab import build_vocab
-from draftlab.export import export_draft
+from draftlab.sglang.export import export_draft
 from draftlab.model.draft import DraftModelConfig, Eagle3Draft
-from draftlab.preflight import check_bench_sets
-from draftlab.reporting import RecordingReporter
+from draftlab.checks.preflight import check_bench_sets
+from draftlab.util.reporting import RecordingReporter
 from draftlab.serve.alarm import DraftAlarm
 from draftlab.serve.engine import target_decode
 from draftlab.stages import bench
-from draftlab.target import tiny_target
+from draftlab.target.target import tiny_target
 
 TEXTS = ["Hello there", "What is the capital of France?", "Write a poem about the sea", "abc", "1+1=",
          "Why is the sky blue?", "Tell me a story", "How do I cook rice?"]
@@ -273,7 +273,7 @@ def test_sampling_bench_runs(target, samples, tmp_path, make_train):
 
 def fake_sglang(calls, tau_tokens=8):
     """run_sglang_bench's stand-in: every prompt answered with 8 tokens in 8 / tau_tokens * 8 verify steps."""
-    from draftlab.serve.intervals import set_metrics
+    from draftlab.stats.intervals import set_metrics
 
     def fake(cfg, target_path, draft_dir, sets, out, reporter):
         calls.append((target_path, Path(draft_dir), sets))
@@ -294,7 +294,7 @@ def test_sglang_backend_delegates_then_alarms(target, samples, tmp_path, make_tr
 
     calls = []
     monkeypatch.setattr(sglang_bench, "run_sglang_bench", fake_sglang(calls))
-    monkeypatch.setattr("draftlab.target.load_tokenizer", lambda *a: target.tokenizer)
+    monkeypatch.setattr("draftlab.target.target.load_tokenizer", lambda *a: target.tokenizer)
     train = make_train(breakage="misnamed_fc")
     cfg = default_config({"target": {"name": "hf", "path": "/models/some-target"},
                           "paths": {"root": str(tmp_path / "out")},
@@ -313,9 +313,9 @@ def test_both_backends_side_by_side_sglang_deployed(target, samples, tmp_path, m
 
     calls = []
     monkeypatch.setattr(sglang_bench, "run_sglang_bench", fake_sglang(calls, tau_tokens=16))  # tau 2 in SGLang
-    monkeypatch.setattr("draftlab.target.load_tokenizer", lambda *a: target.tokenizer)
-    monkeypatch.setattr("draftlab.target.load_target", lambda *a, **k: target)
-    monkeypatch.setattr("draftlab.target.serving_path", lambda *a: "/models/some-target")
+    monkeypatch.setattr("draftlab.target.target.load_tokenizer", lambda *a: target.tokenizer)
+    monkeypatch.setattr("draftlab.target.target.load_target", lambda *a, **k: target)
+    monkeypatch.setattr("draftlab.target.target.serving_path", lambda *a: "/models/some-target")
     cfg = default_config({"target": {"name": "tiny"}, "paths": {"root": str(tmp_path / "out")},
                           "serve": {"backend": "both", "num_steps": 4},
                           "bench": {"prompts": 3, "max_new_tokens": 40, "batch_sizes": [1, 4]}})

@@ -5,7 +5,7 @@ import textwrap
 
 import pytest
 
-from draftlab.config import ConfigError
+from draftlab.config.config import ConfigError
 from draftlab.sglang import capture
 from draftlab.sglang.capture import ALLOW_KEY, CaptureError, contract, for_target, resolve_version, shipped_versions
 from draftlab.sglang.capture_reader import read_contract
@@ -153,8 +153,8 @@ def test_the_version_is_asked_for_else_installed_else_the_newest(monkeypatch):
 
 
 def test_check_draft_and_preflight_refuse_an_unshipped_version(tiny_cfg, tmp_path, capsys):
-    from draftlab.config import validate
-    from draftlab.preflight import preflight
+    from draftlab.config.config import validate
+    from draftlab.checks.preflight import preflight
     from draftlab.sglang.check import check_draft_main
 
     assert check_draft_main([str(tmp_path), "--sglang-version", "0.4.0"]) == 2
@@ -166,8 +166,8 @@ def test_check_draft_and_preflight_refuse_an_unshipped_version(tiny_cfg, tmp_pat
 
 
 def test_preflight_refuses_a_class_that_does_not_capture(tiny_cfg, tmp_path):
-    from draftlab.config import validate
-    from draftlab.preflight import check_target_shape
+    from draftlab.config.config import validate
+    from draftlab.checks.preflight import check_target_shape
 
     folder = tmp_path / "llama4"
     folder.mkdir()

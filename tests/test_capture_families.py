@@ -9,7 +9,7 @@ import torch
 from draftlab.data.features import HiddenTap
 from draftlab.data.layers import capture_points, resolve_layers
 from draftlab.sglang.capture import for_target
-from draftlab.target import load_target
+from draftlab.target.target import load_target
 from family_targets import FAMILIES, PIPELINE_FAMILIES, save_family
 
 HF = {"name": "hf", "gguf_file": None, "dtype": "float32", "device": "cpu", "device_map": None}
@@ -65,7 +65,7 @@ def test_whole_chain_then_check_draft_with_no_flags(family, tiny_cfg, tmp_path, 
                    "bench.tau_fail=0")  # a draft trained 2 steps on a random target may well accept nothing
     metrics = run_task(cfg)
     assert metrics["train/steps"] >= 1 and "bench/tau" in metrics
-    from draftlab.config import validate
+    from draftlab.config.config import validate
     from draftlab.pipeline import plan
 
     draft = plan(validate(cfg))["train"].folder / "draft"

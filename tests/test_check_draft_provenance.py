@@ -1,6 +1,6 @@
 """`check-draft DIR` with no flags refuses the faulty drafts of issue 14, using the folder's own provenance record.
 
-Each faulty folder is a copy of a good export (export.py, with the record the train stage writes) with one thing
+Each faulty folder is a copy of a good export (sglang/export.py, with the record the train stage writes) with one thing
 broken, as a user would break it: fc cut to one layer with a single id, the ids shifted by one, NaN weights.
 The record's hashes would refuse each of them outright (test_check_draft_seal.py); here they are checked with
 --allow-modified, so that each check is seen to catch its fault on its own.
@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from draftlab import draft_provenance
-from draftlab.export import export_draft
+from draftlab.sglang import draft_provenance
+from draftlab.sglang.export import export_draft
 from draftlab.model.draft import DraftModelConfig, Eagle3Draft
 from draftlab.sglang.check import check_draft, check_draft_main
 
@@ -131,9 +131,9 @@ def test_without_record_it_warns(good, tmp_path):
 
 def test_trained_draft_passes_with_no_flags_and_records_its_features(tiny_cfg):
     """The train stage's real export: the record matches the extract manifest, and check-draft needs no flags."""
-    from draftlab.config import validate
+    from draftlab.config.config import validate
     from draftlab.pipeline import plan, run_stages
-    from draftlab.reporting import NullReporter
+    from draftlab.util.reporting import NullReporter
 
     cfg = validate(tiny_cfg("tracking.enabled=false"))
     run_stages(cfg, NullReporter(), names=["generate", "extract", "train"])

@@ -13,8 +13,8 @@ import json
 import pytest
 import torch
 
-from draftlab import draft_provenance
-from draftlab.export import export_draft
+from draftlab.sglang import draft_provenance
+from draftlab.sglang.export import export_draft
 from draftlab.sglang.check import check_draft, check_draft_main
 from draftlab.sglang.formats import convert
 from test_check_draft_provenance import broken_copy, good, where  # noqa: F401 - `good` is a fixture
@@ -139,7 +139,7 @@ def test_convert_and_reexport_write_a_new_record(good, tmp_path):
     with pytest.raises(ValueError, match="config.json: content changed after export"):
         convert(changed, tmp_path / "from-changed", "speculators")  # sealing it would vouch for the change
 
-    from draftlab.export import load_draft
+    from draftlab.sglang.export import load_draft
     from draftlab.model.draft import DraftModelConfig
 
     model = load_draft(good)

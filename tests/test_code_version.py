@@ -7,9 +7,9 @@ import pytest
 import yaml
 
 from conftest import REPO
-from draftlab import code_version
-from draftlab.config import validate
-from draftlab.stage_keys import STAGES, plan
+from draftlab.provenance import code_version
+from draftlab.config.config import validate
+from draftlab.plan.stage_keys import STAGES, plan
 
 
 @pytest.fixture
@@ -55,7 +55,7 @@ def test_editing_generate_code_starts_a_new_pool(tiny_cfg, package_copy):
 
 def test_edited_train_code_reruns_train_and_bench_under_run_task(tiny_cfg, package_copy, monkeypatch):
     from draftlab import pipeline
-    from draftlab.reporting import RecordingReporter
+    from draftlab.util.reporting import RecordingReporter
     from draftlab.task import run_task
 
     commits = iter(["1111", "2222"])
@@ -90,9 +90,9 @@ def test_dvc_yaml_lists_each_stage_code_as_deps():
 def test_an_extract_pool_made_by_other_code_starts_over(tmp_path, monkeypatch):
     """Under DVC the extract folder is fixed: after an edit to extract's code, `dvc repro` reruns the stage,
     which must start the pool over, not find it complete and keep features made by the old code."""
-    from draftlab.config import default_config
+    from draftlab.config.config import default_config
     from draftlab.data.samples import write_samples
-    from draftlab.reporting import RecordingReporter
+    from draftlab.util.reporting import RecordingReporter
     from draftlab.stages import extract
     from test_extract import make_samples
 
@@ -113,7 +113,7 @@ def test_an_extract_pool_made_by_other_code_starts_over(tmp_path, monkeypatch):
 def test_a_copy_without_git_records_the_commit_its_launcher_names(tmp_path, monkeypatch):
     """GPU machines run a `git archive` copy: DRAFTLAB_GIT_COMMIT names its commit, else it is 'unknown'; whether the
     copy was edited is unknown either way."""
-    from draftlab.provenance import git_state
+    from draftlab.provenance.provenance import git_state
 
     monkeypatch.delenv("DRAFTLAB_GIT_COMMIT", raising=False)
     assert git_state(tmp_path) == {"git.commit": "unknown", "git.dirty": "unknown"}

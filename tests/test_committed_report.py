@@ -3,7 +3,7 @@ its numbers or words fails here until the report is generated again (docs/comman
 
 from pathlib import Path
 
-from draftlab.analysis.cli import main
+from draftlab.tracking.analyze import main
 
 REPO = Path(__file__).resolve().parents[1]
 RECORDS = "benchmarks/results/data_scaling/records.jsonl.gz"  # as the report's first line names it

@@ -13,12 +13,12 @@ import tempfile
 import pytest
 
 from conftest import REPO, tiny_overrides
-from draftlab.config import validate
+from draftlab.config.config import validate
 from draftlab.pipeline import plan
 from draftlab.warmup.compile import warm_batch
 from draftlab.train.device_batch import attach_plan
 from draftlab.warmup import launch as warmup_module
-from draftlab.reporting import RecordingReporter
+from draftlab.util.reporting import RecordingReporter
 from draftlab.warmup.launch import Warmup, wanted
 
 STAGES = ["generate", "extract", "train"]

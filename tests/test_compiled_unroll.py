@@ -140,7 +140,7 @@ def test_the_cpp_wrapper_launches_the_same_graph_from_cpp():
 def test_the_trainer_feeds_its_compiled_unroll_padded_batches(tmp_path, monkeypatch):
     """The trainer hands its batches to the compiled unroll padded to a multiple of 8 (training and validation), and
     batches of other sizes reuse one graph each (`aot_eager`: the capture without inductor's codegen)."""
-    from draftlab.reporting import RecordingReporter
+    from draftlab.util.reporting import RecordingReporter
     from draftlab.train import loop
     from test_train_loop import FakeSource, _settings
     from test_train_loop import _model as source_model

@@ -7,7 +7,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import CONF, REPO, compose_config
-from draftlab.config import ConfigError, validate
+from draftlab.config.config import ConfigError, validate
 from draftlab.task import preflight
 
 GROUP_OPTIONS = [f"{group.name}={option.stem}" for group in sorted(CONF.iterdir()) if group.is_dir()
@@ -63,7 +63,7 @@ def test_wrong_type_is_refused_naming_the_key():
 
 @pytest.mark.parametrize("layers", ["[5,3]", "[1,1,2]", "[1,2,99]"])
 def test_bad_layer_lists_are_refused_before_any_model_loads(layers, monkeypatch):
-    import draftlab.target as target
+    import draftlab.target.target as target
 
     monkeypatch.setattr(target, "load_target", lambda *a, **k: pytest.fail("a model was loaded"))
     with pytest.raises(ConfigError, match="extract.layers"):

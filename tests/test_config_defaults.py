@@ -7,8 +7,8 @@ import pytest
 from omegaconf import OmegaConf, open_dict
 
 from conftest import compose_config, tiny_overrides
-from draftlab.config import ConfigError, default_config, validate
-from draftlab.config_schema import Config
+from draftlab.config.config import ConfigError, default_config, validate
+from draftlab.config.config_schema import Config
 
 
 def leaves(node, prefix=""):

@@ -22,7 +22,7 @@ import pytest
 
 from crash_child import ReplaceCounter, config
 from draftlab.pipeline import plan, run_stages
-from draftlab.reporting import NullReporter
+from draftlab.util.reporting import NullReporter
 
 log = logging.getLogger("draftlab.tests.crash")
 STAGES = ["generate", "extract", "train", "bench"]

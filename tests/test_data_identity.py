@@ -4,9 +4,9 @@ file gets a new pool and a pool never mixes two files."""
 import json
 import os
 
-from draftlab.config import validate
+from draftlab.config.config import validate
 from draftlab.data.samples import read_samples
-from draftlab.stage_keys import content_sha256, plan
+from draftlab.plan.stage_keys import content_sha256, plan
 from draftlab.task import run_task
 
 
@@ -44,7 +44,7 @@ def test_an_edited_prompt_file_gets_a_new_pool_of_its_own_samples(tiny_cfg, tmp_
 
 
 def test_the_content_hash_is_remembered_until_the_file_changes(tmp_path, monkeypatch):
-    from draftlab import stage_keys
+    from draftlab.plan import stage_keys
 
     path = tmp_path / "p.jsonl"
     path.write_text("a")

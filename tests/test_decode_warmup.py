@@ -14,8 +14,8 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import REPO, compose_config, tiny_overrides
-from draftlab import target as target_module
-from draftlab.config import validate
+from draftlab.target import target as target_module
+from draftlab.config.config import validate
 from draftlab.pipeline import plan
 from draftlab.warmup.launch import Warmup, wanted
 

@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from conftest import CONF, compose_config
-from draftlab.config import ConfigError, validate
+from draftlab.config.config import ConfigError, validate
 from draftlab.task import run_task
 
 

@@ -5,7 +5,7 @@ import hashlib
 
 import pytest
 
-from draftlab.fsutil import DestinationError, owned_folder
+from draftlab.util.fsutil import DestinationError, owned_folder
 from draftlab.offline import bundle
 from draftlab.sglang.formats import convert, convert_main
 from sglang_fixtures import write_draft, write_target

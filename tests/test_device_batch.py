@@ -9,7 +9,7 @@ import logging
 import pytest
 import torch
 
-from draftlab.reporting import RecordingReporter
+from draftlab.util.reporting import RecordingReporter
 from draftlab.train.loop import Trainer
 from test_train_loop import FakeSource, _model, _settings
 
@@ -120,7 +120,7 @@ def test_cuda_graphs_auto_records_for_narrow_drafts_on_cuda_only():
 def test_the_trainer_pads_to_its_graph_count_bucket(tmp_path, monkeypatch):
     """train.graph_count_bucket reaches the trainer's padding (a core that records CUDA graphs, stood in on the CPU);
     unset, the counts' multiple is an eighth of the token budget."""
-    from draftlab.reporting import RecordingReporter
+    from draftlab.util.reporting import RecordingReporter
     from draftlab.train import loop
     from draftlab.train.compiled_unroll import CompiledUnroll
     from test_train_loop import FakeSource, _model, _settings

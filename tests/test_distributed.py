@@ -13,9 +13,9 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from conftest import REPO, compose_config, tiny_overrides
-from draftlab.config import validate
+from draftlab.config.config import validate
 from draftlab.pipeline import plan, run_stages
-from draftlab.reporting import RecordingReporter
+from draftlab.util.reporting import RecordingReporter
 from draftlab.train.distributed import local_rows
 
 pytestmark = pytest.mark.slow
@@ -132,7 +132,7 @@ def test_fsdp_loss_curve_equals_one_process_and_resumes(tmp_path):
 def test_fsdp_exports_a_frozen_head_as_one_process_does(tmp_path):
     """train.freeze_lm_head under FSDP2: the best weights leave the frozen head out, and the unsharded draft rank 0
     exports keeps it frozen, so the stage loads them and exports the same head and val/loss as one process."""
-    from draftlab.export import load_draft
+    from draftlab.sglang.export import load_draft
 
     frozen = ("train.freeze_lm_head=true",)
     _, single = one_process_curve(tmp_path, *frozen)

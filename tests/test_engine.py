@@ -19,7 +19,7 @@ from scipy.stats import chisquare
 
 from draftlab.serve import engine as eng
 from draftlab.serve.engine import SpecEngine, target_decode, verify_sampling
-from draftlab.target import tiny_target
+from draftlab.target.target import tiny_target
 
 K = 4
 MAX_NEW = 20
@@ -175,7 +175,7 @@ def test_off_by_one_rollback_is_caught(target, references, monkeypatch, shift, m
 def eagle3_folder(target, tmp_path_factory):
     from test_bench_stage import agreeing_draft  # the draft that copies the target's last-layer logits
 
-    from draftlab.export import export_draft
+    from draftlab.sglang.export import export_draft
 
     full_vocab = (torch.zeros(target.vocab_size, dtype=torch.long), torch.ones(target.vocab_size, dtype=torch.bool))
     draft, cfg = agreeing_draft(target, full_vocab)
@@ -204,7 +204,7 @@ def sharp_folder(target, tmp_path_factory):
     (with the default 0.02 init attention is nearly uniform and position bugs hide)."""
     from test_bench_stage import agreeing_draft
 
-    from draftlab.export import export_draft
+    from draftlab.sglang.export import export_draft
 
     full_vocab = (torch.zeros(target.vocab_size, dtype=torch.long), torch.ones(target.vocab_size, dtype=torch.bool))
     draft, cfg = agreeing_draft(target, full_vocab)

@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import CONF, compose_config
-from draftlab.config import validate
+from draftlab.config.config import validate
 
 
 def _sweep(name: str) -> dict[str, list[float]]:

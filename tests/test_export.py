@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from draftlab.export import export_draft, load_draft
+from draftlab.sglang.export import export_draft, load_draft
 from draftlab.model.draft import DraftModelConfig, Eagle3Draft
 
 STACKED = {".q_proj": (".qkv_proj", "q"), ".k_proj": (".qkv_proj", "k"), ".v_proj": (".qkv_proj", "v"),
@@ -128,7 +128,7 @@ def test_round_trip(tmp_path):
 def test_a_stop_between_the_swap_renames_puts_the_old_folder_back(tmp_path, monkeypatch):
     """Re-exporting swaps folders with two renames; stopped between them, the previous folder goes back and
     nothing is left beside it (a kill that skips the clean-up leaves `.*.tmp` names the pipeline sweeps)."""
-    from draftlab import fsutil
+    from draftlab.util import fsutil
 
     cfg = _config()
     model = Eagle3Draft(cfg)

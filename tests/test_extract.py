@@ -8,13 +8,13 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-import draftlab.target
-from draftlab.config import ConfigError, default_config
+import draftlab.target.target
+from draftlab.config.config import ConfigError, default_config
 from draftlab.data.features import read_manifest
 from draftlab.data.reader import open_source
 from draftlab.data.samples import Sample, write_samples
 from draftlab.data.vocab import read_vocab, vocab_path
-from draftlab.reporting import RecordingReporter
+from draftlab.util.reporting import RecordingReporter
 from draftlab.stages import extract
 
 NUM_SAMPLES = 20
@@ -67,14 +67,14 @@ def no_target(monkeypatch):
     def refuse(*_args, **_kwargs):
         raise AssertionError("the target must not be loaded here")
 
-    monkeypatch.setattr(draftlab.target, "load_target", refuse)
+    monkeypatch.setattr(draftlab.target.target, "load_target", refuse)
 
 
 def test_features_equal_plain_forward_at_the_right_layers(pool):
     """Exact in fp32 (batch 1, same kernels); the neighbours k and k+2 must differ, so an off-by-one fails."""
     metrics = run(pool, config(pool))
     assert metrics["extract/layer_ids"] == "1,3,4"  # auto on 8 layers
-    target = draftlab.target.tiny_target()
+    target = draftlab.target.target.tiny_target()
     H = target.hidden_size
     stored = stored_samples(pool / "extract")
     assert sorted(stored) == list(range(10))
@@ -94,7 +94,7 @@ def test_features_equal_plain_forward_at_the_right_layers(pool):
 def test_batched_extraction_matches_and_bf16_storage(pool):
     run(pool, config(pool, batch_size=3), folder="fp32")
     run(pool, config(pool, batch_size=3, dtype="bfloat16"), folder="bf16")
-    target = draftlab.target.tiny_target()
+    target = draftlab.target.target.tiny_target()
     fp32, bf16 = stored_samples(pool / "fp32"), stored_samples(pool / "bf16")
     for index, (features, last, ids) in fp32.items():
         with torch.no_grad():
@@ -109,7 +109,7 @@ def test_head_vocab_manifest_and_metrics(pool):
     metrics = run(pool, config(pool, dtype="float16"))
     folder = pool / "extract"
     manifest = read_manifest(folder)
-    target = draftlab.target.tiny_target()
+    target = draftlab.target.target.tiny_target()
     assert manifest["layer_ids"] == [1, 3, 4] and manifest["sglang_servable"]
     assert manifest["convention"].startswith("sglang: capture point c") and manifest["capture_points"] == [2, 4, 5]
     assert manifest["capture"].startswith("LlamaForCausalLM, SGLang ")
@@ -152,7 +152,7 @@ def test_resume_extracts_only_missing_samples(pool, monkeypatch):
 
 def test_no_target_when_nothing_is_missing(pool, monkeypatch):
     run(pool, config(pool, samples=12))
-    monkeypatch.setattr(draftlab.target, "load_target", lambda *a, **k: pytest.fail("target loaded"))
+    monkeypatch.setattr(draftlab.target.target, "load_target", lambda *a, **k: pytest.fail("target loaded"))
     metrics = run(pool, config(pool, samples=8, vocab_size=32))  # a smaller N and a new vocab: no target needed
     assert metrics["extract/samples"] == 8
     assert vocab_path(pool / "extract", 8, 32).exists()
@@ -175,7 +175,7 @@ def test_last_layer_ablation_is_recorded(pool, caplog):
     assert "SGLang" in caplog.text and metrics["extract/layer_ids"] == "7"
     manifest = read_manifest(pool / "extract")
     assert manifest["layers_spec"] == "last" and manifest["sglang_servable"] is False and manifest["warning"]
-    target = draftlab.target.tiny_target()
+    target = draftlab.target.target.tiny_target()
     features, last, _ = stored_samples(pool / "extract")[0]
     # id 7 is the raw output of the last layer; its final norm is last_hidden (HF's hidden_states[8]).
     assert not torch.allclose(features, last, atol=1e-3)

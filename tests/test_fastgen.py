@@ -8,16 +8,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftlab.config import ConfigError, validate
+from draftlab.config.config import ConfigError, validate
 from draftlab.data.samples import read_samples
 import draftlab.generation.graphgen as graphgen
 from draftlab.generation.decode_slots import slot_attention
 from draftlab.generation.fastgen import generate_continuous, generate_static
 from draftlab.generation.graphgen import generate_graphs
-from draftlab.reporting import RecordingReporter
+from draftlab.util.reporting import RecordingReporter
 from draftlab.stages import generate
 from draftlab.stages.generate import generate_batch
-from draftlab.target import tiny_target
+from draftlab.target.target import tiny_target
 from conftest import compose_config
 from fake_cuda import Dispatched, FakeCuda
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from draftlab.data.prompts import Prompt, pool_order, split_for
 from draftlab.data.reader import open_source
 from draftlab.data.samples import read_samples
-from draftlab.stage_keys import STAGES, StageSpec, plan
+from draftlab.plan.stage_keys import STAGES, StageSpec, plan
 from draftlab.task import run_task
 
 

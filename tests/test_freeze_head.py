@@ -8,10 +8,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from draftlab.config import default_config
+from draftlab.config.config import default_config
 from draftlab.model.draft import DraftModelConfig, Eagle3Draft
-from draftlab.plan_estimates import draft_params
-from draftlab.reporting import RecordingReporter
+from draftlab.plan.plan_estimates import draft_params
+from draftlab.util.reporting import RecordingReporter
 from test_train_loop import HT, LAYERS, V, VD, FakeSource, _install_fake_source
 
 
@@ -24,7 +24,7 @@ def _cfg(freeze: bool):
 
 @pytest.mark.parametrize("freeze", [True, False])
 def test_a_frozen_head_is_exported_at_the_target_rows(tmp_path, monkeypatch, freeze):
-    from draftlab.export import load_draft
+    from draftlab.sglang.export import load_draft
     from draftlab.stages import train as stage
 
     source = FakeSource(n_train=16, n_val=8)

@@ -6,8 +6,8 @@ import stat
 import torch
 
 from draftlab.data.samples import Sample, read_samples, write_samples
-from draftlab import fsutil
-from draftlab.fsutil import atomic_write_text
+from draftlab.util import fsutil
+from draftlab.util.fsutil import atomic_write_text
 
 
 def _mode(path):

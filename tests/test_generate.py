@@ -5,12 +5,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftlab.config import validate
+from draftlab.config.config import validate
 from draftlab.data.samples import count_samples, read_samples
-from draftlab.reporting import RecordingReporter
+from draftlab.util.reporting import RecordingReporter
 from draftlab.stages import generate
 from draftlab.stages.generate import generate_batch
-from draftlab.target import tiny_target
+from draftlab.target.target import tiny_target
 
 
 def _samples(folder, n=None):
@@ -136,7 +136,7 @@ def test_a_shortfall_of_usable_prompts_is_refused_before_any_is_answered(tiny_cf
 def test_the_pool_tokenised_in_chunks_gives_each_prompt_its_own_ids():
     """usable_prompts encodes prompts in batched chunks; the ids and the choice equal the one-at-a-time path's."""
     from draftlab.data.prompts import Prompt
-    from draftlab.target import tiny_tokenizer, usable_prompts
+    from draftlab.target.target import tiny_tokenizer, usable_prompts
 
     tok = tiny_tokenizer()
     prompts = [Prompt("word " * (i % 13) + f"prompt {i}", f"c{i}") for i in range(300)]

@@ -5,7 +5,7 @@ import logging
 
 import pytest
 
-from draftlab.config import ConfigError, default_config
+from draftlab.config.config import ConfigError, default_config
 from draftlab.data import layers
 from draftlab.data.layers import num_target_layers, resolve_layers
 

@@ -14,7 +14,8 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import REPO
-from draftlab import fsutil, target
+from draftlab.util import fsutil
+from draftlab.target import target
 
 
 class FakeGGUFModel:
@@ -56,9 +57,9 @@ def test_gguf_conversion_leaves_nothing_on_failure_and_cleans_stale_ones(tmp_pat
 
 
 def test_checkpoint_tmp_folder_removed_on_failure_and_at_next_start(tiny_cfg, tmp_path, monkeypatch):
-    from draftlab.config import validate
+    from draftlab.config.config import validate
     from draftlab.pipeline import plan, run_stages
-    from draftlab.reporting import NullReporter
+    from draftlab.util.reporting import NullReporter
 
     cfg = validate(tiny_cfg("train.checkpoint_every=1"))
     run_stages(cfg, NullReporter(), names=["generate", "extract"])
@@ -85,7 +86,7 @@ def test_disk_full_names_the_file(tmp_path):
     """A real write failure: the file-size limit makes the kernel refuse the write, as a full disk would."""
     script = textwrap.dedent(f"""
         import resource, signal, torch
-        from draftlab import fsutil
+        from draftlab.util import fsutil
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))
         for write in (lambda p: fsutil.atomic_save_safetensors(p, {{"x": torch.zeros(100000)}}),

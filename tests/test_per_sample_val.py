@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from draftlab.reporting import RecordingReporter
+from draftlab.util.reporting import RecordingReporter
 from draftlab.train.loop import Trainer
 from draftlab.train.per_sample import per_sample_validation
 from test_train_loop import FakeSource, _model, _settings

@@ -6,7 +6,7 @@ import shutil
 import pytest
 from mlflow.tracking import MlflowClient
 
-from draftlab.config import validate
+from draftlab.config.config import validate
 from draftlab.pipeline import plan
 from draftlab.task import run_task
 
@@ -102,9 +102,9 @@ def test_a_stage_without_its_inputs_says_which(tiny_cfg):
 
 
 def test_untracked_jobs_leave_results_that_import_as_a_sweep(tiny_cfg, tmp_path):
-    from draftlab.import_runs import import_runs
+    from draftlab.tracking.import_runs import import_runs
 
-    from draftlab.analysis.mlflow_source import load_records
+    from draftlab.tracking.mlflow_source import load_records
 
     for samples in (8, 16):
         job = tmp_path / "multirun" / str(samples)

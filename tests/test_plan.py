@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftlab import plan as plan_mod
+from draftlab.plan import plan as plan_mod
 from draftlab.__main__ import main as dispatch
-from draftlab.config import ConfigError, validate
+from draftlab.config.config import ConfigError, validate
 from draftlab.data import room
 from draftlab.model.draft import DraftModelConfig, Eagle3Draft
-from draftlab.plan_estimates import draft_params, draft_shape
+from draftlab.plan.plan_estimates import draft_params, draft_shape
 from draftlab.stages.train import draft_config
 from conftest import compose_config, tiny_overrides
 
@@ -141,7 +141,7 @@ def test_job_refused_before_any_stage_when_the_pool_cannot_fit(tmp_path, monkeyp
 def test_storage_estimate_within_10_percent_of_a_tiny_run(tmp_path, caplog):
     """Before the run (prompt lengths from the tokenizer, answers at data.max_new_tokens) and after it (the generated
     lengths), the estimate is the extract pool's bytes_per_token x tokens within 10%."""
-    from draftlab.stage_keys import plan as stage_plan
+    from draftlab.plan.stage_keys import plan as stage_plan
     from draftlab.task import run_task
 
     cfg = compose_config(tiny_overrides(tmp_path, "tracking.enabled=false", "stages=[generate,extract]"))
@@ -194,8 +194,8 @@ def test_memory_estimate_within_10_percent_of_h100_readings():
     """benchmarks/plan_memory.py's peaks of real training steps on an H100 (nine draft shapes of the three targets)."""
     from types import SimpleNamespace
 
-    from draftlab.plan_estimates import train_memory
-    from draftlab.target_shape import text_config
+    from draftlab.plan.plan_estimates import train_memory
+    from draftlab.target.target_shape import text_config
 
     readings = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "h100_plan_memory.jsonl"
     rows = [json.loads(line) for line in readings.read_text().splitlines()]
@@ -215,7 +215,7 @@ def test_memory_estimate_within_10_percent_of_h100_readings():
 
 
 def test_plan_prints_the_best_setting_a_bench_measured_in_sglang(tmp_path):
-    from draftlab.stage_keys import plan as stage_plan
+    from draftlab.plan.stage_keys import plan as stage_plan
 
     cfg = validate(compose_config(["target=hf", f"target.path={LLAMA}", f"paths.root={tmp_path / 'root'}"]))
     (tmp_path / "root").mkdir()

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from draftlab.config import ConfigError, validate
+from draftlab.config.config import ConfigError, validate
 from draftlab.data.features import Entry
 from draftlab.data.reader import PLAN_WINDOW, FeatureSource, plan_batches
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from draftlab.config_schema import TrainConfig
+from draftlab.config.config_schema import TrainConfig
 from draftlab.train.schedule import recent_slope, slope_metrics, watch_plateau
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, tiny_overrides
-from draftlab.config import ConfigError, validate
-from draftlab.preflight import preflight
+from draftlab.config.config import ConfigError, validate
+from draftlab.checks.preflight import preflight
 
 
 def jsonl(path: Path, n: int, start: int = 0) -> Path:
@@ -137,7 +137,7 @@ def test_prompts_are_not_read_again_once_the_pool_holds_them(tiny_cfg, monkeypat
     """An all-cached rerun stays fast: the prompt file was checked when the pool was made."""
     import draftlab.data.prompts as prompts
     from draftlab.pipeline import run_stages
-    from draftlab.reporting import NullReporter
+    from draftlab.util.reporting import NullReporter
 
     cfg = validate(tiny_cfg("data.samples=8", "tracking.enabled=false"))
     run_stages(cfg, NullReporter(), names=["generate"])
@@ -161,12 +161,12 @@ def test_a_cached_preflight_does_not_import_torch(tiny_cfg, tmp_path):
     from omegaconf import OmegaConf
 
     from draftlab.pipeline import run_stages
-    from draftlab.reporting import NullReporter
+    from draftlab.util.reporting import NullReporter
 
     cfg = validate(tiny_cfg("data.samples=8", "tracking.enabled=false"))
     run_stages(cfg, NullReporter(), names=["generate"])
     OmegaConf.save(cfg, tmp_path / "cfg.yaml")
-    code = ("import sys; from omegaconf import OmegaConf; from draftlab.preflight import preflight; "
+    code = ("import sys; from omegaconf import OmegaConf; from draftlab.checks.preflight import preflight; "
             f"preflight(OmegaConf.load({str(tmp_path / 'cfg.yaml')!r})); print(sorted(m for m in sys.modules "
             "if m.split('.')[0] == 'torch')[:3])")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

@@ -2,7 +2,7 @@
 
 import pytest
 
-import draftlab.progress as progress
+import draftlab.util.progress as progress
 from draftlab.task import run_task
 
 

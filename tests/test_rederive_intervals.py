@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from draftlab.serve.intervals import set_metrics
+from draftlab.stats.intervals import set_metrics
 from draftlab.serve.rederive import rederive
 
 

@@ -108,7 +108,7 @@ def test_a_command_refuses_bad_input_in_one_line(inputs, capsys, index):
     (["no_such_sweep", "--tracking-uri", "sqlite:///{t}/none.db"], "none.db"),  # the store is not created
 ])
 def test_analyze_refuses_bad_input_in_one_line(inputs, capsys, argv, named):
-    from draftlab.analysis.cli import main as analyze
+    from draftlab.tracking.analyze import main as analyze
 
     before = sorted(p.name for p in inputs.iterdir())
     try:
@@ -187,7 +187,7 @@ def test_every_count_in_the_config_is_refused_negative_naming_its_key(tmp_path):
     anything runs, in a message that starts with its key."""
     from omegaconf import OmegaConf
 
-    from draftlab.config import ConfigError, compose_conf, validate
+    from draftlab.config.config import ConfigError, compose_conf, validate
 
     base = tiny_overrides(tmp_path, "serve=sglang")
     keys = sorted(_int_keys(OmegaConf.to_container(compose_conf(base), resolve=False)))
@@ -209,8 +209,8 @@ def test_every_count_in_the_config_is_refused_negative_naming_its_key(tmp_path):
     ("paths.root", "{t}/missing/out"), ("extract.pool_root", "{t}/a_file/pool"),
 ])
 def test_every_key_naming_a_file_is_refused_in_preflight_naming_it(inputs, key, value):
-    from draftlab.config import ConfigError, compose_conf, validate
-    from draftlab.preflight import preflight
+    from draftlab.config.config import ConfigError, compose_conf, validate
+    from draftlab.checks.preflight import preflight
 
     extra = {"target.path": ["target=hf"], "data.path": ["data.source=jsonl"]}.get(key, [])
     overrides = [*tiny_overrides(inputs, *extra), f"{key}={value.format(t=inputs)}"]

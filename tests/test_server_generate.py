@@ -13,9 +13,9 @@ import pytest
 from unittest.mock import ANY
 
 from conftest import GENERATE_STANDIN as STANDIN, REPO
-from draftlab.config import validate
+from draftlab.config.config import validate
 from draftlab.data.samples import count_samples
-from draftlab.reporting import RecordingReporter
+from draftlab.util.reporting import RecordingReporter
 from draftlab.serve.remote import RemoteGenerator, ServerError
 from draftlab.sglang.monitor import free_port
 from draftlab.stages import generate
@@ -64,7 +64,7 @@ def test_killed_run_resumes_with_nothing_lost_or_repeated(standin, tiny_cfg, tmp
     script = (f"import sys; sys.path[:0] = [{str(REPO / 'tests')!r}, {str(REPO / 'src')!r}]\n"
               "from conftest import compose_config, tiny_overrides\n"
               "from pathlib import Path\n"
-              "from draftlab.config import validate\nfrom draftlab.reporting import NullReporter\n"
+              "from draftlab.config.config import validate\nfrom draftlab.util.reporting import NullReporter\n"
               "from draftlab.stages import generate\n"
               f"cfg = validate(compose_config(tiny_overrides(Path({str(tmp_path)!r}), *{overrides!r})))\n"
               f"generate.run(cfg, Path({str(folder)!r}), {{}}, NullReporter())\n")
@@ -106,7 +106,7 @@ def test_a_bad_request_is_not_retried(standin):
 
 
 def test_server_engine_keys_are_checked(tiny_cfg):
-    from draftlab.config import ConfigError
+    from draftlab.config.config import ConfigError
 
     with pytest.raises(ConfigError, match="data.engine"):
         validate(tiny_cfg("data.engine=vllm"))
@@ -123,7 +123,7 @@ def test_without_a_url_draftlab_starts_the_server_itself_and_stops_it(tiny_cfg, 
 
     from omegaconf import OmegaConf
 
-    import draftlab.target
+    import draftlab.target.target
 
     launcher = tmp_path / "python-with-sglang"
     launcher.write_text(f"#!{sys.executable}\nimport runpy, sys\nsys.argv = [{str(STANDIN)!r}, '--api', 'sglang',"
@@ -133,7 +133,7 @@ def test_without_a_url_draftlab_starts_the_server_itself_and_stops_it(tiny_cfg, 
                             f"serve.python={launcher}", "serve.startup_timeout_s=60"))
     cfg = OmegaConf.create(OmegaConf.to_container(cfg))
     cfg.data.server.url = None  # the tiny target has no folder an engine could load: pretend it has one
-    monkeypatch.setattr(draftlab.target, "serving_path", lambda target_cfg, cache_dir: "tiny")
+    monkeypatch.setattr(draftlab.target.target, "serving_path", lambda target_cfg, cache_dir: "tiny")
     folder = tmp_path / "served"
     generate.run(cfg, folder, {}, RecordingReporter())
     assert folder_bytes(folder) == {**folder_bytes(local_pool)} | {"sglang-generate.log": ANY}

@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from draftlab.config import validate
-from draftlab.reporting import RecordingReporter
+from draftlab.config.config import validate
+from draftlab.util.reporting import RecordingReporter
 from draftlab.serve.remote import ServerError, warn_if_not_the_target
 from draftlab.stages import generate
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from draftlab.config import default_config
-from draftlab.reporting import RecordingReporter
+from draftlab.config.config import default_config
+from draftlab.util.reporting import RecordingReporter
 from draftlab.sglang.bench import DraftCheckError, run_sglang_bench
 from draftlab.sglang.client import SGLangClient, SGLangClientError
 from draftlab.sglang.formats import convert

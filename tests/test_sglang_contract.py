@@ -7,7 +7,7 @@ All jobs run in ONE subprocess: importing sglang takes ~20 s on a 2-core machine
 
 import pytest
 
-from draftlab.config import default_config
+from draftlab.config.config import default_config
 from draftlab.sglang import keymap
 from draftlab.sglang.contract import run_probe, server_argv_for_probe, sglang_python
 from draftlab.sglang.launch import build_baseline_argv, build_server_argv

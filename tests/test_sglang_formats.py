@@ -63,8 +63,8 @@ def test_cli(tmp_path):
 
 
 def _with_record(folder, layer_ids, capture_points):
-    """A sealed training record as export writes it (draft_provenance.py), for the ids the config names."""
-    from draftlab import draft_provenance
+    """A sealed training record as export writes it (sglang/draft_provenance.py), for the ids the config names."""
+    from draftlab.sglang import draft_provenance
 
     draft_provenance.write_sealed(folder, {"layer_ids": layer_ids, "capture_points": capture_points,
                                            "feature_width": 48, "target": {"name": "tiny"}})

@@ -2,7 +2,7 @@
 
 import pytest
 
-from draftlab.config import default_config
+from draftlab.config.config import default_config
 from draftlab.sglang.launch import LaunchError, build_baseline_argv, build_server_argv, spec_params
 from sglang_fixtures import write_draft
 

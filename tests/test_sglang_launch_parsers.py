@@ -6,7 +6,7 @@ import inspect
 
 import pytest
 
-from draftlab.config import default_config
+from draftlab.config.config import default_config
 from draftlab.sglang.capture import shipped_versions
 from draftlab.sglang.contract import run_probe, server_argv_for_probe, sglang_python, sglang_sources
 from draftlab.sglang.launch import build_baseline_argv, build_server_argv

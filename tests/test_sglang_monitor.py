@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from draftlab.reporting import RecordingReporter
+from draftlab.util.reporting import RecordingReporter
 from draftlab.sglang.monitor import (PhaseTracker, PortInUseError, ServerStartError, SGLangServer, free_port,
                                      group_alive)
 

@@ -4,8 +4,8 @@ import sys
 
 import pytest
 
-from draftlab.config import ConfigError, default_config
-from draftlab.preflight import check_sglang_server
+from draftlab.config.config import ConfigError, default_config
+from draftlab.checks.preflight import check_sglang_server
 from draftlab.sglang.server_python import ServerPythonError, server_sglang
 
 

@@ -3,9 +3,9 @@
 import pytest
 
 from conftest import compose_config
-from draftlab.config import validate
+from draftlab.config.config import validate
 from draftlab.generation.plain import generate_batch
-from draftlab.target import SMOLLM2_SHAPE, load_target
+from draftlab.target.target import SMOLLM2_SHAPE, load_target
 
 pytestmark = pytest.mark.smollm2
 

@@ -16,7 +16,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import BENCHMARKS, benchmark_script
-from draftlab.reporting import RecordingReporter
+from draftlab.util.reporting import RecordingReporter
 from draftlab.train import loop, scored
 from draftlab.train.loop import Trainer
 from test_train_loop import FakeSource, _model, _settings

@@ -6,7 +6,7 @@ from omegaconf import DictConfig
 
 from conftest import compose_config
 from draftlab import stages
-from draftlab.stage_keys import NOT_FINGERPRINTED, NOT_OUTPUT_SETTINGS, STAGES, plan
+from draftlab.plan.stage_keys import NOT_FINGERPRINTED, NOT_OUTPUT_SETTINGS, STAGES, plan
 from draftlab.task import run_task
 
 

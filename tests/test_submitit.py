@@ -8,9 +8,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from conftest import REPO, tiny_overrides
-from draftlab.config import validate
+from draftlab.config.config import validate
 from draftlab.pipeline import plan
-from draftlab.reporting import NullReporter
+from draftlab.util.reporting import NullReporter
 from draftlab.stages import generate
 
 pytestmark = pytest.mark.slow

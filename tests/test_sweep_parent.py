@@ -8,7 +8,7 @@ import sys
 from mlflow.tracking import MlflowClient
 
 from conftest import REPO
-from draftlab.config import validate
+from draftlab.config.config import validate
 from draftlab.tracking.runs import start_parent_run
 
 # A sweep's first process: it opens the parent run, then dies without reaching on_multirun_end.
@@ -16,7 +16,7 @@ KILLED_SWEEP = """
 import os, signal
 from conftest import compose_config, tiny_overrides
 from pathlib import Path
-from draftlab.config import validate
+from draftlab.config.config import validate
 from draftlab.tracking.runs import start_parent_run
 cfg = validate(compose_config(tiny_overrides(Path({tmp!r}))))
 start_parent_run(cfg, Path({tmp!r}) / "sweep0", "killed sweep")

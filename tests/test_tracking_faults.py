@@ -14,8 +14,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from conftest import REPO
-from draftlab.config import ConfigError, validate
-from draftlab.fsutil import read_json
+from draftlab.config.config import ConfigError, validate
+from draftlab.util.fsutil import read_json
 from draftlab.tracking.store import StoreError
 from draftlab.tracking.runs import open_store
 from draftlab.task import run_task
@@ -157,7 +157,7 @@ KILLED_JOB = """
 import os, signal, sys
 sys.path.insert(0, {src!r})
 from conftest import compose_config, tiny_overrides
-from draftlab.config import validate
+from draftlab.config.config import validate
 from draftlab.tracking.runs import tracked_run
 from pathlib import Path
 cfg = validate(compose_config(tiny_overrides(Path({tmp!r}), "stages=[generate]")))

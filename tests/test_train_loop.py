@@ -13,9 +13,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from draftlab.config import default_config
+from draftlab.config.config import default_config
 from draftlab.model.draft import DraftModelConfig, Eagle3Draft
-from draftlab.reporting import RecordingReporter
+from draftlab.util.reporting import RecordingReporter
 from draftlab.train.loop import LoopSettings, Trainer, lr_factor
 from draftlab.train.optim import build_optimizer
 
@@ -275,7 +275,7 @@ def _install_fake_source(monkeypatch, source):
 
 
 def test_stage_run_exports_best_draft(tmp_path, monkeypatch):
-    from draftlab.export import load_draft
+    from draftlab.sglang.export import load_draft
     from draftlab.stages import train as stage
 
     source = FakeSource(n_train=16, n_val=8)
@@ -371,7 +371,7 @@ def test_kill_and_resume_is_exact_with_step_budget_and_early_stopping(tmp_path, 
 
 
 def test_config_checks_the_new_train_keys():
-    from draftlab.config import ConfigError
+    from draftlab.config.config import ConfigError
 
     for bad, key in (({"max_steps": 0}, "train.max_steps"), ({"eval_every": -1}, "train.eval_every"),
                      ({"early_stop_patience": 0}, "train.early_stop_patience"),

@@ -10,7 +10,7 @@ import types
 import pytest
 
 from draftlab.model import draft
-from draftlab.reporting import RecordingReporter
+from draftlab.util.reporting import RecordingReporter
 from draftlab.train import loop, scored
 from draftlab.train.loop import Trainer
 from test_train_loop import FakeSource, _model, _settings

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from draftlab.reporting import RecordingReporter
+from draftlab.util.reporting import RecordingReporter
 from draftlab.train.loop import Trainer
 from draftlab.train.val_cache import ValidationCache
 from test_train_loop import FakeSource, _model, _settings

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from draftlab.config import ConfigError
+from draftlab.config.config import ConfigError
 from draftlab.data.samples import Sample
 from draftlab.data.vocab import (build_vocab, count_tokens, coverage, draft_to_target, read_vocab, vocab_path,
                                  write_vocab)

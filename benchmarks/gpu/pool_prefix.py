@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from draftlab.data.samples import read_manifest, read_samples
-from draftlab.fsutil import atomic_write_json
+from draftlab.util.fsutil import atomic_write_json
 
 
 def _first_split(pool: Path, shard: dict) -> str:

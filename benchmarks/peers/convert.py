@@ -31,7 +31,7 @@ from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 from draftlab.data.samples import unpack  # noqa: E402  (torch, safetensors and the stdlib only)
-from draftlab.plan_estimates import draft_shape as plan_draft_shape  # noqa: E402  (the stdlib only)
+from draftlab.plan.plan_estimates import draft_shape as plan_draft_shape  # noqa: E402  (the stdlib only)
 
 TARGET_FILES = (".json", ".jinja", ".txt", ".model")  # tokenizer and config files copied from TARGET_DIR
 

@@ -23,8 +23,8 @@ timing.exclude(file_queue.FileQueue, "close")
 
 
 def main() -> None:
-    from draftlab.config import compose_conf
-    from draftlab.reporting import RecordingReporter
+    from draftlab.config.config import compose_conf
+    from draftlab.util.reporting import RecordingReporter
     from draftlab.stages import train
 
     extract, out, overrides = Path(sys.argv[1]).resolve(), Path(sys.argv[2]).resolve(), sys.argv[3:]

@@ -3,7 +3,7 @@
 import logging
 import sys
 
-from draftlab.config import ConfigError
+from draftlab.config.config import ConfigError
 
 COMMANDS = {
     "stage": ("draftlab.dvc_stage", "run one pipeline stage on params.yaml (what dvc.yaml calls)"),
@@ -12,8 +12,9 @@ COMMANDS = {
     "capture-contract": ("draftlab.sglang.capture_reader", "regenerate SGLang's EAGLE-3 capture contract"),
     "draft-contract": ("draftlab.sglang.draft_keys_reader", "regenerate the draft config keys and weight files SGLang "
                        "reads"),
-    "plan": ("draftlab.plan", "what a run takes (storage, memory, SGLang flags), from config.json alone"),
-    "import-runs": ("draftlab.import_runs", "log jobs run without a tracking store (results.json) into MLflow"),
+    "plan": ("draftlab.plan.plan", "what a run takes (storage, memory, SGLang flags), from config.json alone"),
+    "import-runs": ("draftlab.tracking.import_runs", "log jobs run without a tracking store (results.json) into "
+                    "MLflow"),
     "warm-compile": ("draftlab.warmup.compile", "build the train stage's compiled graphs ahead"),
     "warm-decode": ("draftlab.warmup.decode", "build the generate stage's compiled decode step ahead"),
     "intervals": ("draftlab.serve.rederive", "re-derive a bench result's 95% intervals from its per_prompt.json"),

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from draftlab.cli_parser import ArgumentParser
-from draftlab.config import STAGE_NAMES, validate
-from draftlab.provenance import file_sha256
+from draftlab.util.cli_parser import ArgumentParser
+from draftlab.config.config import STAGE_NAMES, validate
+from draftlab.provenance.provenance import file_sha256
 from draftlab.stages import invoke
 
 log = logging.getLogger("draftlab.dvc")
@@ -63,7 +63,7 @@ def run_dvc_stage(name: str, params: Path, out: Path, inputs: dict[str, Path]) -
     if cfg.extract.pool_root:  # dvc.yaml names the stage's folder (dvcout/extract): nothing to make elsewhere
         log.info("extract.pool_root=%s is src/run.py's; under DVC the pool is dvcout/extract", cfg.extract.pool_root)
         cfg = OmegaConf.merge(cfg, {"extract": {"pool_root": None}})
-    from draftlab.preflight import preflight
+    from draftlab.checks.preflight import preflight
 
     preflight(cfg)
     METRICS_DIR.mkdir(exist_ok=True)
@@ -75,7 +75,7 @@ def run_dvc_stage(name: str, params: Path, out: Path, inputs: dict[str, Path]) -
         return metrics
 
     if not cfg.tracking.enabled:
-        from draftlab.reporting import NullReporter
+        from draftlab.util.reporting import NullReporter
 
         return work(NullReporter())
     from draftlab.tracking.runs import find_run, reopened_run, tracked_run
@@ -102,7 +102,7 @@ def _write_curve(manifest: Path, path: Path) -> None:
     writer.writerow(["epoch", "step", *[c.replace("/", "_") for c in columns]])
     for entry in history:
         writer.writerow([entry.get("epoch"), entry.get("step"), *[entry.get(c, "") for c in columns]])
-    from draftlab.fsutil import atomic_write_text
+    from draftlab.util.fsutil import atomic_write_text
 
     atomic_write_text(path, buffer.getvalue())
 

@@ -1,6 +1,6 @@
 """Runs the stages of a `src/run.py` job in order, recomputing only what changed.
 
-Each stage's folder is `paths.root/<stage>/<key>/` (keys: `draftlab.stage_keys`), so parallel jobs of a sweep
+Each stage's folder is `paths.root/<stage>/<key>/` (keys: `draftlab.plan.stage_keys`), so parallel jobs of a sweep
 never collide and equal work is done once. Incremental stages (generate, extract) leave `data.samples` out of
 their folder key: the folder is a pool that grows, and a finished request is remembered by a completion record
 keyed by the full key. The record also names the commit that produced it and the device it ran on, logged as
@@ -16,10 +16,11 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from draftlab.fsutil import atomic_write_json, file_lock, read_json, remove_leftovers
-from draftlab.provenance import git_state
-from draftlab.reporting import Reporter
-from draftlab.stage_keys import NOT_FINGERPRINTED, STAGES, PlannedStage, StageSpec, plan  # noqa: F401 (re-exported)
+from draftlab.util.fsutil import atomic_write_json, file_lock, read_json, remove_leftovers
+from draftlab.provenance.provenance import git_state
+from draftlab.util.reporting import Reporter
+# re-exported: callers plan through the pipeline
+from draftlab.plan.stage_keys import NOT_FINGERPRINTED, STAGES, PlannedStage, StageSpec, plan  # noqa: F401
 from draftlab.stages import final_step, invoke  # noqa: F401 (final_step re-exported)
 from draftlab.tracking.summary import STAGE_WARNINGS_EXCLUDE, collect_warnings, repeat_stage_warnings, stage_warnings
 from draftlab.warmup.launch import Warmup, wanted as warmup_wanted

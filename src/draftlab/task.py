@@ -11,13 +11,13 @@ import logging
 import os
 from pathlib import Path
 
-from draftlab.config import validate
-from draftlab.fsutil import atomic_write_json
+from draftlab.config.config import validate
+from draftlab.util.fsutil import atomic_write_json
 from draftlab.pipeline import run_stages
-from draftlab.plan import log_plan
-from draftlab.preflight import preflight
-from draftlab.provenance import git_state
-from draftlab.reporting import RecordingReporter
+from draftlab.plan.plan import log_plan
+from draftlab.checks.preflight import preflight
+from draftlab.provenance.provenance import git_state
+from draftlab.util.reporting import RecordingReporter
 from draftlab.tracking.summary import collect_warnings, job_summary
 from draftlab.tracking.run_context import flatten, repo_root, tracking_uri
 from draftlab.tracking.runs import tracked_run
@@ -50,7 +50,7 @@ def _val_samples(tags: dict[str, str]) -> dict:
 
 def _follow_train(cfg, out: Path, inputs: dict[str, Path]) -> None:
     """A torchrun rank other than 0: its share of the train stage rank 0 runs (train/distributed.py)."""
-    from draftlab.reporting import NullReporter
+    from draftlab.util.reporting import NullReporter
     from draftlab.stages import train
 
     train.run(cfg, out, inputs, NullReporter())
@@ -59,7 +59,7 @@ def _follow_train(cfg, out: Path, inputs: dict[str, Path]) -> None:
 def _run_task(cfg, parent_run_id: str | None = None, output_dir: Path | None = None) -> dict[str, float]:
     conf = validate(cfg)
     preflight(conf)
-    log_plan(conf)  # what the run takes (draftlab/plan.py); refuses a feature pool that cannot fit
+    log_plan(conf)  # what the run takes (draftlab/plan/plan.py); refuses a feature pool that cannot fit
     with collect_warnings() as warnings:
         if not conf.tracking.enabled:
             reporter = RecordingReporter()

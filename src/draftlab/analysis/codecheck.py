@@ -1,6 +1,6 @@
 """One code version per comparison: the runs of one verdict must share the train and extract stages' code.
 
-A run's code is its `code.train` and `code.extract` tags (the stages' code hashes, draftlab.code_version),
+A run's code is its `code.train` and `code.extract` tags (the stages' code hashes, draftlab.provenance.code_version),
 else the commits that produced those stages' outputs (`<stage>/produced_by`), else unknown. Runs whose code is
 unknown are not counted as differing: records from before either tag existed say nothing either way.
 """

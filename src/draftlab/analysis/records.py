@@ -1,6 +1,6 @@
 """The analysis input model: one record per sweep child run, normalised into `Run`s.
 
-A record is a plain dict (what `mlflow_source.load_records` returns, and what tests build by hand):
+A record is a plain dict (what `tracking.mlflow_source.load_records` returns, and what tests build by hand):
 
     {"run_id": "...",                          # optional
      "params": {"data.samples": 800, "extract.layers": "auto", "train.seed": 1, ...},  # dotted config keys
@@ -32,8 +32,8 @@ import numpy as np
 import yaml
 
 from draftlab.analysis.stats import pooled_sd
-from draftlab.fsutil import atomic_write_with
-from draftlab.stage_keys import fingerprinted
+from draftlab.util.fsutil import atomic_write_with
+from draftlab.plan.stage_keys import fingerprinted
 
 # Distinct training tokens first (the x-axis of a data-scaling law), samples only as a last resort.
 N_SOURCES = ("metrics:train/train_tokens", "metrics:extract/tokens", "params:data.samples")

@@ -18,7 +18,7 @@ from draftlab.analysis.records import Run, by_group, label, values
 from draftlab.analysis.stats import Estimate
 from draftlab.analysis.valnoise import ValNoise
 from draftlab.analysis.verdict import Thresholds, Verdict
-from draftlab.stage_keys import read_by
+from draftlab.plan.stage_keys import read_by
 
 WIDTH = 120
 

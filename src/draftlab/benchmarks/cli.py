@@ -12,7 +12,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from draftlab.cli_parser import ArgumentParser
+from draftlab.util.cli_parser import ArgumentParser
 from draftlab.benchmarks import declarations, record
 from draftlab.benchmarks.measure import BenchmarkFailed, measure
 from draftlab.tracking.run_context import repo_root

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from draftlab.benchmarks.declarations import Benchmark
 from draftlab.benchmarks.measure import Measured
-from draftlab.provenance import git_state
+from draftlab.provenance.provenance import git_state
 
 EXPERIMENT = "benchmarks"
 MAX_TABLE_ROWS = 24  # the deciding metric first, then the others in name order; results.json has them all

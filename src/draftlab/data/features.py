@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from draftlab.attention import variable_shape_attention
+from draftlab.model.attention import variable_shape_attention
 from draftlab.data.samples import SPLITS
-from draftlab.fsutil import read_json
+from draftlab.util.fsutil import read_json
 
 FORMAT = "draftlab.features/1"
 HEAD_FILE = "target_head.safetensors"

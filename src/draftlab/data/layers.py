@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from draftlab.config import ConfigError, check_layers_spec
+from draftlab.config.config import ConfigError, check_layers_spec
 from draftlab.sglang.capture import ArchCapture, for_target, llama
 
 log = logging.getLogger("draftlab.layers")
@@ -73,7 +73,7 @@ def capture_points(spec: Any, ids: list[int], num_layers: int, capture: ArchCapt
 def target_capture(target_cfg, sglang_version: str | None = None) -> ArchCapture:
     """The configured target's capture contract under SGLang `sglang_version` (serve.sglang_version; None: see
     capture.resolve_version), from its config.json alone (no weights)."""
-    from draftlab.target_shape import target_config_json
+    from draftlab.target.target_shape import target_config_json
 
     return for_target(target_config_json(target_cfg), allow_unlisted=bool(target_cfg.get("allow_unlisted_arch")),
                       version=sglang_version)
@@ -81,6 +81,6 @@ def target_capture(target_cfg, sglang_version: str | None = None) -> ArchCapture
 
 def num_target_layers(target_cfg, cache_dir: Path | str | None = None) -> int:
     """The target's layer count without loading weights (see draftlab.target.target_shape)."""
-    from draftlab.target_shape import target_shape
+    from draftlab.target.target_shape import target_shape
 
     return int(target_shape(target_cfg)["num_hidden_layers"])

@@ -58,7 +58,7 @@ def pool_order(prompts: list[Prompt], val_fraction: float, val_samples: int) -> 
 def usable_pool(tokenizer, prompts: list[Prompt], data, limit: int) -> list[tuple]:
     """`target.usable_prompts` in the pool's order: with data.val_samples, exactly that many usable held-out
     prompts (the fixed validation set), then training prompts up to `limit` in all."""
-    from draftlab.target import usable_prompts
+    from draftlab.target.target import usable_prompts
 
     if not data.val_samples:
         return usable_prompts(tokenizer, prompts, data.max_prompt_tokens, limit)

@@ -283,7 +283,7 @@ def open_source(cfg, inputs: dict[str, Path], target=None) -> FeatureSource:
         return FeatureSource(manifest, offline_entries(folder, manifest, n), folder, n, cfg.draft.vocab_size,
                              plan_window=int(cfg.train.plan_window))
     if target is None:
-        from draftlab.target import load_target
+        from draftlab.target.target import load_target
 
         target = load_target(cfg.target, Path(cfg.paths.root) / "models")
     if manifest is None:

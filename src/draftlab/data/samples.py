@@ -15,7 +15,7 @@ from typing import Iterable, Iterator
 import torch
 from safetensors.torch import load_file
 
-from draftlab.fsutil import atomic_save_safetensors, atomic_write_json, atomic_write_text, read_json
+from draftlab.util.fsutil import atomic_save_safetensors, atomic_write_json, atomic_write_text, read_json
 
 FORMAT = "draftlab.samples/1"
 SPLITS = ("train", "val")

@@ -14,8 +14,8 @@ from typing import Iterable
 import torch
 from safetensors.torch import load_file
 
-from draftlab.config import ConfigError
-from draftlab.fsutil import atomic_save_safetensors
+from draftlab.config.config import ConfigError
+from draftlab.util.fsutil import atomic_save_safetensors
 
 
 def count_tokens(samples: Iterable, target_vocab_size: int, chunk_tokens: int = 1 << 22) -> torch.Tensor:

@@ -33,7 +33,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from draftlab.attention import variable_shape_attention
+from draftlab.model.attention import variable_shape_attention
 from draftlab.serve.cuda_graphs import recover, refuse_after_a_broken_capture, warm_up_and_capture
 
 log = logging.getLogger("draftlab.generate")
@@ -205,7 +205,7 @@ class DecodeSlots:
         seen = torch.ones(width, width, dtype=torch.bool).tril()[None] & real[:, None, :]
         mask = torch.zeros((n, 1, width, width), dtype=self.dtype).masked_fill_(~seen[:, None], self.hidden)
         prefill = self._dynamic_cache(config=self.model.config)
-        # every prefill has another padded width: cuDNN's attention would plan each one on the host (attention.py)
+        # every prefill has another padded width: cuDNN's attention would plan each one on the host (model/attention.py)
         with variable_shape_attention():
             logits = self.model(input_ids=ids.to(device), attention_mask=mask.to(device),
                                 position_ids=positions.to(device), use_cache=True, logits_to_keep=1,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from draftlab.target import Target
+from draftlab.target.target import Target
 
 
 @torch.inference_mode()

@@ -22,10 +22,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from draftlab.cli_parser import ArgumentParser
-from draftlab.fsutil import DestinationError, check_destination, owned_folder
+from draftlab.util.cli_parser import ArgumentParser
+from draftlab.util.fsutil import DestinationError, check_destination, owned_folder
 from draftlab.offline.closure import DATA_PACKAGES, closure, project_requirements
-from draftlab.provenance import git_state
+from draftlab.provenance.provenance import git_state
 from draftlab.tracking.run_context import repo_root
 
 PLATFORM = "manylinux_2_28_x86_64"

@@ -19,7 +19,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from draftlab.fsutil import read_json
+from draftlab.util.fsutil import read_json
 
 log = logging.getLogger("draftlab")
 

@@ -13,7 +13,7 @@ import logging
 
 import torch
 
-from draftlab.progress import bar_over
+from draftlab.util.progress import bar_over
 from draftlab.serve.batch_engine import BatchSpecEngine, batch_target_decode
 from draftlab.serve.batch_runners import BatchEagle3Drafter, BatchTargetRunner
 

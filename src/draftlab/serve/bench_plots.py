@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from draftlab import fsutil
+from draftlab.util import fsutil
 
 
 def _pyplot():

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from draftlab.serve.intervals import RESAMPLES
+from draftlab.stats.intervals import RESAMPLES
 
 HEADLINE = ("tau", "speedup", "tokens_per_s", "baseline_tokens_per_s", "accept_length")
 

@@ -2,7 +2,7 @@
 
 The bench stage writes per_prompt.json ({"sets": [...], "rows": [...]}, one row a prompt) beside its metrics; this
 command recomputes each set's (and, where an `engine` column exists, each engine's) tau and speed-up with their 95%
-bootstrap intervals by the same code and seed as the stage (serve/intervals.py's set_metrics), plus tau without the
+bootstrap intervals by the same code and seed as the stage (stats/intervals.py's set_metrics), plus tau without the
 prefill's first token (committed tokens less one a prompt, per verify step: the count that leaves out the token
 plain decoding's prefill gives for free) and the share of prompts whose answer matches plain decoding's.
 """
@@ -13,8 +13,8 @@ import argparse
 import json
 from pathlib import Path
 
-from draftlab.config import ConfigError
-from draftlab.serve.intervals import set_metrics
+from draftlab.config.config import ConfigError
+from draftlab.stats.intervals import set_metrics
 
 
 def groups(table: dict) -> dict[str, list[dict]]:

@@ -58,21 +58,21 @@ class TokenizerSide:
     vocab_size: int  # the model's (embedding rows): every answered token id must be below it
 
     def chat_ids(self, prompt: str) -> list[int]:
-        from draftlab.target import Target
+        from draftlab.target.target import Target
 
         return Target.chat_ids(self, prompt)  # the same template code as the local path
 
 
 def tokenizer_side(target_cfg, cache_dir: Path) -> TokenizerSide:
     """The target without its weights (a 1T target is never loaded here); the tiny target is built in full."""
-    from draftlab.target import config_fingerprint, serving_path, tiny_target
+    from draftlab.target.target import config_fingerprint, serving_path, tiny_target
 
     if target_cfg.name == "tiny":
         t = tiny_target(target_cfg.tiny)
         return TokenizerSide(t.tokenizer, t.name, t.fingerprint, t.eos_token_ids, t.model.config.vocab_size)
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-    from draftlab.target import _prepare_tokenizer
+    from draftlab.target.target import _prepare_tokenizer
 
     path = serving_path(target_cfg, cache_dir)
     kwargs = {"gguf_file": target_cfg.gguf_file} if target_cfg.gguf_file else {}
@@ -251,7 +251,7 @@ class ServerEngine:
     given (launched with the existing launch builder and start-up monitor; stopped by close())."""
 
     def __init__(self, cfg, out: Path):
-        from draftlab.target import serving_path
+        from draftlab.target.target import serving_path
 
         server_cfg = cfg.data.server
         self.target = tokenizer_side(cfg.target, Path(cfg.paths.root) / "models")

@@ -25,8 +25,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from draftlab.fsutil import atomic_write_json, atomic_write_text, file_lock
-from draftlab.serve.intervals import set_metrics
+from draftlab.util.fsutil import atomic_write_json, atomic_write_text, file_lock
+from draftlab.stats.intervals import set_metrics
 from draftlab.sglang import requests
 from draftlab.sglang.check import check_draft
 from draftlab.sglang.client import SGLangClient, server_accept_length

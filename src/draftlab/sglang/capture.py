@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from draftlab.config import ConfigError
-from draftlab.target_shape import text_config
+from draftlab.config.config import ConfigError
+from draftlab.target.target_shape import text_config
 
 # `capture_<version>.json` beside this module: code_version counts `<module>_*.json` as this module's code, so
 # a regenerated contract changes the fingerprint of every stage that reads it

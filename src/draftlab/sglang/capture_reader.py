@@ -343,7 +343,7 @@ def main(argv: list[str]) -> int:
     import json
     import sys
 
-    from draftlab.cli_parser import ArgumentParser
+    from draftlab.util.cli_parser import ArgumentParser
     from draftlab.sglang.capture import contract_path, shipped_versions
     from draftlab.sglang.contract import cli_python, sglang_sources
 

@@ -16,13 +16,13 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from draftlab.cli_parser import ArgumentParser
+from draftlab.util.cli_parser import ArgumentParser
 from draftlab.sglang import check_trained as trained
 from draftlab.sglang import draft_keys, keymap
 from draftlab.sglang.capture import CaptureError, for_target, resolve_version
 from draftlab.sglang.st_files import INT_DTYPES, DraftFilesError, UnreadableFile, load_tensors, read_headers
 from draftlab.sglang.targetinfo import load_target_config, manifest_layer_ids
-from draftlab.target_shape import text_config
+from draftlab.target.target_shape import text_config
 
 ARCH = "LlamaForCausalLMEagle3"
 REQUIRED = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "vocab_size")

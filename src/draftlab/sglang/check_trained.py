@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from draftlab import draft_provenance
+from draftlab.sglang import draft_provenance
 from draftlab.sglang.st_files import DraftFilesError, checkpoint_files
 
 IDS_KEY = "eagle_config.eagle_aux_hidden_state_layer_ids"

@@ -1,5 +1,5 @@
 """draft_config_contract.json: the draft config keys and weight-file patterns SGLang reads (draft_keys_reader.py
-generates it). Named after this module so that a stage's code key covers it (code_version.py)."""
+generates it). Named after this module so that a stage's code key covers it (provenance/code_version.py)."""
 
 from __future__ import annotations
 

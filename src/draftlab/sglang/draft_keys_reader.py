@@ -230,7 +230,7 @@ def read_draft_contract(srt: Path, version: str) -> dict:
 def main(argv: list[str]) -> int:
     import json
 
-    from draftlab.cli_parser import ArgumentParser
+    from draftlab.util.cli_parser import ArgumentParser
     from draftlab.sglang.contract import cli_python, installed_sglang
 
     parser = ArgumentParser(prog="python -m draftlab draft-contract",

@@ -24,8 +24,8 @@ import json
 import logging
 from pathlib import Path
 
-from draftlab import draft_provenance
-from draftlab.fsutil import atomic_save_safetensors, atomic_write_json, check_destination, owned_folder
+from draftlab.sglang import draft_provenance
+from draftlab.util.fsutil import atomic_save_safetensors, atomic_write_json, check_destination, owned_folder
 from draftlab.sglang.check import ARCH, is_speculators_config
 from draftlab.sglang.st_files import load_tensors, read_headers
 
@@ -201,7 +201,7 @@ def _source_record(src: Path) -> dict | None:
 def convert_main(argv: list[str] | None = None) -> int:
     import sys
 
-    from draftlab.cli_parser import ArgumentParser
+    from draftlab.util.cli_parser import ArgumentParser
 
     parser = ArgumentParser(prog="python -m draftlab convert",
                             description="Convert a draft between SGLang and vLLM speculators format.")

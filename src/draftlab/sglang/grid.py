@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from omegaconf import OmegaConf
 
-from draftlab.fsutil import atomic_write_json
+from draftlab.util.fsutil import atomic_write_json
 from draftlab.sglang import requests
 from draftlab.sglang.client import SGLangClient
 from draftlab.sglang.launch import LaunchError, build_server_argv, spec_params

@@ -81,7 +81,7 @@ def accepted(record: dict) -> list[int] | None:
 
 
 def rows(name: str, spec: list[dict], base: list[dict]) -> list[dict]:
-    """The per-request table's rows (serve/intervals.py's keys)."""
+    """The per-request table's rows (stats/intervals.py's keys)."""
     out = []
     for s, b in zip(spec, base):
         row = {"set": name, "prompt": s["prompt"], "tokens": s["completion_tokens"],

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from draftlab.config import STAGE_NAMES
-from draftlab.fsutil import atomic_write_json
+from draftlab.config.config import STAGE_NAMES
+from draftlab.util.fsutil import atomic_write_json
 
 
 def stage_function(name: str) -> Callable:

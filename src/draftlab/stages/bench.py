@@ -9,7 +9,7 @@ size 1 on the same prompts, and reports the gap (serve/engine_gap.py). The predi
 then runs `bench.sglang_grid` (sglang/grid.py).
 
 Sets (`bench.sets`, stages/bench_sets.py): every set is measured in one engine, one prompt at a time. The local
-engine reports `bench/<set>/tau` with `tau_lo`/`tau_hi` (95% bootstrap over prompts, serve/intervals.py),
+engine reports `bench/<set>/tau` with `tau_lo`/`tau_hi` (95% bootstrap over prompts, stats/intervals.py),
 `accept_rate_{j}`, `speedup` (each with _lo/_hi), `tokens_per_s`, `baseline_tokens_per_s`, `prompts`; SGLang the
 same under `bench/sglang/<set>/`. The deployed engine's first set also gives the headline keys: `bench/tau`
 (completion tokens / verify steps, SGLang's count), `bench/tokens_per_s` and `bench/baseline_tokens_per_s`
@@ -33,10 +33,10 @@ from pathlib import Path
 
 import torch
 
-from draftlab import fsutil
-from draftlab.attention import variable_shape_attention
-from draftlab.progress import bar_over
-from draftlab.reporting import Reporter
+from draftlab.util import fsutil
+from draftlab.model.attention import variable_shape_attention
+from draftlab.util.progress import bar_over
+from draftlab.util.reporting import Reporter
 from draftlab.serve import alarm, engine_gap, step_costs
 from draftlab.serve.engine import Generation, SpecEngine, target_decode
 from draftlab.serve.modes import DYNAMIC, EngineMode, engine_mode, graph_report, load_drafter, target_runner
@@ -76,7 +76,7 @@ def measure(model, drafter, prompts: list[list[int]], num_steps: int, max_new_to
     """Speculative and plain decoding of every prompt, alternating which goes first; both decoders use `mode`'s
     KV cache (and CUDA graphs), sized once for the longest prompt so every step keeps one shape. Every prompt's
     prefill has another length, so the whole measurement keeps out of cuDNN's attention, which plans each new shape
-    on the host (attention.py): those plans would be timed, and would depend on what the process ran before.
+    on the host (model/attention.py): those plans would be timed, and would depend on what the process ran before.
     sync_free (default: with CUDA graphs and greedy decoding): both decoders replay whole cycles with no host sync
     inside (serve/sync_free.py); on a CPU every op is synchronous anyway, so that only adds the EOS overshoot."""
     from draftlab.serve.sync_free import SyncFreePlain, SyncFreeSpec
@@ -198,7 +198,7 @@ def _run_local(cfg, sets, texts, samples: Path, draft_dir: Path, out: Path, batc
     one set of graph captures), then each batch size above 1 on the first set's prompts (unless `batches` is
     false: beside SGLang, concurrent requests are SGLang's to measure)."""
     from draftlab.serve.batch_bench import batch_one_metrics, measure_batch_size
-    from draftlab.target import load_target
+    from draftlab.target.target import load_target
 
     target = load_target(cfg.target, Path(cfg.paths.root) / "models")
     prompts = bench_sets.tokenize(cfg, sets, texts, samples, target.tokenizer, held_out_prompts)
@@ -262,7 +262,7 @@ def _run_local(cfg, sets, texts, samples: Path, draft_dir: Path, out: Path, batc
 def _run_sglang(cfg, sets, texts, samples: Path, draft_dir: Path, out: Path, reporter):
     from draftlab.sglang.bench import run_sglang_bench
     from draftlab.sglang.keymap import load_like_sglang
-    from draftlab.target import load_target, load_tokenizer, serving_path
+    from draftlab.target.target import load_target, load_tokenizer, serving_path
 
     models = Path(cfg.paths.root) / "models"
     tokenizer = load_tokenizer(cfg.target, models) or load_target(cfg.target, models).tokenizer
@@ -279,7 +279,7 @@ def _grid(cfg, prompts: list, draft_dir: Path, rows, first: str, out: Path, repo
     if not cfg.bench.sglang_grid:
         return {}
     from draftlab.sglang.grid import run_grid
-    from draftlab.target import serving_path
+    from draftlab.target.target import serving_path
 
     models = Path(cfg.paths.root) / "models"
     base_rows = [r for r in rows if r.get("engine") == "sglang" and r["set"] == first]

@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 
 from draftlab.data.bench_sets import HELD_OUT, BenchSet, parse_sets, set_texts
-from draftlab.serve.intervals import set_metrics, why_undecidable
+from draftlab.stats.intervals import set_metrics, why_undecidable
 
 log = logging.getLogger("draftlab")
 # the engine's own per-set numbers (its summarize() of the set), copied under bench/<set>/
@@ -29,7 +29,7 @@ def tokenize(cfg, sets: list[BenchSet], texts: dict[str, list[str]], samples_fol
     """Each set's prompt ids, in the order of `sets`. held_out(folder, count, limit) reads the val split."""
     from draftlab.data.prompts import Prompt
     from draftlab.data.pool import pool_size
-    from draftlab.target import usable_prompts
+    from draftlab.target.target import usable_prompts
 
     count, width = cfg.bench.prompts, cfg.data.max_prompt_tokens
     prompts = {}

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from draftlab.code_version import code_version  # under DVC's fixed folder, new code must not extend old features
+# under DVC's fixed folder, new code must not extend old features
+from draftlab.provenance.code_version import code_version
 from draftlab.data import samples as samples_fmt
 from draftlab.data.features import (FORMAT, HEAD_FILE, HiddenTap, model_mask, offline_entries, pad_batch,
                                     read_manifest, stored_top1, target_head, target_info)
@@ -27,8 +28,8 @@ from draftlab.data.layers import (CONVENTION, LAST_WARNING, capture_points, num_
 from draftlab.data.pool import pool_size
 from draftlab.data.room import estimated_bytes_per_token, free_bytes, room_needed
 from draftlab.data.vocab import count_tokens, vocab_name, vocab_path, write_vocab
-from draftlab.fsutil import atomic_save_safetensors, atomic_write_json
-from draftlab.progress import bar
+from draftlab.util.fsutil import atomic_save_safetensors, atomic_write_json
+from draftlab.util.progress import bar
 
 log = logging.getLogger("draftlab.extract")
 def extract_batch(tap: HiddenTap, batch: list, dtype: torch.dtype, device) -> list[tuple[torch.Tensor, ...]]:
@@ -225,7 +226,7 @@ def run(cfg, out: Path, inputs: dict[str, Path], reporter) -> dict:
     done = manifest["num_samples"] if manifest else 0
     loads_target = manifest is None or not (out / HEAD_FILE).exists() or (offline and done < n)
     if loads_target:
-        from draftlab.target import load_target
+        from draftlab.target.target import load_target
 
         target = load_target(cfg.target, Path(cfg.paths.root) / "models")
         if target.num_layers != num_layers:  # the cheap config read disagreed with the model: trust neither

@@ -21,11 +21,11 @@ import torch
 from draftlab.data.prompts import Prompt, load_prompts, split_for, usable_pool
 from draftlab.data.pool import pool_size
 from draftlab.data.samples import Sample, SampleWriter, count_samples, read_manifest, read_samples
-from draftlab.progress import bar
-from draftlab.provenance import file_sha256
-from draftlab.stage_keys import data_sha256, plan
+from draftlab.util.progress import bar
+from draftlab.provenance.provenance import file_sha256
+from draftlab.plan.stage_keys import data_sha256, plan
 from draftlab.generation.plain import generate_batch
-from draftlab.target import Target, load_target
+from draftlab.target.target import Target, load_target
 
 log = logging.getLogger("draftlab.generate")
 WHOLE_SHARD = ("continuous", "graphs")  # generators that take a whole shard and keep batch_size rows in flight

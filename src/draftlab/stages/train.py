@@ -15,12 +15,13 @@ from pathlib import Path
 
 import torch
 
-from draftlab import draft_provenance, fsutil
-from draftlab.export import export_draft
+from draftlab.sglang import draft_provenance
+from draftlab.util import fsutil
+from draftlab.sglang.export import export_draft
 from draftlab.model.draft import DraftModelConfig, Eagle3Draft
-from draftlab.plan_estimates import draft_shape
-from draftlab.progress import StepBar
-from draftlab.reporting import Reporter
+from draftlab.plan.plan_estimates import draft_shape
+from draftlab.util.progress import StepBar
+from draftlab.util.reporting import Reporter
 from draftlab.train.history import replay_history
 from draftlab.train.tau_curve import plot_tau_during_training, tau_during_training
 from draftlab.train.checkpoint import load_trainable

@@ -63,7 +63,7 @@ def process_identity(pid: int) -> str | None:
 
 def job_key(cfg) -> str:
     """What makes two jobs the same job: their whole resolved config."""
-    from draftlab.provenance import fingerprint
+    from draftlab.provenance.provenance import fingerprint
 
     return fingerprint(flatten(cfg))[:16]
 

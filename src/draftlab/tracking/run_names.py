@@ -33,7 +33,7 @@ def sweep_keys(task_overrides: list[str], sweeper_params: dict | None) -> list[s
 
 
 def write_sweep_keys(sweep_dir: Path, keys: list[str]) -> None:
-    from draftlab.fsutil import atomic_write_json
+    from draftlab.util.fsutil import atomic_write_json
 
     atomic_write_json(Path(sweep_dir) / SWEEP_KEYS_FILE, keys)
 

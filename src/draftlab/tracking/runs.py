@@ -19,7 +19,7 @@ from typing import Iterator
 
 from omegaconf import OmegaConf
 
-from draftlab.provenance import git_state, package_versions
+from draftlab.provenance.provenance import git_state, package_versions
 from draftlab.tracking.run_context import PARENT_ID_FILE, flatten, job_key, process_identity, repo_root, tracking_uri
 
 log = logging.getLogger("draftlab.tracking.runs")
@@ -39,7 +39,7 @@ def open_store(uri: str, timeout: float | None = None):
     `timeout` seconds for a remote store that does not answer."""
     from mlflow.tracking import MlflowClient  # imported before any clock starts: the import alone takes seconds
 
-    from draftlab.fsutil import file_lock
+    from draftlab.util.fsutil import file_lock
     from draftlab.tracking.store import (HINT, STORE_TIMEOUT_S, StoreError, call_with_timeout, check_reachable,
                                          sqlite_path)
 

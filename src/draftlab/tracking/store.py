@@ -21,7 +21,7 @@ import threading
 import urllib.parse
 from pathlib import Path
 
-from draftlab.config import ConfigError
+from draftlab.config.config import ConfigError
 
 STORE_TIMEOUT_S = 10.0  # the whole check; the issue asks for a refusal within 15 s
 CONNECT_TIMEOUT_S = 5.0

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
-from draftlab.config import STAGE_NAMES
+from draftlab.config.config import STAGE_NAMES
 
 # (label, metric names tried in order): the exported draft is the best epoch's, so its numbers come first
 KEY_METRICS = (
@@ -156,7 +156,7 @@ def sglang_set_names(metrics: dict) -> list[str]:
 
 
 def _set_line(name: str, metrics: dict) -> str:
-    from draftlab.serve.intervals import tau_line
+    from draftlab.stats.intervals import tau_line
 
     line, p = tau_line(name, metrics), f"bench/{name}"
     if f"{p}/speedup" in metrics:

@@ -15,8 +15,8 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from draftlab.config import ConfigError, validate
-from draftlab.fsutil import read_json
+from draftlab.config.config import ConfigError, validate
+from draftlab.util.fsutil import read_json
 from draftlab.tracking.run_names import short_names, sweep_keys, write_sweep_keys
 from draftlab.tracking.summary import sweep_summary
 from draftlab.tracking.run_context import parent_run_id_for, tracking_uri
@@ -59,7 +59,7 @@ class SweepCallback(Callback):
             failed = False
             try:
                 _log_sweep_cost(task_cfg, run_id, time.time() - getattr(self, "started", time.time()))
-                from draftlab.analysis.cli import analyze_parent
+                from draftlab.tracking.analyze import analyze_parent
 
                 result = analyze_parent(run_id, tracking_uri=task_cfg.tracking.uri, out=sweep_dir / "analysis")
                 verdict = f"{result.answer or result.headline} (tag verdict={result.tag})"  # as the parent holds it

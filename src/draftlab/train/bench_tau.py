@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from draftlab.export import export_draft
+from draftlab.sglang.export import export_draft
 from draftlab.model.draft import DraftModelConfig, Eagle3Draft
 
 log = logging.getLogger("draftlab")
@@ -64,7 +64,7 @@ class TauBench:
 
 def from_config(cfg, samples_folder: Path, draft_cfg: DraftModelConfig) -> TauBench:
     """The bench of `cfg.train.bench_*` on the job's target and pool, as the bench stage would serve the draft."""
-    from draftlab.target import load_target
+    from draftlab.target.target import load_target
 
     target = load_target(cfg.target, Path(cfg.paths.root) / "models")
     prompts = held_out_prompts(samples_folder, int(cfg.train.bench_prompts), cfg.data.samples)

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from draftlab import fsutil
+from draftlab.util import fsutil
 
 CKPT_FORMAT = "draftlab.train-checkpoint/1"
 KEEP_CHECKPOINTS = 2

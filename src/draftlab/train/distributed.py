@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from draftlab.attention import variable_shape_attention
+from draftlab.model.attention import variable_shape_attention
 from draftlab.train.checkpoint import frozen_names
 from draftlab.train.loop import Trainer
 from draftlab.train.optim import build_optimizer

@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from draftlab.fsutil import read_json
-from draftlab.reporting import Reporter
+from draftlab.util.fsutil import read_json
+from draftlab.util.reporting import Reporter
 from draftlab.train.checkpoint import latest_checkpoint
 
 log = logging.getLogger("draftlab")

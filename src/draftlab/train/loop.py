@@ -41,12 +41,12 @@ from typing import Any, Callable
 import torch
 from omegaconf import OmegaConf
 
-from draftlab import fsutil
-from draftlab.attention import variable_shape_attention
-from draftlab.config_schema import TrainConfig
+from draftlab.util import fsutil
+from draftlab.model.attention import variable_shape_attention
+from draftlab.config.config_schema import TrainConfig
 from draftlab.model.draft import Eagle3Draft
-from draftlab.reporting import NullReporter, Reporter
-from draftlab.target import resolve_device
+from draftlab.util.reporting import NullReporter, Reporter
+from draftlab.target.target import resolve_device
 from draftlab.train.checkpoint import (host_copies, load_trainable, latest_checkpoint,
                                        read_checkpoint, resolve_checkpoint, snapshot_checkpoint, trainable_state,
                                        write_snapshot)

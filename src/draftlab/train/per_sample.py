@@ -11,7 +11,7 @@ import contextlib
 
 import torch
 
-from draftlab.attention import variable_shape_attention
+from draftlab.model.attention import variable_shape_attention
 from draftlab.train.device_batch import widen
 from draftlab.train.ttt import summarize, target_distribution, ttt_unroll
 

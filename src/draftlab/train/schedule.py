@@ -10,7 +10,7 @@ import math
 from typing import Any
 
 
-from draftlab.config_schema import TrainConfig
+from draftlab.config.config_schema import TrainConfig
 
 MIN_SLOPE_PASSES = 4  # a slope interval from fewer validation passes has df < 2: too wide to read
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from draftlab import fsutil
+from draftlab.util import fsutil
 
 log = logging.getLogger("draftlab")
 

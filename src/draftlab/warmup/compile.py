@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from draftlab import fsutil
+from draftlab.util import fsutil
 from draftlab.data.reader import batch_buffers
 from draftlab.data.layers import resolve_layers
 from draftlab.model.draft import Eagle3Draft

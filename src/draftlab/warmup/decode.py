@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from draftlab import fsutil
+from draftlab.util import fsutil
 from draftlab.generation.decode_slots import DecodeSlots, cache_columns, slot_attention
-from draftlab.target import resolve_device, resolve_dtype
+from draftlab.target.target import resolve_device, resolve_dtype
 from draftlab.warmup.launch import exit_with_parent, target_config
 
 log = logging.getLogger("draftlab")

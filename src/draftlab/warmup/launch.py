@@ -34,8 +34,7 @@ from typing import NamedTuple
 
 from omegaconf import OmegaConf
 
-import draftlab
-from draftlab.fsutil import read_json
+from draftlab.util.fsutil import read_json
 
 log = logging.getLogger("draftlab")
 WAIT_MAX_S = 900.0  # a cold build took 133 s on the H200; past this the warm-up is stopped
@@ -69,7 +68,7 @@ def wanted(cfg, planned: dict, names: list[str]) -> list[str]:
 def _unroll_wanted(cfg, planned: dict, names: list[str], choice: str) -> bool:
     if "train" not in names or planned["train"].done_record.exists():
         return False
-    from draftlab.target import resolve_device
+    from draftlab.target.target import resolve_device
     from draftlab.train.compile_choice import compile_wanted
 
     if not compile_wanted("train.compile_unroll", cfg.train.compile_unroll, resolve_device(cfg.train.device)):
@@ -86,7 +85,7 @@ def _decode_wanted(cfg, planned: dict, names: list[str]) -> bool:
     if not (data.generator == "graphs" and data.compile_decode and float(data.temperature) == 0
             and data.engine != "server"):
         return False
-    from draftlab.target import resolve_device
+    from draftlab.target.target import resolve_device
 
     return resolve_device(cfg.target.device).type == "cuda"
 
@@ -97,7 +96,7 @@ def target_config(target_cfg, cache_dir: Path) -> dict:
     processes, which build models of the target's shape."""
     from transformers import AutoConfig
 
-    from draftlab.target import SMOLLM2_GGUF, _smollm2_folder, embedded_gguf_folder, tiny_target
+    from draftlab.target.target import SMOLLM2_GGUF, _smollm2_folder, embedded_gguf_folder, tiny_target
 
     if target_cfg.name == "tiny":
         return tiny_target(target_cfg.tiny).config_dict()
@@ -127,7 +126,7 @@ def _child_env() -> dict[str, str]:
     """This environment, with the folder this draftlab is imported from on PYTHONPATH unless the interpreter finds it
     anyway (an installed package: a site-packages folder there would come before the standard library)."""
     env = dict(os.environ)
-    package_root = str(Path(draftlab.__file__).resolve().parents[1])
+    package_root = str(Path(__file__).resolve().parents[2])  # this file is <package_root>/draftlab/warmup/launch.py
     installed = {str(Path(p).resolve()) for p in (*site.getsitepackages(), site.getusersitepackages())}
     if package_root not in installed:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))

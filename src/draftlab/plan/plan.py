@@ -7,7 +7,7 @@ parameters, training memory per GPU for `train.strategy` on N GPUs (`--gpus`, el
 SGLang flags that serve the draft. The overrides are src/run.py's, e.g.
 `python -m draftlab plan target=hf target.path=tests/data/kimi-k2.5 data.samples=10000 data.max_new_tokens=2048`.
 Every src/run.py job logs the same lines at its start (`log_plan`) and refuses to start when the pool cannot fit
-(`check_fits`). The arithmetic is draftlab.plan_estimates.
+(`check_fits`). The arithmetic is draftlab.plan.plan_estimates.
 
 Tokens per sample: measured from the generate stage's pool when it has one; otherwise the mean chat-templated
 prompt length of the first prompts (counted with the target's tokenizer when it is at hand, else about 4 characters
@@ -24,10 +24,10 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftlab.cli_parser import ArgumentParser
-from draftlab.config import ConfigError
+from draftlab.util.cli_parser import ArgumentParser
+from draftlab.config.config import ConfigError
 from draftlab.data import room
-from draftlab.plan_estimates import Memory, Params, Storage, draft_params, draft_shape, human, train_memory
+from draftlab.plan.plan_estimates import Memory, Params, Storage, draft_params, draft_shape, human, train_memory
 
 log = logging.getLogger("draftlab.plan")
 PROMPT_SAMPLE = 2048  # prompts whose lengths are averaged (all of them only when data.samples is smaller)
@@ -107,7 +107,7 @@ def build(cfg, gpus: int | None = None, answer_tokens: int | None = None) -> Pla
     """The plan of a validated config; ConfigError naming the key when the target cannot feed a draft."""
     from draftlab.data.layers import capture_points, resolve_layers
     from draftlab.sglang.capture import for_target
-    from draftlab.target_shape import text_config
+    from draftlab.target.target_shape import text_config
 
     config = target_config(cfg.target)
     text = text_config(config)
@@ -175,7 +175,7 @@ def log_plan(cfg) -> None:
 # ------------------------------------------------------------------------------------------------ inputs
 def target_config(target_cfg) -> dict:
     """The target's config.json as a dict, read without weights; an unreadable one names target.path."""
-    from draftlab.target_shape import target_config_json
+    from draftlab.target.target_shape import target_config_json
 
     try:
         return target_config_json(target_cfg)
@@ -190,7 +190,7 @@ def _stage_manifest(cfg, stage: str) -> dict | None:
     """A stage pool's manifest, when paths.root exists (planning keys under a fresh root would write its cache)."""
     if not Path(cfg.paths.root).exists():
         return None
-    from draftlab.stage_keys import plan
+    from draftlab.plan.stage_keys import plan
 
     try:
         return json.loads((plan(cfg)[stage].folder / "manifest.json").read_text())
@@ -228,7 +228,7 @@ def prompt_tokens(cfg) -> tuple[float, str]:
     count = min(int(data.samples), PROMPT_SAMPLE)
     tokenizer = _cheap_tokenizer(cfg)
     if tokenizer is not None:
-        from draftlab.target import usable_prompts
+        from draftlab.target.target import usable_prompts
 
         lengths = [len(ids) for _, ids in usable_prompts(tokenizer, prompts, data.max_prompt_tokens, count)]
         how = "counted with the target's tokenizer"
@@ -242,13 +242,13 @@ def prompt_tokens(cfg) -> tuple[float, str]:
 
 
 def _cheap_tokenizer(cfg):
-    """The target's tokenizer when it needs no download and no conversion (draftlab.target.load_tokenizer)."""
+    """The target's tokenizer when it needs no download and no conversion (draftlab.target.target.load_tokenizer)."""
     target = cfg.target
     if target.name == "hf":
         folder = Path(str(target.path)).expanduser()
         if target.gguf_file or not any((folder / name).exists() for name in TOKENIZER_FILES):
             return None
-    from draftlab.target import load_tokenizer
+    from draftlab.target.target import load_tokenizer
 
     try:
         return load_tokenizer(target, Path(cfg.paths.root) / "models")
@@ -298,7 +298,7 @@ def compose(overrides: list[str]):
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from draftlab.config import compose_conf, validate
+    from draftlab.config.config import compose_conf, validate
 
     try:
         composed = compose_conf(overrides)

@@ -12,8 +12,8 @@ import sys
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from draftlab.config import ConfigError
-from draftlab.preflight import check_paths_root
+from draftlab.config.config import ConfigError
+from draftlab.checks.preflight import check_paths_root
 
 log = logging.getLogger("draftlab")
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from draftlab import draft_provenance
-from draftlab.fsutil import owned_folder
+from draftlab.sglang import draft_provenance
+from draftlab.util.fsutil import owned_folder
 from draftlab.model.draft import DraftModelConfig, Eagle3Draft
 
 # what an export writes: an older export's folder (without fsutil's writer record) may be replaced

@@ -18,7 +18,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from draftlab.config_schema import Config, TinyArch
+from draftlab.config.config_schema import Config, TinyArch
 
 
 class ConfigError(ValueError):
@@ -220,7 +220,7 @@ def validate(cfg: DictConfig | dict) -> DictConfig:
     return merged
 
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
 
 
 def compose_conf(overrides: list[str] | None = None) -> DictConfig:

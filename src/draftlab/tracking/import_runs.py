@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from draftlab.cli_parser import ArgumentParser
+from draftlab.util.cli_parser import ArgumentParser
 from draftlab.analysis.records import write_records
 from draftlab.tracking.runs import create_run, end_run, import_job, log_analysis, open_client
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from draftlab.fsutil import atomic_write_json
-from draftlab.provenance import file_sha256, fingerprint
+from draftlab.util.fsutil import atomic_write_json
+from draftlab.provenance.provenance import file_sha256, fingerprint
 
 FILE = "draftlab_provenance.json"
 FORMAT = "draftlab.draft_provenance/2"

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from draftlab import fsutil
-from draftlab.fsutil import file_lock
-from draftlab.progress import bar
+from draftlab.util import fsutil
+from draftlab.util.fsutil import file_lock
+from draftlab.util.progress import bar
 
 log = logging.getLogger("draftlab.target")
 
@@ -301,7 +301,7 @@ def tiny_target(arch=None, device: str | torch.device = "cpu", dtype: torch.dtyp
     """A deterministic random Llama (default 8 layers x 64 wide) with the byte tokenizer: the test target."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from draftlab.config import tiny_arch
+    from draftlab.config.config import tiny_arch
 
     arch = arch or tiny_arch()
     tokenizer = tiny_tokenizer()
@@ -330,5 +330,5 @@ def tiny_target(arch=None, device: str | torch.device = "cpu", dtype: torch.dtyp
     return Target(model, tokenizer, "tiny", fingerprint, torch.device(device), dtype)
 
 
-# Kept in draftlab.target_shape so that a no-op run's preflight does not import torch.
-from draftlab.target_shape import SMOLLM2_SHAPE, target_shape  # noqa: E402,F401
+# Kept in draftlab.target.target_shape so that a no-op run's preflight does not import torch.
+from draftlab.target.target_shape import SMOLLM2_SHAPE, target_shape  # noqa: E402,F401

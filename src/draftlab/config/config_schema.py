@@ -1,6 +1,6 @@
 """The typed schema of draftlab's config: types and docs, every value MISSING (values live in conf/).
 
-`draftlab.config.validate` merges the composed conf/ onto `Config`, so a misspelt key or a wrong type fails with
+`draftlab.config.config.validate` merges the composed conf/ onto `Config`, so a misspelt key or a wrong type fails with
 the full dotted key.
 """
 

@@ -12,7 +12,7 @@ import json
 import logging
 from pathlib import Path
 
-from draftlab.config import ConfigError
+from draftlab.config.config import ConfigError
 from draftlab.data.pool import pool_size
 
 log = logging.getLogger("draftlab")
@@ -104,7 +104,7 @@ def check_sglang_version(cfg) -> None:
 def check_target_shape(cfg) -> None:
     """Layer ids and the draft vocabulary against the target's shape, read from its config alone."""
     from draftlab.data.layers import resolve_layers, target_capture
-    from draftlab.target_shape import target_shape
+    from draftlab.target.target_shape import target_shape
 
     try:
         shape = target_shape(cfg.target)
@@ -183,7 +183,7 @@ def check_bench_set_prompts(cfg, count_tokens: bool) -> None:
 
 def _bench_done(cfg) -> bool:
     """The bench stage's completion record exists: a cached job reads no prompt set (and imports no torch)."""
-    from draftlab.stage_keys import plan
+    from draftlab.plan.stage_keys import plan
 
     try:
         return plan(cfg)["bench"].done_record.exists()
@@ -195,7 +195,7 @@ def _usable_bench_prompts(cfg, texts: list[str]) -> tuple[list, bool]:
     """The bench stage's first bench.prompts prompts of a set within data.max_prompt_tokens, counted with the
     tokenizer when it loads cheaply (else every prompt counts, and the stage refuses the rest)."""
     from draftlab.data.prompts import Prompt
-    from draftlab.target import load_tokenizer, usable_prompts
+    from draftlab.target.target import load_tokenizer, usable_prompts
 
     tokenizer = load_tokenizer(cfg.target, Path(cfg.paths.root) / "models")
     if tokenizer is None:
@@ -271,7 +271,7 @@ def check_server(cfg) -> None:
 
 def _pool_holds(cfg) -> bool:
     """The generate pool already holds data.samples samples: its prompts were checked when it was made."""
-    from draftlab.stage_keys import plan
+    from draftlab.plan.stage_keys import plan
 
     try:  # planning hashes the prompt file: a missing one is check_prompts' to report
         manifest = plan(cfg)["generate"].folder / "manifest.json"
@@ -320,7 +320,7 @@ def check_prompts(cfg) -> None:
 def _first_usable(cfg, prompts: list) -> tuple[list, bool]:
     """The first data.samples prompts generate would answer, and whether their lengths were checked."""
     from draftlab.data.prompts import pool_order, usable_pool
-    from draftlab.target import load_tokenizer
+    from draftlab.target.target import load_tokenizer
 
     data = cfg.data
     tokenizer = load_tokenizer(cfg.target, Path(cfg.paths.root) / "models")

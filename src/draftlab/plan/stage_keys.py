@@ -1,9 +1,9 @@
 """The stage registry and the keys that name each stage's folder: what the stage reads, its code, its data.
 
 A stage's folder key is a fingerprint of the config values it reads, the hash of its code
-(`draftlab.code_version`), its inputs' keys and, for generate, the prompt file's content hash. Kept apart from
-the pipeline so a stage (generate checks that its pool is its own) can compute its key without importing the
-runner, and so nothing here loads torch.
+(`draftlab.provenance.code_version`), its inputs' keys and, for generate, the prompt file's content hash. Kept
+apart from the pipeline so a stage (generate checks that its pool is its own) can compute its key without
+importing the runner, and so nothing here loads torch.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from draftlab.code_version import cached_code_version
-from draftlab.fsutil import remembered
-from draftlab.provenance import file_sha256, fingerprint
+from draftlab.provenance.code_version import cached_code_version
+from draftlab.util.fsutil import remembered
+from draftlab.provenance.provenance import file_sha256, fingerprint
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,8 @@ class PlannedStage:
     folder: Path
     folder_key: str  # what the folder holds: the stage's settings, code, data and its inputs' folders
     key: str  # full key: folder key + grows_with values + inputs' full keys
-    code: str = ""  # the stage's code hash (draftlab.code_version): runs compared in one analysis must share it
+    # the stage's code hash (draftlab.provenance.code_version): runs compared in one analysis must share it
+    code: str = ""
 
     @property
     def done_record(self) -> Path:

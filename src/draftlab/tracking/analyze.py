@@ -13,9 +13,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from draftlab.cli_parser import ArgumentParser
+from draftlab.util.cli_parser import ArgumentParser
 from draftlab.analysis.core import AnalysisResult, analyze
-from draftlab.analysis.mlflow_source import load_records, log_to_parent
+from draftlab.tracking.mlflow_source import load_records, log_to_parent
 from draftlab.analysis.records import read_records
 from draftlab.tracking.run_context import repo_root
 

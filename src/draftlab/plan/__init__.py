@@ -1,0 +1,1 @@
+"""What a run takes before it runs: stage keys and folders, storage, memory and the SGLang flags."""
