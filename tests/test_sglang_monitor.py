@@ -1,6 +1,7 @@
 """Start-up monitor and server lifecycle, against the stand-in server program (a test double, not SGLang)."""
 
 import os
+import signal
 import socket
 import sys
 import time
@@ -9,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from draftlab.util.reporting import RecordingReporter
-from draftlab.sglang.monitor import (PhaseTracker, PortInUseError, ServerStartError, SGLangServer, free_port,
-                                     group_alive)
+from draftlab.sglang.monitor import (PhaseTracker, PortInUseError, ServerStartError, SGLangServer, exit_reason,
+                                     free_port, group_alive)
 
 STANDIN = str(Path(__file__).with_name("standin_sglang_server.py"))
 
@@ -119,3 +120,10 @@ def test_tracker_accepts_old_and_new_capture_lines():
     assert t.phase == "cuda_graph_draft"
     t.feed("Capturing batches (bs=8 avail_mem=3 GB)")
     assert t.phase == "cuda_graph_draft"
+
+
+def test_a_killed_server_is_named_by_its_signal():
+    assert exit_reason(3) == "exited with status 3"
+    assert exit_reason(-signal.SIGTERM) == "was killed by SIGTERM"
+    killed = exit_reason(-signal.SIGKILL)  # what the out-of-memory killer sends
+    assert killed.startswith("was killed by SIGKILL") and "out-of-memory" in killed

@@ -42,6 +42,18 @@ _READY = re.compile(r"fired up and ready to roll", re.I)
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback never goes through a proxy
 
 
+def exit_reason(code: int) -> str:
+    """How a server process ended, in words: a signal by name, with the usual sender of SIGKILL."""
+    if code >= 0:
+        return f"exited with status {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        return f"was killed by signal {-code}"
+    hint = " (on Linux most often the kernel's out-of-memory killer: `dmesg` says; a tmpfs pool counts as memory)"
+    return f"was killed by {name}" + (hint if -code == signal.SIGKILL else "")
+
+
 class ServerStartError(RuntimeError):
     """The server crashed or did not become ready; carries the phase reached and the log tail."""
 
@@ -217,7 +229,7 @@ class SGLangServer:
             if code is not None:
                 phase = self.tracker.phase
                 self.stop()
-                raise ServerStartError(f"{self.name}: server exited with status {code} during start-up", phase,
+                raise ServerStartError(f"{self.name}: server {exit_reason(code)} during start-up", phase,
                                        self.log_tail())
             status = self._health()
             if status == 200:
