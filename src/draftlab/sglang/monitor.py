@@ -43,14 +43,16 @@ _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopba
 
 
 def exit_reason(code: int) -> str:
-    """How a server process ended, in words: a signal by name, with the usual sender of SIGKILL."""
+    """How a server process ended, in words: a signal by name, with SIGKILL's two usual senders."""
     if code >= 0:
         return f"exited with status {code}"
     try:
         name = signal.Signals(-code).name
     except ValueError:
         return f"was killed by signal {-code}"
-    hint = " (on Linux most often the kernel's out-of-memory killer: `dmesg` says; a tmpfs pool counts as memory)"
+    # SGLang kills its own process tree when a child fails (srt/utils/common.py, kill_process_tree)
+    hint = (" (SGLang does this when one of its processes fails: the log tail above it says why; else the kernel's"
+            " out-of-memory killer: `dmesg` says)")
     return f"was killed by {name}" + (hint if -code == signal.SIGKILL else "")
 
 
