@@ -6,7 +6,7 @@
 #   bash benchmarks/gpu/serve.sh install  # machine.sh's install, and SGLang's site unpacked once it is there
 #   bash benchmarks/gpu/serve.sh start    # detached: generate, extract, train (the draft packed), then the bench stage
 #   bash benchmarks/gpu/serve.sh watch    # progress every minute until it ends or BUDGET s (540), then collect
-#   bash benchmarks/gpu/serve.sh collect  # $OUT: log.txt, bench.tgz (results.json, the bench stage's files, server
+#   bash benchmarks/gpu/serve.sh collect  # $OUT: log.txt, bench.tgz (each bench run's files and server
 #                                         # logs); with DRAFT=1 also the draft in parts of 15 MB (draft.tgz.part-*)
 # Environment: G (/tmp/serve), BUDGET, GGUF_WAIT, DRAFTLAB_GIT_COMMIT, SAMPLES (50000), GRID (the bench.sglang_grid
 # override), EXTRA (more overrides, words).
@@ -76,10 +76,9 @@ watch() {
 
 collect() {
   [ -n "${OUT:-}" ] || return 0
-  local bench
-  bench=$(ls -d "$G"/root/bench/*/ 2> /dev/null | head -n 1)
-  if [ -n "$bench" ]; then  # server logs cut to their last 200 kB: the phases and the errors are at the ends
-    (cd "$bench" && for f in *.log; do [ -f "$f" ] && tail -c 200000 "$f" > "$f.tail"; done
+  if [ -d "$G/root/bench" ]; then  # every bench run (a failed one's server log says why); logs cut to their
+    # last 200 kB: the phases and the errors are at the ends
+    (cd "$G/root/bench" && for f in */*.log; do [ -f "$f" ] && tail -c 200000 "$f" > "$f.tail"; done
      tar -czf "$OUT/bench.tgz" --exclude='*.log' --exclude=generations.jsonl . )
   fi
   find "$G/root" "$code/outputs" -name results.json -newer "$G/code" -print0 2> /dev/null \
