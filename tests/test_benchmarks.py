@@ -161,3 +161,83 @@ def test_keep_copies_the_per_prompt_table_beside_results_json(tmp_path, monkeypa
 
 def test_the_headline_keeps_its_per_prompt_table():
     assert declarations.compose("headline").keep == ["root/**/per_prompt.json"]
+
+
+RATE = "import json; print(json.dumps({{'rate': {rate}, 'code': '{code}'}}))\n"
+COMPARES = """device: cpu
+goal: "fake: 3x the reference's rate"
+metric: ratio
+goal_value: 3.0
+read: json_lines
+command: ["{python}", tool.py]
+reference: {metric: rate, commit: "{required}"}
+"""
+
+
+def git(repo: Path, *argv: str) -> str:
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *argv], cwd=repo, check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+def test_a_reference_runs_at_its_commit_and_the_ratio_is_recorded(tmp_path, monkeypatch):
+    """One command measures this checkout and the reference commit in its own worktree: each prints its own rate
+    (6 here, 2 there), so a reference run on this checkout's code would give a ratio of 1, not 3."""
+    repo = fake_repo(tmp_path / "repo", monkeypatch, COMPARES)
+    git(repo, "init", "-q")
+    (repo / "tool.py").write_text(RATE.format(rate=2, code="old"))
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "reference")
+    old = git(repo, "rev-parse", "HEAD")
+    (repo / "tool.py").write_text(RATE.format(rate=6, code="new"))
+    git(repo, "commit", "-q", "-am", "faster")
+    assert draftlab_main(["benchmark", "fake", f"reference.commit={old[:7]}", "--out", str(tmp_path / "out"),
+                          "--no-tracking"]) == 0
+    record = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert record["records"][0]["code"] == "new" and record["reference"]["records"][0]["code"] == "old"
+    assert record["numbers"]["rate"] == 6.0 and record["numbers"]["reference.rate"] == 2.0
+    assert record["value"] == record["numbers"]["ratio"] == 3.0 and record["met"] is True
+    assert record["reference"]["commit"] == old and record["commit"] == git(repo, "rev-parse", "HEAD")
+    assert record["reference"]["compare"] == "rate" and record["reference"]["value"] == 2.0
+    assert len(git(repo, "worktree", "list").splitlines()) == 1  # the reference's worktree is gone
+    assert (tmp_path / "out" / "reference" / "output.txt").exists()
+
+
+def test_every_result_records_its_commit_machine_and_date(tmp_path, monkeypatch):
+    fake_repo(tmp_path / "repo", monkeypatch, PRINTS.format(which="b"))
+    git(tmp_path / "repo", "init", "-q")
+    git(tmp_path / "repo", "add", "-A")
+    git(tmp_path / "repo", "commit", "-q", "-m", "one")
+    assert draftlab_main(["benchmark", "fake", "--out", str(tmp_path / "out"), "--no-tracking"]) == 0
+    record = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert record["commit"] == git(tmp_path / "repo", "rev-parse", "HEAD") and record["dirty"] == "false"
+    assert record["date"] == record["started"][:10] and len(record["date"]) == 10
+    assert record["machine"]["name"] and record["machine"]["name"] != "unknown"
+
+
+def test_the_machine_is_named_by_its_gpus_else_its_cpu():
+    from draftlab.benchmarks.record import machine_name
+
+    assert machine_name("AMD EPYC 9654", []) == "AMD EPYC 9654"
+    assert machine_name("x", ["NVIDIA H200, 143771 MiB, 580.1"]) == "NVIDIA H200"
+    assert machine_name("x", ["NVIDIA H100 80GB HBM3, 81559 MiB, 580.1"] * 2) == "2 x NVIDIA H100 80GB HBM3"
+
+
+def test_the_gpu_rows_against_the_reference_declare_it():
+    for name, metric in (("generate_gpu", "generate/tokens_per_s"), ("train_stage_gpu", "late")):
+        bench = declarations.compose(name, root=REPO)
+        assert bench.metric == "ratio" and bench.goal_value == 5.0, name
+        assert bench.reference["commit"] == "5c67ce0" and bench.reference["metric"] == metric, name
+        ref = declarations.reference_benchmark(bench)
+        assert ref.command and ref.read in declarations.READ_KINDS, name
+
+
+def test_stage_windows_reads_the_late_rate_without_the_windows_after_a_pass():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import stage_windows
+
+    records = [{"t": 0.0, "step": 0}, {"t": 1.0, "step": 10, "train/tokens_per_s": 100.0},
+               {"t": 2.0, "step": 20, "train/tokens_per_s": 100.0}, {"t": 7.0, "step": 20, "val/loss": 1.0},
+               {"t": 9.0, "step": 30, "train/tokens_per_s": 999.0},  # after the pass: its seconds hold the pass
+               {"t": 10.0, "step": 40, "train/tokens_per_s": 300.0}]
+    found = stage_windows.readings(records)
+    assert found["late"] == 300.0 and found["steady"] == 200.0 and found["last_window"] == 300.0

@@ -15,6 +15,14 @@ left `{required}` must be given on the command line.
 `keep`: glob patterns under the run's folder; the newest match of each is copied beside results.json (the raw
 table a result's intervals are re-derived from: the bench stage's per_prompt.json).
 
+`reference`: the same measurement of another commit of this repository, so that one command gives the ratio a
+goal like "5x the reference's" is stated in. It holds `commit`, `metric` (the reference's number), `compare` (this
+checkout's number over it; default the declaration's metric, or `metric` where that is `ratio`) and its own
+`command`, `args`, `arg_style`, `extra`, `setup`, `env`, `read`, `select`, `results_glob` (each but `args`
+defaulting to the declaration's). It runs in a temporary detached worktree of that commit, on the same machine,
+after this checkout's command; `{repo}` is that worktree there and `{head}` this checkout, whose scripts may run
+the older code. The numbers come back as `reference.NAME` beside `ratio`, which a declaration may decide on.
+
 `hardware=cpu|gpu` among the overrides picks the declaration for that machine, as `src/run.py hardware=gpu` picks
 the preset: `peers hardware=gpu` runs `peers_gpu`.
 """
@@ -55,6 +63,7 @@ class Benchmark:
     select: dict = field(default_factory=dict)
     results_glob: str = "root/runs/*/results.json"
     keep: list[str] = field(default_factory=list)
+    reference: dict | None = None
 
     def met(self, value: float | None) -> bool | None:
         """Whether `value` meets `goal_value` (None when either is unknown)."""
@@ -96,10 +105,37 @@ def compose(name: str, overrides: list[str] | None = None, root: Path | None = N
     if unknown:
         raise ValueError(f"benchmark {name}: unknown keys {unknown}")
     bench = Benchmark(name=name, **data)
+    if bench.reference is not None:
+        _check_reference(bench)
     if hardware is not None and bench.device != hardware:
         raise ValueError(f"hardware={hardware}: benchmark {name} runs on {bench.device}, and no declaration of it "
                          f"runs on {hardware}")
     return bench
+
+
+REFERENCE_KEYS = {"commit", "metric", "compare", "command", "args", "arg_style", "extra", "setup", "env", "read",
+                  "select", "results_glob"}
+
+
+def _check_reference(bench: Benchmark) -> None:
+    ref = bench.reference
+    unknown = sorted(set(ref) - REFERENCE_KEYS)
+    if unknown:
+        raise ValueError(f"benchmark {bench.name}: unknown reference keys {unknown}")
+    for key in ("commit", "metric"):
+        if not ref.get(key):
+            raise ValueError(f"benchmark {bench.name}: reference needs {key}")
+    if ref.get("read", bench.read) not in READ_KINDS:
+        raise ValueError(f"benchmark {bench.name}: reference read must be one of {READ_KINDS}")
+
+
+def reference_benchmark(bench: Benchmark) -> Benchmark:
+    """The reference block as a Benchmark of its own, so that the reference runs and is read as `bench` is."""
+    ref = bench.reference or {}
+    inherited = {key: ref.get(key, getattr(bench, key))
+                 for key in ("command", "arg_style", "extra", "setup", "env", "read", "select", "results_glob")}
+    return Benchmark(name=f"{bench.name}.reference", device=bench.device, goal=bench.goal, metric=ref["metric"],
+                     args=dict(ref.get("args") or {}), **inherited)
 
 
 def _for_hardware(name: str, overrides: list[str], known: list[str]) -> tuple[str, list[str], str | None]:
@@ -148,9 +184,10 @@ def render_args(bench: Benchmark) -> list[str]:
     return argv
 
 
-def fill(text: str, out: Path, root: Path | None = None) -> str:
+def fill(text: str, out: Path, root: Path | None = None, head: Path | None = None) -> str:
     """The placeholders of one string filled in (see the module's docstring)."""
     text = text.replace("{python}", sys.executable).replace("{repo}", str(root or repo_root()))
+    text = text.replace("{head}", str(head or root or repo_root()))
     text = text.replace("{out}", str(out))
 
     def first(match: re.Match) -> str:
@@ -162,12 +199,13 @@ def fill(text: str, out: Path, root: Path | None = None) -> str:
     return GLOB.sub(first, text)
 
 
-def commands(bench: Benchmark, out: Path, root: Path | None = None) -> tuple[list[list[str]], list[str]]:
+def commands(bench: Benchmark, out: Path, root: Path | None = None,
+             head: Path | None = None) -> tuple[list[list[str]], list[str]]:
     """(setup commands, the measured command) with their placeholders filled in. The measured one is filled
     after the setup has run (see `main_command`), since `{glob:...}` may name what the setup made."""
-    setup = [[fill(str(part), out, root) for part in cmd] for cmd in bench.setup]
+    setup = [[fill(str(part), out, root, head) for part in cmd] for cmd in bench.setup]
     return setup, [*bench.command, *render_args(bench), *bench.extra]
 
 
-def main_command(raw: list[str], out: Path, root: Path | None = None) -> list[str]:
-    return [fill(str(part), out, root) for part in raw]
+def main_command(raw: list[str], out: Path, root: Path | None = None, head: Path | None = None) -> list[str]:
+    return [fill(str(part), out, root, head) for part in raw]

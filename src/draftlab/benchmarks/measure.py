@@ -13,11 +13,12 @@ import os
 import subprocess
 import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from draftlab.benchmarks.declarations import Benchmark, commands, fill, main_command
+from draftlab.benchmarks.declarations import Benchmark, commands, fill, main_command, reference_benchmark
 from draftlab.tracking.run_context import repo_root
 
 
@@ -34,12 +35,16 @@ class Measured:
     numbers: dict[str, float] = field(default_factory=dict)
     value: float | None = None
     kept: list[str] = field(default_factory=list)
+    reference: dict | None = None
 
 
-def _env(bench: Benchmark, root: Path, out: Path) -> dict[str, str]:
+def _env(bench: Benchmark, root: Path, out: Path, head: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root / "src"), env.get("PYTHONPATH")) if p)
-    env.update({key: fill(str(value), out, root) for key, value in bench.env.items()})
+    # root's src/ replaces, not precedes, the caller's own src/ on PYTHONPATH: a reference worktree must not
+    # import this checkout's modules where its own lack one
+    inherited = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != Path(head).resolve() / "src"]
+    env["PYTHONPATH"] = os.pathsep.join([str(root / "src"), *inherited])
+    env.update({key: fill(str(value), out, root, head) for key, value in bench.env.items()})
     return env
 
 
@@ -109,18 +114,17 @@ def keep_files(bench: Benchmark, out: Path) -> list[str]:
     return kept
 
 
-def measure(bench: Benchmark, out: Path, root: Path | None = None) -> Measured:
+def _run_and_read(bench: Benchmark, out: Path, root: Path, head: Path) -> Measured:
     """Runs the setup, then the measured command (timed), and reads its numbers. Raises BenchmarkFailed."""
-    root = root or repo_root()
     out.mkdir(parents=True, exist_ok=True)
-    env = _env(bench, root, out)
-    setup, raw = commands(bench, out, root)
+    env = _env(bench, root, out, head)
+    setup, raw = commands(bench, out, root, head)
     with open(out / "output.txt", "w") as log:
         for argv in setup:
             code, _ = run_command(argv, root, env, log)
             if code:
                 raise BenchmarkFailed(f"setup command exited {code}: {' '.join(argv)} (output: {out / 'output.txt'})")
-        argv = main_command(raw, out, root)
+        argv = main_command(raw, out, root, head)
         start = time.perf_counter()
         code, text = run_command(argv, root, env, log)
         wall = time.perf_counter() - start
@@ -135,8 +139,56 @@ def measure(bench: Benchmark, out: Path, root: Path | None = None) -> Measured:
         record = newest_results(bench, out)
         result.records = [record] if record else []
         result.numbers = flat_numbers(record.get("metrics", {})) if record else {}
-    result.kept = keep_files(bench, out)
     result.numbers["command_wall_s"] = result.wall_s
+    return result
+
+
+def _git(argv: list[str], cwd: Path) -> str:
+    done = subprocess.run(["git", *argv], cwd=cwd, capture_output=True, text=True)
+    if done.returncode:
+        raise BenchmarkFailed(f"git {' '.join(argv)} exited {done.returncode}: {done.stderr.strip()}")
+    return done.stdout.strip()
+
+
+def measure_reference(bench: Benchmark, out: Path, root: Path) -> dict:
+    """Runs `bench`'s reference in a detached worktree of its commit (removed afterwards); returns what
+    results.json records of it: the full commit, command, seconds, numbers and the deciding reference number."""
+    ref = reference_benchmark(bench)
+    commit = _git(["rev-parse", "--verify", f"{bench.reference['commit']}^{{commit}}"], root)
+    parent = Path(tempfile.mkdtemp(prefix="draftlab-reference-"))
+    tree = parent / commit[:12]
+    _git(["worktree", "add", "--detach", str(tree), commit], root)
+    try:
+        measured = _run_and_read(ref, out / "reference", tree, root)
+    finally:
+        _git(["worktree", "remove", "--force", str(tree)], root)
+        shutil.rmtree(parent, ignore_errors=True)
+    value = measured.numbers.get(ref.metric)
+    if value is None:
+        raise BenchmarkFailed(f"benchmark {bench.name}: the reference ({commit[:12]}) gave no {ref.metric!r} "
+                              f"(output: {out / 'reference' / 'output.txt'})")
+    return {"commit": commit, "metric": ref.metric, "value": value, "command": measured.command,
+            "setup": measured.setup, "wall_s": measured.wall_s, "numbers": measured.numbers,
+            "records": measured.records}
+
+
+def measure(bench: Benchmark, out: Path, root: Path | None = None) -> Measured:
+    """Runs the setup, then the measured command (timed), and reads its numbers; then the reference, if declared,
+    and the ratio of the two. Raises BenchmarkFailed."""
+    root = root or repo_root()
+    result = _run_and_read(bench, out, root, root)
+    result.kept = keep_files(bench, out)
+    if bench.reference is not None:
+        compare = bench.reference.get("compare") or (
+            bench.reference["metric"] if bench.metric == "ratio" else bench.metric)
+        ours = result.numbers.get(compare)
+        if ours is None:
+            raise BenchmarkFailed(f"benchmark {bench.name}: the command gave no {compare!r} to compare "
+                                  f"(output: {out / 'output.txt'})")
+        result.reference = measure_reference(bench, out, root)
+        result.reference["compare"] = compare
+        result.numbers.update({f"reference.{k}": v for k, v in result.reference["numbers"].items()})
+        result.numbers["ratio"] = ours / result.reference["value"] if result.reference["value"] else math.inf
     result.value = result.numbers.get(bench.metric)
     if result.value is None:
         raise BenchmarkFailed(f"benchmark {bench.name}: the command gave no {bench.metric!r} "

@@ -50,9 +50,18 @@ def _version(name: str) -> str:
         return "absent"
 
 
+def machine_name(cpu: str, gpus: list[str]) -> str:
+    """The machine as BENCHMARKS.md's table names it: the GPUs' model (with their count), else the CPU's."""
+    if not gpus:
+        return cpu
+    models = sorted({gpu.split(",")[0].strip() for gpu in gpus})
+    return " + ".join(models) if len(gpus) == 1 or len(models) > 1 else f"{len(gpus)} x {models[0]}"
+
+
 def machine() -> dict:
-    return {"host": platform.node(), "os": platform.platform(), "cpu": _cpu_model(), "cpu_count": os.cpu_count(),
-            "gpus": _gpus(), "python": platform.python_version(), "torch": _version("torch"),
+    cpu, gpus = _cpu_model(), _gpus()
+    return {"name": machine_name(cpu, gpus), "host": platform.node(), "os": platform.platform(), "cpu": cpu,
+            "cpu_count": os.cpu_count(), "gpus": gpus, "python": platform.python_version(), "torch": _version("torch"),
             "transformers": _version("transformers")}
 
 
@@ -66,6 +75,7 @@ def results(bench: Benchmark, measured: Measured, root: Path, started: datetime)
         "commit": state["git.commit"], "dirty": state["git.dirty"], "machine": machine(),
         "command": measured.command, "setup": measured.setup, "wall_s": measured.wall_s,
         "numbers": measured.numbers, "records": measured.records, "kept": measured.kept,
+        "reference": measured.reference,
     }
 
 
@@ -90,6 +100,8 @@ def log_mlflow(record: dict, uri: str | None = None) -> str:
               **{f"machine.{k}": v for k, v in record["machine"].items()}}
     tags = {"git.commit": record["commit"], "git.dirty": record["dirty"], "benchmark": record["benchmark"],
             "benchmark.met": str(record["met"]).lower()}
+    if record.get("reference"):
+        tags["reference.commit"] = record["reference"]["commit"]
     metrics = {_metric_name(k): v for k, v in record["numbers"].items()}
     return tracking.import_job(client, EXPERIMENT, record["benchmark"], params, metrics, tags)
 
@@ -108,6 +120,11 @@ def print_table(record: dict, path: Path) -> None:
         table.add_row(key, f"{record['numbers'][key]:.6g}")
     if len(others) > MAX_TABLE_ROWS:
         table.add_row(f"... {len(others) - MAX_TABLE_ROWS} more", "in results.json")
-    table.caption = (f"goal: {record['goal']}\n{record['machine']['host']}, commit {record['commit'][:12]}, "
-                     f"{record['date']}\n{path}")
+    compared = ""
+    if record.get("reference"):
+        ref = record["reference"]
+        compared = (f"\n{ref['compare']} over the reference's {ref['metric']} "
+                    f"(commit {ref['commit'][:12]}, same machine): {record['numbers']['ratio']:.3g}x")
+    table.caption = (f"goal: {record['goal']}{compared}\n{record['machine']['name']} "
+                     f"({record['machine']['host']}), commit {record['commit'][:12]}, {record['date']}\n{path}")
     Console(width=120).print(table)
