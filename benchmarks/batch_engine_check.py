@@ -1,6 +1,6 @@
 """The batched engine on a CUDA target, beside the graphed single-request engine in one process (as the bench
 stage runs them): per batch size 1, 2, 3 and 6, how many rows give the plain decode's greedy output and the
-single-request engine's accept counts, in fp32 (all of them, as tests/test_engine_batch.py checks on the CPU) and
+single-request engine's accept counts, in fp32 (all of them, as tests/unit/test_engine_batch.py checks on the CPU) and
 bf16 (a near-tie may flip a token); the graph report; bench/bs4 metrics; the teacher-forced walk against the
 engine's verify steps; a sampling run. Prints; asserts nothing.
 
@@ -31,7 +31,7 @@ K, NEW = 4, 40
 
 
 def agreeing_draft(t, device, dtype):
-    """tests/test_bench_stage.py's draft (the target's last-layer logits, a little attention and MLP noise)."""
+    """tests/unit/test_bench_stage.py's draft (the target's last-layer logits, a little attention and MLP noise)."""
     m, H = t.model, t.hidden_size
     cfg = DraftModelConfig(hidden_size=H, intermediate_size=2 * H, num_attention_heads=4, num_key_value_heads=2,
                            head_dim=H // 4, target_hidden_size=H, aux_layer_ids=[1, 3, t.num_layers - 1],

@@ -1,5 +1,5 @@
 """Rewrites each dvc.yaml stage's `src/` deps from code_version.stage_files, the one list of a stage's code:
-`python scripts/dvc_code_deps.py` (tests/test_code_version.py fails when dvc.yaml and the list differ)."""
+`python scripts/dvc_code_deps.py` (tests/integration/test_code_version.py fails when dvc.yaml and the list differ)."""
 
 import re
 import sys

@@ -1,5 +1,5 @@
-"""The doomed job of tests/test_crash_resume.py: one stage of the tiny pipeline in a process of its own, which
-SIGKILLs itself at a chosen file replacement.
+"""The doomed job of tests/integration/test_crash_resume.py: one stage of the tiny pipeline in a process of its own,
+which SIGKILLs itself at a chosen file replacement.
 
     python tests/crash_child.py ROOT STAGE KILL_AT AFTER
 

@@ -6,7 +6,7 @@ Hydra's defaults list on purpose: DVC composes `conf/` without importing draftla
 
 Values live in one place, `conf/`: the schema holds types, docs and checks, and its fields are MISSING, so a
 key that conf/ forgets fails validation instead of silently taking a second, drifting default.
-(`TrainConfig` still carries values until the training-budget work lands; tests/test_config.py pins every
+(`TrainConfig` still carries values until the training-budget work lands; tests/integration/test_config.py pins every
 value the schema holds to the composed conf/.) `default_config()` is a compose of conf/.
 """
 

@@ -17,7 +17,7 @@ and attends over it, so no layer reads its index. That is what lets `compile` bu
 for all of them (torch.compile's regional compilation: one layer's trace instead of the whole model's, which cost
 24 s cold on the H200); the embedding, the final norm and the head stay eager.
 
-Nothing in `step` reads a value back to the host (tests/test_fastgen.py checks the ops it dispatches), so it can be
+Nothing in `step` reads a value back to the host (tests/unit/test_fastgen.py checks the ops it dispatches), so it can be
 captured; on the CPU, or when capture fails, the same `step` runs eagerly, with a log line saying so.
 """
 

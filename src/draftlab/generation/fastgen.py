@@ -5,7 +5,7 @@ graphs on a GPU) and `data.generator=continuous` (transformers' continuous batch
 static: `generate(cache_implementation="static")` allocates the KV cache once and, on CUDA, transformers compiles
 the decode step (torch.compile, CUDA graphs). Every batch is left-padded to `data.max_prompt_tokens`, so every
 batch has the same shapes and the step compiles once, not once per prompt width. Left padding under the attention
-mask changes no answer in exact arithmetic; in fp32 the answers equal the plain path's (tests/test_fastgen.py).
+mask changes no answer in exact arithmetic; in fp32 the answers equal the plain path's (tests/unit/test_fastgen.py).
 
 continuous:
 `generate_batch` of transformers keeps a paged KV cache allocated once (a static cache: no per-step growth), can
@@ -14,7 +14,7 @@ the next waiting prompt, so the batch stays full instead of idling until its lon
 `data.batch_size` answers are in flight at once.
 
 Same answers as the plain path (generation/plain.py `generate_batch`): greedy decoding of each prompt alone does not
-depend on its batch neighbours in exact arithmetic, so in fp32 the answers are equal token for token (tests/
+depend on its batch neighbours in exact arithmetic, so in fp32 the answers are equal token for token (tests/unit/
 test_fastgen.py on the CPU). In bf16 they are not bit-equal: a row's matmuls and attention are reduced in another
 order (other batch shapes, paged attention instead of left-padded SDPA), and where two logits are closer than bf16's
 resolution the argmax can flip; from there the two answers diverge. Both are exact greedy answers of the bf16

@@ -11,7 +11,7 @@ ending at an end-of-turn token idles at most `check_every - 1` steps.
 
 Same answers as the plain path (generation/plain.py `generate_batch`): greedy decoding of a prompt does not depend
 on its neighbours, its padding or where its keys sit in the cache in exact arithmetic; in fp32 the answers are
-equal token for token (tests/test_fastgen.py). In bf16 they are not bit-equal (other reduction orders:
+equal token for token (tests/unit/test_fastgen.py). In bf16 they are not bit-equal (other reduction orders:
 BENCHMARKS.md "Generation throughput"), which is why `data.generator` is part of the generate stage's key.
 Greedy only: sampling stays on the plain path, whose per-batch seeding makes a resumed pool equal an
 uninterrupted one.

@@ -61,19 +61,19 @@ STAGES: dict[str, StageSpec] = {
                        when_set=_FIXED_VAL),
 }
 # Settings that change how fast, where, or how files are cut, not what they hold: they never split a cache, and
-# a sweep's analysis never compares runs on them (`fingerprinted`). tests/test_stage_reads.py checks that every key
-# a stage reads is in its reads or here.
+# a sweep's analysis never compares runs on them (`fingerprinted`). tests/integration/test_stage_reads.py checks that
+# every key a stage reads is in its reads or here.
 NOT_FINGERPRINTED = {"train.log_every", "train.device", "train.strategy", "serve.host", "serve.port", "serve.python",
                      "serve.env",
-                     # the same loss and gradients, compiled or not (tests/test_compiled_loss.py,
-                     # tests/test_compiled_unroll.py): speed settings
+                     # the same loss and gradients, compiled or not (tests/unit/test_compiled_loss.py,
+                     # tests/unit/test_compiled_unroll.py): speed settings
                      "train.compile_loss", "train.compile_unroll", "train.compile_cpp_wrapper",
                      "train.compile_cuda_graphs", "train.graph_count_bucket", "train.compile_warmup",
                      "target.device", "target.device_map",
                      "data.shard_size", "extract.batch_size", "extract.shard_size", "extract.writers",
                      # where the pool lives (memory or disk), not what it holds
                      "extract.pool_root",
-                     # a resumed run ends bit-identical wherever it was checkpointed (tests/test_train_loop.py)
+                     # a resumed run ends bit-identical wherever it was checkpointed (tests/unit/test_train_loop.py)
                      "train.checkpoint_every",
                      # how long to wait for a server to start, not what it serves
                      "serve.startup_timeout_s",

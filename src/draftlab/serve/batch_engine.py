@@ -4,7 +4,7 @@ One cycle: the drafter proposes k tokens for every row, ONE target forward verif
 [last committed token, d_1..d_k] at that row's own positions, and each row accepts its own longest agreeing
 prefix m_b plus the bonus. Rows keep their own KV lengths (serve/batch_runners.py), so they drift apart freely; a
 row that hits EOS or its length limit is frozen and the batch goes on until every row is done. Greedy output is,
-row by row, the target's own greedy decode (tests/test_engine_batch.py checks fp32 at several batch sizes).
+row by row, the target's own greedy decode (tests/unit/test_engine_batch.py checks fp32 at several batch sizes).
 
 `batch_target_decode` is the baseline on the same runner: every row one token per forward.
 The batched steps run eagerly (no CUDA graphs yet): batch size 1 is measured by engine.SpecEngine, which has them.

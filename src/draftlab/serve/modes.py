@@ -1,7 +1,7 @@
 """How the local engine runs: dynamic KV cache, static KV cache, or static KV cache + CUDA graphs.
 
 `bench.static_cache` (true/false) and `bench.cuda_graphs` (auto/true/false; auto = on for a CUDA target) pick
-the mode; every mode gives the same greedy output in exact arithmetic (tests/test_engine_static.py checks fp32).
+the mode; every mode gives the same greedy output in exact arithmetic (tests/unit/test_engine_static.py checks fp32).
 This module turns the mode into the drafter and the target runners that serve/engine.py drives.
 """
 

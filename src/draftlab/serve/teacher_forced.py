@@ -13,7 +13,7 @@ length at every position. From those chains:
   token), on the bench's prompts and answer positions (so past the training answers' length too);
 - `walk_tau`: deployment's count, walking the chains as the engine does (first chain at the prompt's last
   position, then one past each bonus), truncated at the answer's end as the engine truncates.
-In exact arithmetic walk_tau is the engine's own tau on that prompt (tests/test_teacher_forced.py checks fp32), so
+In exact arithmetic walk_tau is the engine's own tau on that prompt (tests/unit/test_teacher_forced.py checks fp32), so
 predicted - tf_tau is prompts and positions, tf_tau - walk_tau the definition, walk_tau - bench tau numerics.
 """
 

@@ -1,8 +1,8 @@
 """check-draft's checks of every draft config key SGLang reads (draft_config_contract.json, generated from its
 source by draft_keys_reader.py) that the shape, vocabulary and layer-id checks in check.py do not cover.
 
-CHECKED names, for each key SGLang reads, the check that judges its value; tests/test_draft_keys.py fails when
-SGLang reads a key that is not in it, and when a bad value of a listed key passes. A key SGLang acts on and
+CHECKED names, for each key SGLang reads, the check that judges its value; tests/integration/test_draft_keys.py fails
+when SGLang reads a key that is not in it, and when a bad value of a listed key passes. A key SGLang acts on and
 nothing checks is how a draft loads cleanly and serves at accept ~1 (`eagle_config.use_aux_hidden_state: false`
 makes SGLang feed it the last hidden state and skip `fc`).
 """

@@ -279,7 +279,7 @@ def end_parent_run(cfg, run_id: str, failed: bool = False) -> None:
 
 # ---------------------------------------------------------------------------------------------------------------
 # Client-level helpers for the other drivers (DVC stages, import-runs, sweeps, the analysis), so that this module
-# is the only one that imports mlflow (tests/test_tracking_boundary.py checks it).
+# is the only one that imports mlflow (tests/integration/test_tracking_boundary.py checks it).
 # ---------------------------------------------------------------------------------------------------------------
 
 def open_client(uri: str | None = None):

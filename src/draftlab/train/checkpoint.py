@@ -6,8 +6,8 @@ state, the optimizer's param groups, Python's RNG state). It is written into `.<
 `latest.json` moves only after the rename, so a kill at any point leaves the previous checkpoint usable. A second
 write at the same position (the loop saves again after its last window and validation) takes a new folder,
 `<name>-001`, rather than replacing the one `latest.json` may name: a kill between removing that one and the rename
-left `latest.json` naming nothing (found by tests/test_crash_resume.py, pinned by tests/test_checkpoint.py).
-Nothing is ever unpickled. What the state means is the loop's business (train/loop.py).
+left `latest.json` naming nothing (found by tests/integration/test_crash_resume.py, pinned by
+tests/unit/test_checkpoint.py). Nothing is ever unpickled. What the state means is the loop's business (train/loop.py).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ cost a whole trace on every compile.
 The compiled step is host-bound on the H200: the GPU was busy 47% of it, and the forward and the backward each took
 about 23 ms of host time to launch ~620 kernels a step (benchmarks/trainer_speed.py --profile). Part of that is
 Inductor's Python wrapper working out sizes and grids: `train.compile_cpp_wrapper` has Inductor write the wrapper in
-C++ instead, the same kernels and results (tests/test_compiled_unroll.py). On the H200, in one run: 22.35 steps/s
+C++ instead, the same kernels and results (tests/unit/test_compiled_unroll.py). On the H200, in one run: 22.35 steps/s
 against 18.55 (1.20x, about 9 ms of a 54 ms step), but a cold compile of 186 s against 93. The warm-up builds the
 graphs beside generate and extract, and in the headline it finished 18 s before train began with the Python wrapper;
 twice its time would put about two minutes on the critical path, where the faster steps save about 55 s in 6,000. So
@@ -34,8 +34,8 @@ it is off by default; a longer run, or one with a warm compile cache, gains.
 `train.compile_cuda_graphs` removes the launches instead: Inductor's CUDA graph trees record the compiled forward
 and backward once and replay them, one launch a graph. A recording holds for one set of sizes (the dynamic graph's
 integer inputs), so the trainer pads its batches to a few buckets (train/device_batch.py, `padding_for`; the filler
-changes no result: tests/test_packed_unroll.py): at the headline's lengths an epoch has 34 sets of sizes against 727
-unpadded, for 1.20x the pairs computed (benchmarks/unroll_sizes.py). Each call starts a new generation of the tree
+changes no result: tests/unit/test_packed_unroll.py): at the headline's lengths an epoch has 34 sets of sizes against
+727 unpadded, for 1.20x the pairs computed (benchmarks/unroll_sizes.py). Each call starts a new generation of the tree
 (`cudagraph_mark_step_begin`) and copies its outputs out of the graphs' memory pool: the trainer keeps the stats past
 the next replay. The C++ wrapper is then left out (a replay runs no wrapper; Inductor turns CUDA graphs off with it).
 At Llama-3.1-8B's width the padded pairs and the recordings cost more than the launches save, so `auto` records
@@ -49,7 +49,7 @@ the same batches every time, and one odd batch must not cost a compile. Each com
 recompile in the middle of a run is seen, not guessed from a slow step.
 
 A machine where torch.compile cannot build the graph (no Triton, no C++ compiler) trains with the eager core,
-which computes the same loss, gradients and stats (tests/test_compiled_unroll.py), and says so once. The backward
+which computes the same loss, gradients and stats (tests/unit/test_compiled_unroll.py), and says so once. The backward
 is built with the forward (not lazily at the first backward, where a failure would escape the fallback).
 """
 

@@ -6,8 +6,8 @@ A compiled unroll (train/compiled_unroll.py) takes its batches padded to a lengt
 dynamic-shape graph holds for every length, but the compiler also checks how the length sits against 8 (whether a
 tensor of T + 1 or T + 7 positions is aligned) and would build another graph for each remainder (seen on an H200).
 Padding adds positions after every sequence's end: masked out, never attended to by a real position (attention is
-causal), so the loss, gradients and stats are the unpadded batch's (tests/test_device_batch.py). An unroll replayed as
-CUDA graphs (train.compile_cuda_graphs) also pads rows and the plan's counts, to buckets (`padding_for`)."""
+causal), so the loss, gradients and stats are the unpadded batch's (tests/unit/test_device_batch.py). An unroll replayed
+as CUDA graphs (train.compile_cuda_graphs) also pads rows and the plan's counts, to buckets (`padding_for`)."""
 
 from __future__ import annotations
 

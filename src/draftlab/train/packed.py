@@ -13,7 +13,7 @@ ShareGPT batch) feed the loss only as keys of step 0's attention. So:
 Attention keeps the padded [B, heads, T, dim] layout (kept rows scattered in, zeros elsewhere) so that the
 draft's own `causal_attention`/`ttt_attention` run unchanged; it is a few percent of the step.
 
-The layer wiring below mirrors `model.draft.DecoderLayer`/`Attention` on rows; tests/test_packed_unroll.py
+The layer wiring below mirrors `model.draft.DecoderLayer`/`Attention` on rows; tests/unit/test_packed_unroll.py
 proves loss, gradients and stats equal to the padded unroll.
 """
 
@@ -83,7 +83,7 @@ class PackedPlan:
         """The same plan with every count (kept rows, teacher rows, pairs of each step) raised to one capacity, a
         multiple of `multiple` (at most the batch's positions), so that batches of similar sizes share every size:
         what a CUDA graph is recorded for (train/compiled_unroll.py). The filler changes no loss, gradient or stat
-        (tests/test_packed_unroll.py): extra kept and teacher rows are positions that nothing counts at (computed,
+        (tests/unit/test_packed_unroll.py): extra kept and teacher rows are positions that nothing counts at (computed,
         never read: attention is causal and a later step's keys are read only at their own row), and each step's
         pairs are filled up with the kept rows it does not train on, flagged not `real`."""
         B, T = self.shape
@@ -100,7 +100,7 @@ class PackedPlan:
 
     def to(self, device: torch.device) -> PackedPlan:
         parts = [self.kept, self.needed, self.step_of, self.row_of, self.real.long()]
-        flat = torch.cat(parts)  # one copy, and always the same path (tests/test_packed_unroll.py checks its fields)
+        flat = torch.cat(parts)  # one copy, always the same path (tests/unit/test_packed_unroll.py checks its fields)
         if device.type == "cuda" and flat.device.type == "cpu":
             flat = flat.pin_memory()  # a pageable source makes the copy wait for the stream
         *flat, real = flat.to(device, non_blocking=True).split([len(x) for x in parts])
@@ -231,8 +231,8 @@ def packed_unroll(model: Eagle3Draft, batch: dict[str, Tensor], lm_head: Tensor,
     graph). When more than `max_kept` of the batch's positions count, the padded unroll runs instead: the gathers
     and scatters then cost more than the positions they save (on a GPU). `plan`: the batch's
     `PackedPlan`, built from its host copy (else here, from its masks, with host syncs on a GPU); with it, the
-    unroll has no data-dependent size to read back (tests/test_packed_unroll.py runs it on the meta device). `core`:
-    what computes the packed unroll once the plan is on the device (`packed_core`, or its compiled form:
+    unroll has no data-dependent size to read back (tests/unit/test_packed_unroll.py runs it on the meta device).
+    `core`: what computes the packed unroll once the plan is on the device (`packed_core`, or its compiled form:
     train/compiled_unroll.py)."""
     ids = batch["input_ids"]
     B, T = ids.shape

@@ -28,7 +28,7 @@ log = logging.getLogger("draftlab.tests.crash")
 STAGES = ["generate", "extract", "train", "bench"]
 # Three seeds by default, three kill points a stage: seed 2 found what seed 0 missed (a checkpoint rewritten in place)
 SEEDS = [int(seed) for seed in os.environ.get("DRAFTLAB_CRASH_SEEDS", "0,1,2").split(",")]
-CHILD = Path(__file__).with_name("crash_child.py")
+CHILD = Path(__file__).resolve().parents[1] / "crash_child.py"
 # Timings differ between runs by nature, and how much work a run found already done is its history, not its
 # output (a rerun after a kill finds some); everything else must be equal.
 TIMING = ("seconds", "per_s", "wait", "speedup", "wall", "time", "new_samples", "new_steps", "cached")

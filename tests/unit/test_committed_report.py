@@ -5,7 +5,7 @@ from pathlib import Path
 
 from draftlab.tracking.analyze import main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RECORDS = "benchmarks/results/data_scaling/records.jsonl.gz"  # as the report's first line names it
 
 

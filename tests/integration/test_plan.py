@@ -17,7 +17,7 @@ from draftlab.plan.plan_estimates import draft_params, draft_shape
 from draftlab.stages.train import draft_config
 from conftest import compose_config, tiny_overrides
 
-DATA = Path(__file__).with_name("data")
+DATA = Path(__file__).resolve().parents[1] / "data"
 KIMI, LLAMA, QWEN = DATA / "kimi-k2.5", DATA / "llama-3.1-8b", DATA / "qwen3-30b-a3b"
 SGLANG_FLAGS = ("--speculative-algorithm EAGLE3", "--speculative-eagle-topk 1", "--speculative-num-steps 4",
                 "--speculative-num-draft-tokens 5")
@@ -197,7 +197,7 @@ def test_memory_estimate_within_10_percent_of_h100_readings():
     from draftlab.plan.plan_estimates import train_memory
     from draftlab.target.target_shape import text_config
 
-    readings = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "h100_plan_memory.jsonl"
+    readings = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "h100_plan_memory.jsonl"
     rows = [json.loads(line) for line in readings.read_text().splitlines()]
     assert len(rows) == 9
     for r in rows:

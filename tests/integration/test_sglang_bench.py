@@ -16,7 +16,7 @@ from draftlab.tracking.summary import bench_rows
 from draftlab.sglang.monitor import free_port
 from sglang_fixtures import write_draft, write_target
 
-STANDIN = [sys.executable, str(Path(__file__).with_name("standin_sglang_server.py"))]
+STANDIN = [sys.executable, str(Path(__file__).resolve().parents[1] / "standin_sglang_server.py")]
 
 
 def config(bench=None, **serve):

@@ -13,7 +13,7 @@ from draftlab.util.reporting import RecordingReporter
 from draftlab.sglang.monitor import (PhaseTracker, PortInUseError, ServerStartError, SGLangServer, exit_reason,
                                      free_port, group_alive)
 
-STANDIN = str(Path(__file__).with_name("standin_sglang_server.py"))
+STANDIN = str(Path(__file__).resolve().parents[1] / "standin_sglang_server.py")
 
 
 def argv(port, *extra, spec=True):

@@ -6,7 +6,7 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "src" / "draftlab"
+PACKAGE = Path(__file__).resolve().parents[2] / "src" / "draftlab"
 ROOT = "(root)"  # the entry points beside the folders: src/draftlab/*.py
 MAX_ROOT_FILES = 5
 # Bottom to top; each entry is a folder of src/draftlab/, or ROOT.

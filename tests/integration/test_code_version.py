@@ -1,5 +1,5 @@
 """Stage keys know the code: editing a stage's modules reruns that stage and the stages after it, not the
-ones before it, under src/run.py's pipeline (here) and under `dvc repro` (tests/test_dvc.py)."""
+ones before it, under src/run.py's pipeline (here) and under `dvc repro` (tests/integration/test_dvc.py)."""
 
 import shutil
 

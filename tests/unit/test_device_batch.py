@@ -84,7 +84,8 @@ def test_padding_to_a_multiple_of_8_changes_nothing_but_the_shape():
 
 def test_cuda_graphs_pad_batches_to_buckets_and_only_on_cuda(caplog):
     """train.compile_cuda_graphs: a graph is recorded per distinct set of sizes, so batches are padded to buckets
-    (the padding's equivalence: tests/test_packed_unroll.py); the eager and the plain compiled unroll pad as before."""
+    (the padding's equivalence: tests/unit/test_packed_unroll.py); the eager and the plain compiled unroll pad as
+    before."""
     from draftlab.train.compiled_unroll import CompiledUnroll, unroll_core_for
     from draftlab.train.device_batch import padding_for
 

@@ -14,7 +14,7 @@ import torch
 from conftest import benchmark_script
 from draftlab.data.samples import Sample, read_manifest, read_samples, write_samples
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "gpu" / "data_scaling.sh"
 
 

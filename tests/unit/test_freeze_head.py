@@ -1,6 +1,6 @@
 """train.freeze_lm_head: the draft head stays at the target head's draft-vocab rows through training, the best
 weights and export (speculators trains so); the plan counts it as not trained; a draft whose width differs from
-the target's, which has no such rows, is refused naming the key (FSDP: tests/test_distributed.py)."""
+the target's, which has no such rows, is refused naming the key (FSDP: tests/integration/test_distributed.py)."""
 
 from __future__ import annotations
 

@@ -196,7 +196,7 @@ def test_a_pool_made_with_other_layers_starts_over(pool):
 def test_stored_target_top_gives_the_plain_soft_targets(pool, dtype):
     """extract stores the full-vocab argmax (int32, 4 bytes a token) of the stored last_hidden where training reads
     it (s where loss_mask[s+1]) and 0 elsewhere; training's fast path (draft rows of lm_head only) then forms
-    exactly the targets of the full-vocab path there, batch by batch (tests/test_ttt.py: the unroll reads nothing
+    exactly the targets of the full-vocab path there, batch by batch (tests/unit/test_ttt.py: the unroll reads nothing
     else)."""
     from draftlab.train.ttt import target_distribution
 

@@ -227,7 +227,7 @@ def test_hardware_presets_compose():
     assert gpu.train.schedule == "wsd" and gpu.train.early_stop_patience and gpu.train.max_steps
     smoke = validate(compose_config(["hardware=gpu", "experiment=smoke"]))  # a named experiment still wins
     assert smoke.target.name == "tiny"
-    assert Path(__file__).parents[1].joinpath("conf", "hardware", "gpu.yaml").exists()
+    assert Path(__file__).parents[2].joinpath("conf", "hardware", "gpu.yaml").exists()
 
 
 def _capture_cpu_slots_as_if_on_a_gpu(monkeypatch) -> None:
