@@ -9,7 +9,7 @@ per measurement (and, with --out, all of them as one JSON list, rewritten after 
 Modes (serve/modes.py): `dynamic` (today's engine: the KV caches grow by concatenation), `static` (preallocated
 KV caches, fixed-shape steps, eager), `graphs` (static + the fixed-shape steps as CUDA graphs; CUDA only). The
 target is loaded once; each mode loads the draft afresh. Within a mode, speculative and plain greedy decoding
-alternate prompt by prompt with the same cache kind (stages/bench.py `measure`), so `speedup` compares like with
+alternate prompt by prompt with the same cache kind (serve/measure.py `measure`), so `speedup` compares like with
 like; `speedup_vs_dynamic_plain` divides by the plain decoder of the dynamic mode (today's baseline) when it ran
 in the same run. `step_ms` = plain seconds per token, `cycle_ms` = speculative seconds per verify step (both
 include their share of the prefill), so speed-up ~ tau x step_ms / cycle_ms: the line to read other taus from.
@@ -36,7 +36,8 @@ from draftlab.util import fsutil  # noqa: E402
 from draftlab.config.config import default_config  # noqa: E402
 from draftlab.serve import step_costs  # noqa: E402
 from draftlab.serve.modes import NAMED, load_drafter  # noqa: E402
-from draftlab.stages.bench import held_out_prompts, measure, summarize  # noqa: E402
+from draftlab.serve.measure import measure, summarize  # noqa: E402
+from draftlab.stages.bench import held_out_prompts  # noqa: E402
 from draftlab.target.target import load_target  # noqa: E402
 
 

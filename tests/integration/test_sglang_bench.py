@@ -26,11 +26,17 @@ def config(bench=None, **serve):
                            "bench": {"max_new_tokens": 20, "prompts": 3, "batch_sizes": [1, 2], **(bench or {})}})
 
 
+def settings(cfg) -> tuple:
+    """(serve.*, bench.*): what the SGLang bench reads of a config."""
+    return cfg.serve, cfg.bench
+
+
 def test_bench_reports_tau_throughput_and_speedup(tmp_path):
     target, draft = write_target(tmp_path / "t"), write_draft(tmp_path / "d")
     reporter = RecordingReporter()
     sets = {"sharegpt_val": [[1, 2, 3], [4, 5], "a text prompt"], "humaneval": [[7, 8], [9]]}
-    metrics, rows = run_sglang_bench(config(), target, draft, sets, tmp_path / "out", reporter, server_cmd=STANDIN)
+    metrics, rows = run_sglang_bench(*settings(config()), target, draft, sets, tmp_path / "out", reporter,
+                                     server_cmd=STANDIN)
     first = "bench/sglang/sharegpt_val"
     assert metrics[f"{first}/tau"] == pytest.approx(60 / 24)  # 20 tokens in ceil(20 / 2.5) = 8 verify steps, x3
     assert metrics[f"{first}/speedup"] > 1.5
@@ -70,9 +76,10 @@ def test_grid_measures_each_setting_and_fits_the_step_costs(tmp_path):
                  extra_args=["--standin-phase-s", "0.01", "--standin-accept-length", "2.5", "--standin-step-ms", "4",
                              "--standin-draft-ms", "1"])
     prompts = [[1, 2], [3]]
-    _, rows = run_sglang_bench(cfg, target, draft, {"s": prompts}, tmp_path / "out", RecordingReporter(),
+    _, rows = run_sglang_bench(*settings(cfg), target, draft, {"s": prompts}, tmp_path / "out", RecordingReporter(),
                                server_cmd=STANDIN)
-    metrics = run_grid(cfg, target, draft, prompts, rows, tmp_path / "out", RecordingReporter(), server_cmd=STANDIN)
+    metrics = run_grid(*settings(cfg), target, draft, prompts, rows, tmp_path / "out", RecordingReporter(),
+                       server_cmd=STANDIN)
     grid = "bench/sglang/grid"
     for label in ("s2_k1_n3", "s3_k1_n4", "s3_k2_n4"):
         assert metrics[f"{grid}/{label}/tau"] == pytest.approx(2.5)
@@ -105,7 +112,7 @@ def test_failing_draft_is_never_launched(tmp_path):
     target = write_target(tmp_path / "t")
     draft = write_draft(tmp_path / "d", drop=("lm_head.weight",))
     with pytest.raises(DraftCheckError, match="lm_head.weight"):
-        run_sglang_bench(config(), target, draft, {"s": [[1, 2]]}, tmp_path / "out", RecordingReporter(),
+        run_sglang_bench(*settings(config()), target, draft, {"s": [[1, 2]]}, tmp_path / "out", RecordingReporter(),
                          server_cmd=STANDIN)
     assert not (tmp_path / "out" / "speculative.log").exists()
     assert "lm_head.weight" in (tmp_path / "out" / "check-draft.txt").read_text()
@@ -114,15 +121,15 @@ def test_failing_draft_is_never_launched(tmp_path):
 def test_legacy_rules_refuse_layers0_names(tmp_path):
     target, draft = write_target(tmp_path / "t"), write_draft(tmp_path / "d")
     with pytest.raises(DraftCheckError, match="layers.0.self_attn.q_proj.weight"):
-        run_sglang_bench(config(sglang_rules="legacy"), target, draft, {"s": [[1]]}, tmp_path / "out",
+        run_sglang_bench(*settings(config(sglang_rules="legacy")), target, draft, {"s": [[1]]}, tmp_path / "out",
                          RecordingReporter(), server_cmd=STANDIN)
 
 
 def test_speculators_draft_is_converted_then_benchmarked(tmp_path):
     target = write_target(tmp_path / "t")
     spec = convert(write_draft(tmp_path / "d"), tmp_path / "spec", "speculators")
-    metrics, _ = run_sglang_bench(config(), target, spec, {"s": [[1, 2]]}, tmp_path / "out", RecordingReporter(),
-                                  server_cmd=STANDIN)
+    metrics, _ = run_sglang_bench(*settings(config()), target, spec, {"s": [[1, 2]]}, tmp_path / "out",
+                                  RecordingReporter(), server_cmd=STANDIN)
     assert metrics["bench/sglang/s/tau"] > 2
     assert (tmp_path / "out" / "draft-sglang" / "config.json").exists()
 

@@ -275,7 +275,7 @@ def fake_sglang(calls, tau_tokens=8):
     """run_sglang_bench's stand-in: every prompt answered with 8 tokens in 8 / tau_tokens * 8 verify steps."""
     from draftlab.stats.intervals import set_metrics
 
-    def fake(cfg, target_path, draft_dir, sets, out, reporter):
+    def fake(serve, bench, target_path, draft_dir, sets, out, reporter):
         calls.append((target_path, Path(draft_dir), sets))
         metrics, rows = {}, []
         for name, prompts in sets.items():

@@ -93,9 +93,9 @@ def test_sampling_is_refused(target, eagle3_folder, references):
 
 
 def test_the_bench_measures_the_same_generations_sync_free(target, references, eagle3_folder):
-    """bench.measure picks the sync-free decoders with CUDA graphs; forced here on the CPU, they decode what the
+    """serve/measure.py picks the sync-free decoders with CUDA graphs; forced here on the CPU, they decode what the
     per-cycle ones decode, EOS included."""
-    from draftlab.stages.bench import measure
+    from draftlab.serve.measure import measure
 
     prompts = [ids for ids, _ in references[:3]]
     eos = [references[0][1][6]]

@@ -1,6 +1,7 @@
 """The bench stage's figures, from its metrics alone (so a figure shows exactly what was logged): acceptance by
-draft position per set, tau per set, and the speed-up per batch size, each with its 95% interval where one exists.
-Written as PNG files into the stage folder; the stage hands them to the reporter as artifacts."""
+draft position per set, tau per set, and the speed-up per batch size, each with its 95% interval where one exists;
+and the local engine's accept-length histogram, from its generations. Written into the stage folder; the bench
+entry (serve/bench.py) returns their paths, and the stage hands them to the reporter as artifacts."""
 
 from __future__ import annotations
 
@@ -87,3 +88,25 @@ def speedup_by_batch(metrics: dict, sizes: list[int], out: Path) -> Path | None:
     ax.set_title("speed-up by batch size")
     fig.tight_layout()
     return _save(fig, out / "speedup_by_batch.png")
+
+
+def accept_histogram(spec: list, num_steps: int, out: Path) -> tuple[Path, Path]:
+    """Accept length per verify step of the speculative Generations `spec` (accepted drafts + bonus, 1..k+1), as
+    accept_hist.json and accept_hist.png."""
+    lengths = list(range(1, num_steps + 2))
+    counts = [0] * len(lengths)
+    for g in spec:
+        for a in g.accepted:
+            counts[a] += 1
+    js = out / "accept_hist.json"
+    fsutil.atomic_write_json(js, {"accept_length": lengths, "count": counts,
+                                  "note": "tokens committed per verify step, bonus included, before truncation"})
+    fig, ax = _pyplot().subplots(figsize=(5, 3.2))
+    ax.bar(lengths, counts)
+    ax.set_xlabel("accept length (drafts accepted + bonus)")
+    ax.set_ylabel("verify steps")
+    total = sum(counts)
+    mean = sum(length * c for length, c in zip(lengths, counts)) / total if total else 0.0
+    ax.set_title(f"num_steps={num_steps}, mean accept length {mean:.2f}")
+    fig.tight_layout()
+    return js, _save(fig, out / "accept_hist.png")

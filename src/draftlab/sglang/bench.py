@@ -84,11 +84,12 @@ def port_lock(serve: Any):
     return file_lock(Path(tempfile.gettempdir()) / f"draftlab-sglang-port-{serve.port}.lock")
 
 
-def run_sglang_bench(cfg: Any, target_path, draft_dir, sets: dict[str, list], out: Path, reporter,
+def run_sglang_bench(serve: Any, bench: Any, target_path, draft_dir, sets: dict[str, list], out: Path, reporter,
                      extract_manifest=None, server_cmd: list[str] | None = None) -> tuple[dict, list[dict]]:
-    """Launches SGLang with the draft and without, sends every set's prompts (`sets`: name -> prompts, ids or
-    text); returns (the bench/sglang/* metrics, the per-request rows)."""
-    serve, bench, out = cfg.serve, cfg.bench, Path(out)
+    """Launches SGLang with the draft and without (`serve`: the serve.* settings), sends every set's prompts
+    (`sets`: name -> prompts, ids or text) as `bench` (bench.*) says; returns (the bench/sglang/* metrics, the
+    per-request rows)."""
+    out = Path(out)
     if not sets or not all(sets.values()):
         raise ValueError("prompts: every bench set needs at least one prompt")
     out.mkdir(parents=True, exist_ok=True)

@@ -62,29 +62,29 @@ def step_costs(points: list[tuple[int, float]]) -> tuple[float, float] | None:
     return float(intercept), float(slope)
 
 
-def run_grid(cfg: Any, target_path, draft: Path, prompts: list, base_rows: list[dict], out: Path, reporter,
-             server_cmd: list[str] | None = None) -> dict[str, float]:
-    """Each setting of bench.sglang_grid on the first `bench.grid_prompts` prompts; `base_rows`: the same prompts'
-    per-request rows of the main bench (their baseline_tokens and base_s are the baseline server's)."""
+def run_grid(serve: Any, bench: Any, target_path, draft: Path, prompts: list, base_rows: list[dict], out: Path,
+             reporter, server_cmd: list[str] | None = None) -> dict[str, float]:
+    """Each setting of bench.sglang_grid on the first `bench.grid_prompts` prompts (`serve`, `bench`: the serve.*
+    and bench.* settings); `base_rows`: the same prompts' per-request rows of the main bench (their
+    baseline_tokens and base_s are the baseline server's)."""
     from draftlab.sglang.bench import port_lock, server, with_command
 
-    bench, chosen = cfg.bench, settings(cfg.bench.sglang_grid)
+    chosen = settings(bench.sglang_grid)
     count = min(bench.get("grid_prompts") or len(prompts), len(prompts))
     prompts, base_rows = prompts[:count], base_rows[:count]
     base_tokens = sum(r["baseline_tokens"] for r in base_rows)
     base_s = sum(r["base_s"] for r in base_rows)
     target_ms = 1000 * base_s / base_tokens
-    client = SGLangClient(cfg.serve.host, cfg.serve.port)
-    main = spec_params(cfg.serve)  # measured already by the main bench on these prompts: a grid point for free
+    client = SGLangClient(serve.host, serve.port)
+    main = spec_params(serve)  # measured already by the main bench on these prompts: a grid point for free
     results = [_point(main, [{"completion_tokens": r["tokens"], "spec_verify_ct": r["verify_steps"],
                               "latency_s": r["spec_s"]} for r in base_rows], base_tokens / base_s)]
     for setting in (s for s in chosen if s != main):
-        serve = OmegaConf.merge(cfg.serve, {"num_steps": setting[0], "topk": setting[1],
-                                            "num_draft_tokens": setting[2]})
-        argv = with_command(build_server_argv(serve, target_path, draft, decode_log_interval=1), server_cmd)
+        point = OmegaConf.merge(serve, {"num_steps": setting[0], "topk": setting[1],
+                                        "num_draft_tokens": setting[2]})
+        argv = with_command(build_server_argv(point, target_path, draft, decode_log_interval=1), server_cmd)
         name = label(setting)
-        with port_lock(cfg.serve), server(argv, out, f"grid-{name}", cfg.serve, reporter,
-                                          f"{GRID}/{name}/startup"):
+        with port_lock(serve), server(argv, out, f"grid-{name}", serve, reporter, f"{GRID}/{name}/startup"):
             requests.warm(client, prompts)
             records = requests.run_prompts(client, prompts, bench)
         results.append({**_point(setting, records, base_tokens / base_s), "records": records})
