@@ -42,7 +42,8 @@ def _env(bench: Benchmark, root: Path, out: Path, head: Path) -> dict[str, str]:
     env = dict(os.environ)
     # root's src/ replaces, not precedes, the caller's own src/ on PYTHONPATH: a reference worktree must not
     # import this checkout's modules where its own lack one
-    inherited = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != Path(head).resolve() / "src"]
+    own_src = Path(head).resolve() / "src"
+    inherited = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != own_src]
     env["PYTHONPATH"] = os.pathsep.join([str(root / "src"), *inherited])
     env.update({key: fill(str(value), out, root, head) for key, value in bench.env.items()})
     return env
