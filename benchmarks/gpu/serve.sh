@@ -83,8 +83,9 @@ collect() {
   fi
   find "$G/root" "$code/outputs" -name results.json -newer "$G/code" -print0 2> /dev/null \
     | tar -czf "$OUT/results.tgz" --null -T - 2> /dev/null
-  if [ "${DRAFT:-0}" = 1 ] && [ -f "$G/draft.tgz" ]; then
-    split -b 15000000 -d "$G/draft.tgz" "$OUT/draft.tgz.part-"
+  if [ "${DRAFT:-0}" = 1 ]; then  # packed now if the bench is still running: a trained draft outlives the machine
+    [ -f "$G/draft.tgz" ] || pack_draft
+    [ -f "$G/draft.tgz" ] && split -b 15000000 -d "$G/draft.tgz" "$OUT/draft.tgz.part-"
   fi
   gpu_log_out "$G"
 }
