@@ -60,7 +60,9 @@ pack_draft() {  # the trained draft, to keep: `DRAFT=1 collect` brings it back
   local draft
   draft=$(ls -d "$G"/root/train/*/draft 2> /dev/null | head -n 1)
   [ -n "$draft" ] || { echo "draft: none under $G/root/train"; return 1; }
-  tar -czf "$G/draft.tgz" -C "$(dirname "$draft")" draft metrics.json manifest.json && echo "draft: packed $draft"
+  # manifest.json is written last: without it training has not ended, and no partial archive is left behind
+  tar -czf "$G/draft.tgz.tmp" -C "$(dirname "$draft")" draft metrics.json manifest.json \
+    && mv "$G/draft.tgz.tmp" "$G/draft.tgz" && echo "draft: packed $draft"
 }
 
 start() {  # SGLang's site first: the run's preflight asks the server's python for sglang
