@@ -9,7 +9,8 @@
 #   bash benchmarks/gpu/serve.sh collect  # $OUT: log.txt, bench.tgz (each bench run's files and server
 #                                         # logs); with DRAFT=1 also the draft in parts of 15 MB (draft.tgz.part-*)
 # Environment: G (/tmp/serve), BUDGET, GGUF_WAIT, DRAFTLAB_GIT_COMMIT, SAMPLES (50000), GRID (the bench.sglang_grid
-# override), EXTRA (more overrides, words).
+# override), EXTRA (more overrides, words), TRAIN_ONLY=1 (generate, extract and train only: no SGLang site needed;
+# `DRAFT=1 collect` brings the draft back for a later machine's bench).
 set -uo pipefail
 G=${G:-/tmp/serve}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -37,6 +38,7 @@ overrides() {  # the run's overrides: SmolLM2 on the staged prompts, SGLang from
     "serve.extra_args=[--attention-backend,triton,--sampling-backend,pytorch,--grammar-backend,none,\
 --mm-feature-transport,cpu]" serve.mem_fraction_static=0.4 serve.cuda_graph_max_bs=16 serve.startup_timeout_s=480 \
     "bench.sglang_grid=${GRID:-[[3,1],[4,2,8]]}" bench.grid_prompts=30 serve.sglang_version=0.5.17
+  [ "${TRAIN_ONLY:-0}" = 1 ] && echo "stages=[generate,extract,train]"
   # results.json keeps every metric; MLflow records them too where the machine has it
   python3 -c "import mlflow" 2> /dev/null || echo tracking.enabled=false
 }
@@ -66,7 +68,8 @@ pack_draft() {  # the trained draft, to keep: `DRAFT=1 collect` brings it back
 }
 
 start() {  # SGLang's site first: the run's preflight asks the server's python for sglang
-  [ -d "$G/sglang-site/sglang" ] || { echo "sglang: no site unpacked; stage .gpu-stage/sglang and install"; return 1; }
+  [ -d "$G/sglang-site/sglang" ] || [ "${TRAIN_ONLY:-0}" = 1 ] \
+    || { echo "sglang: no site unpacked; stage .gpu-stage/sglang and install"; return 1; }
   gpu_start "$G" "bash benchmarks/gpu/serve.sh pipeline"
 }
 
