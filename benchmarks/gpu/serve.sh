@@ -66,11 +66,11 @@ pipeline() {  # the detached job: one src/run.py, so its preflight checks the be
 }
 
 pack_train() {  # the train stage's folder, to keep: `DRAFT=1 collect` brings it back, BENCH_ONLY=1 benches it
-  local done folder
+  local record folder
   # the completion record is written last: without it training has not ended, and no partial archive is left
-  done=$(ls "$G"/root/train/*/.done/*.json 2> /dev/null | head -n 1)
-  [ -n "$done" ] || { echo "train: no completed folder under $G/root/train"; return 1; }
-  folder=$(dirname "$(dirname "$done")")
+  record=$(ls "$G"/root/train/*/.done/*.json 2> /dev/null | head -n 1)
+  [ -n "$record" ] || { echo "train: no completed folder under $G/root/train"; return 1; }
+  folder=$(dirname "$(dirname "$record")")
   tar -czf "$G/train.tgz.tmp" -C "$G/root" --exclude=checkpoints "train/$(basename "$folder")" \
     && mv "$G/train.tgz.tmp" "$G/train.tgz" && echo "train: packed $folder"
 }
