@@ -48,6 +48,22 @@ def _val_samples(tags: dict[str, str]) -> dict:
     return {"val_samples": json.loads(file.read_text())}
 
 
+def _history(reporter) -> dict:
+    """An untracked job's metrics logged at a step (validation passes, train logs, train/bench_tau) as
+    {key: [[step, value], ...]}: import-runs logs them step by step, so its curves reach MLflow as a tracked job's do.
+    {} for a tracked job: MLflow holds them already."""
+    points: dict[str, list] = {}
+    logged = reporter.history if isinstance(reporter, RecordingReporter) else []
+    for step, values in ((s, v) for s, v in logged if s is not None):
+        for key, value in values.items():
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                continue
+            pairs = points.setdefault(key, [])
+            if pairs[-1:] != [[step, value]]:  # the stage's closing log repeats its last pass at the same step
+                pairs.append([int(step), float(value)])
+    return {"history": points} if points else {}
+
+
 def _follow_train(cfg, out: Path, inputs: dict[str, Path]) -> None:
     """A torchrun rank other than 0: its share of the train stage rank 0 runs (train/distributed.py)."""
     from draftlab.util.reporting import NullReporter
@@ -73,7 +89,7 @@ def _run_task(cfg, parent_run_id: str | None = None, output_dir: Path | None = N
         results_file = Path(output_dir) / "results.json"
         atomic_write_json(results_file, {"params": flatten(conf), "metrics": {k: v for k, v in results.items()
                                                                               if isinstance(v, (int, float))},
-                                         "tags": tags, **_val_samples(tags)})
+                                         "tags": tags, **_val_samples(tags), **_history(reporter)})
     uri = tracking_uri(conf.tracking.uri) if conf.tracking.enabled else None
     log.info("\n%s", job_summary(results, getattr(reporter, "tags", {}), warnings.messages, uri,
                                  run_id=getattr(reporter, "run_id", None),

@@ -109,7 +109,7 @@ def test_untracked_jobs_leave_results_that_import_as_a_sweep(tiny_cfg, tmp_path)
     for samples in (8, 16):
         job = tmp_path / "multirun" / str(samples)
         run_task(tiny_cfg("stages=[generate,extract,train]", f"data.samples={samples}", "data.val_samples=4",
-                          "tracking.enabled=false"), output_dir=job)
+                          "tracking.enabled=false", "train.log_every=1"), output_dir=job)
         assert (job / "results.json").exists()
         shutil.rmtree(json.loads((job / "results.json").read_text())["tags"]["folder.train"])  # another machine's
     uri = f"sqlite:///{tmp_path / 'imported.db'}"
@@ -119,6 +119,16 @@ def test_untracked_jobs_leave_results_that_import_as_a_sweep(tiny_cfg, tmp_path)
                                   f"tags.mlflow.parentRunId = '{parent}'")
     assert sorted(int(c.data.params["data.samples"]) for c in children) == [8, 16]
     assert all(c.data.metrics["generate/samples"] == int(c.data.params["data.samples"]) + 4 for c in children)
+    # the curves come along: every validation pass at its step, the final value still the latest
+    for child in children:
+        job = json.loads((tmp_path / "multirun" / child.info.run_name / "results.json").read_text())
+        last = max(s for pairs in job["history"].values() for s, _ in pairs)
+        for key in ("val/acc_0", "train/loss"):
+            logged = {(m.step, m.value) for m in client.get_metric_history(child.info.run_id, key)}
+            assert logged == {tuple(p) for p in job["history"][key]} | {(last, job["metrics"][key])}, key
+            assert child.data.metrics[key] == job["metrics"][key]
+        if child.info.run_name == "16":  # two steps: a curve, not a point
+            assert [s for s, _ in job["history"]["train/loss"]] == [1, 2]
     # the per-sample validation results travel with the jobs: one validation set for both sizes
     records = load_records(parent, uri).records
     assert [r["val_samples"]["index"] for r in records] == [[0.0, 1.0, 2.0, 3.0]] * 2
@@ -128,6 +138,17 @@ def test_untracked_jobs_leave_results_that_import_as_a_sweep(tiny_cfg, tmp_path)
     written = read_records(tmp_path / "records.jsonl.gz")
     assert [r["run_id"] for r in written] == ["16", "8"]
     assert written[1] == {"run_id": "8", **json.loads((tmp_path / "multirun" / "8" / "results.json").read_text())}
+
+
+def test_import_refuses_a_history_that_is_not_step_value_pairs(tmp_path):
+    from draftlab.tracking.import_runs import import_runs
+
+    job = tmp_path / "multirun" / "0"
+    job.mkdir(parents=True)
+    (job / "results.json").write_text(json.dumps({"params": {}, "metrics": {}, "history": {"val/loss": [[0.5, 2.0]]}}))
+    with pytest.raises(ValueError, match=r"0/results.json: history.val/loss is not a list of \[step, value\] pairs"):
+        import_runs(tmp_path / "multirun", "imported", f"sqlite:///{tmp_path / 'never.db'}")
+    assert not (tmp_path / "never.db").exists()  # refused before the store was opened
 
 
 def test_epochs_sweep_continues_from_the_shorter_run(tiny_cfg, caplog):

@@ -1,6 +1,8 @@
 """`python -m draftlab import-runs <folder>`: bring jobs that ran with `tracking.enabled=false` (on a GPU machine
 with no route to the tracking store, say) into MLflow. Each Hydra job folder holds a `results.json`; a multirun
 folder becomes one parent run with a child per job, so `src/analyze.py` and the MLflow UI treat it as a sweep.
+The metrics a job logged at a step (its "history": validation passes, train/bench_tau) are logged step by step, so
+its curves show in the MLflow UI as a tracked job's do.
 `--records FILE` also writes them as one records file (`src/analyze.py --records`), small enough to commit beside
 the report it makes, each run named by its job folder.
 """
@@ -30,6 +32,7 @@ def import_runs(folder: Path, experiment: str, uri: str | None = None, records: 
             raise ValueError(f"{file}: invalid JSON ({err})") from None
         if not isinstance(record, dict) or not {"params", "metrics"} <= set(record):
             raise ValueError(f"{file}: not a draftlab results.json (needs params and metrics)")
+        _check_history(file, record.get("history", {}))
         found.append((file, record))
     if records is not None:
         write_records(records, [{"run_id": file.parent.relative_to(folder).as_posix(), **record}
@@ -41,7 +44,8 @@ def import_runs(folder: Path, experiment: str, uri: str | None = None, records: 
         for file, record in found:
             tags = {**{k: str(v) for k, v in record.get("tags", {}).items()}, "mlflow.parentRunId": parent,
                     "draftlab.imported_from": str(file.parent)}
-            run_id = import_job(client, experiment, file.parent.name, record["params"], record["metrics"], tags)
+            run_id = import_job(client, experiment, file.parent.name, record["params"], record["metrics"], tags,
+                                record.get("history"))
             if record.get("val_samples"):  # as the tracked train stage logs them: an artifact of the run
                 log_analysis(client, run_id, {}, {}, {"val_samples.json": json.dumps(record["val_samples"])}, [])
     except BaseException:
@@ -49,6 +53,14 @@ def import_runs(folder: Path, experiment: str, uri: str | None = None, records: 
         raise
     end_run(client, parent)
     return parent
+
+
+def _check_history(file: Path, history) -> None:
+    """results.json's "history": {key: [[step, value], ...]}, the metrics an untracked job logged at a step."""
+    for key, pairs in history.items() if isinstance(history, dict) else [("", None)]:
+        if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], int)
+                                                  for p in pairs):
+            raise ValueError(f"{file}: history{'.' + key if key else ''} is not a list of [step, value] pairs")
 
 
 def main(argv: list[str]) -> int:

@@ -334,11 +334,11 @@ def metric_history(client, run_id: str, key: str) -> list[tuple[int, float]]:
     return [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
 
 
-def log_metrics(client, run_id: str, metrics: dict, step: int | None = None) -> None:
+def log_metrics(client, run_id: str, metrics: dict, step: int | None = None, timestamp: int | None = None) -> None:
     """Numeric values only, in batches of 500 (MLflow's limit per call)."""
     from mlflow.entities import Metric
 
-    now = int(time.time() * 1000)
+    now = timestamp or int(time.time() * 1000)
     batch = [Metric(k, float(v), now, step or 0) for k, v in metrics.items() if _is_number(v)]
     for start in range(0, len(batch), 500):
         client.log_batch(run_id, metrics=batch[start:start + 500])
@@ -381,11 +381,21 @@ def reopened_run(cfg, run_id: str) -> Iterator[MlflowReporter]:
         yield reporter
 
 
-def import_job(client, experiment: str, run_name: str, params: dict, metrics: dict, tags: dict[str, str]) -> str:
-    """One finished run made from a job's results.json (`python -m draftlab import-runs`); returns its id."""
+def import_job(client, experiment: str, run_name: str, params: dict, metrics: dict, tags: dict[str, str],
+               history: dict | None = None) -> str:
+    """One finished run made from a job's results.json (`python -m draftlab import-runs`); returns its id.
+    `history` ({key: [[step, value], ...]}) is logged step by step; the final metrics come at its last step, as a
+    tracked job logs them, so MLflow shows them as each key's latest value."""
+    from mlflow.entities import Metric
+
     run_id = create_run(client, experiment, run_name, tags)
     log_params(client, run_id, params)
-    log_metrics(client, run_id, metrics)
+    points = [(key, step, value) for key, pairs in (history or {}).items() for step, value in pairs]
+    now = int(time.time() * 1000)
+    batch = [Metric(k, float(v), now, int(s)) for k, s, v in points if _is_number(v)]
+    for start in range(0, len(batch), 500):
+        client.log_batch(run_id, metrics=batch[start:start + 500])
+    log_metrics(client, run_id, metrics, step=max((s for _, s, _ in points), default=0), timestamp=now + 1)
     client.set_terminated(run_id, status="FINISHED")
     return run_id
 
