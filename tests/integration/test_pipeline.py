@@ -151,6 +151,20 @@ def test_import_refuses_a_history_that_is_not_step_value_pairs(tmp_path):
     assert not (tmp_path / "never.db").exists()  # refused before the store was opened
 
 
+def test_a_train_folder_carried_to_another_root_is_benched_without_extracting(tiny_cfg, tmp_path):
+    """benchmarks/gpu/serve.sh split over two machines: the second carries the first's train folder (no
+    checkpoints), generates again (the same key) and benches it with stages=[generate,bench]."""
+    common = ("data.samples=8", "train.max_steps=2", "tracking.enabled=false")
+    run_task(tiny_cfg(*common, "stages=[generate,extract,train]"))
+    here = plan(validate(tiny_cfg(*common)))
+    there = plan(validate(tiny_cfg(*common, f"paths.root={tmp_path / 'there'}")))
+    assert {n: s.key for n, s in there.items()} == {n: s.key for n, s in here.items()}
+    shutil.copytree(here["train"].folder, there["train"].folder, ignore=shutil.ignore_patterns("checkpoints"))
+    benched = run_task(tiny_cfg(*common, f"paths.root={tmp_path / 'there'}", "stages=[generate,bench]"))
+    assert benched["bench/cached"] == 0 and "bench/tau" in benched
+    assert not there["extract"].folder.exists()
+
+
 def test_epochs_sweep_continues_from_the_shorter_run(tiny_cfg, caplog):
     """`train.init_from=shorter` (experiment=epochs): a 2-epoch job continues the finished 1-epoch job and,
     with a constant schedule, ends where a 2-epoch run from scratch ends."""
