@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from draftlab.tracking import runs as tracking
+from draftlab.tracking import run_queries, runs as tracking
 from draftlab.__main__ import main as draftlab_main
 from draftlab.benchmarks import declarations
 from draftlab.benchmarks.declarations import Benchmark, fill, render_args
@@ -107,7 +107,7 @@ def test_a_run_writes_results_json_and_an_mlflow_run(tmp_path, monkeypatch, caps
     assert record["machine"]["cpu_count"] and record["machine"]["python"] and record["commit"]
     assert "noise" in (tmp_path / "out" / "output.txt").read_text()
     client = tracking.open_client(uri)
-    runs = tracking.search_runs(client, [tracking.find_experiment_id(client, "benchmarks")])
+    runs = run_queries.search_runs(client, [run_queries.find_experiment_id(client, "benchmarks")])
     assert [r.info.run_id for r in runs] == [record["mlflow_run_id"]]
     assert runs[0].data.metrics["rate.b"] == 3.0 and runs[0].data.tags["benchmark.met"] == "true"
     assert runs[0].data.params["benchmark"] == "fake"
@@ -135,7 +135,7 @@ def test_the_generate_benchmark_runs_the_stage_on_the_tiny_target(tmp_path):
     assert record["value"] == record["numbers"]["generate/tokens_per_s"] > 0
     assert record["numbers"]["generate/samples"] == 32 and record["command"][1] == "src/run.py"
     client = tracking.open_client(uri)
-    runs = tracking.search_runs(client, [tracking.find_experiment_id(client, "benchmarks")])
+    runs = run_queries.search_runs(client, [run_queries.find_experiment_id(client, "benchmarks")])
     assert runs[0].data.metrics["generate/tokens_per_s"] == record["value"]
 
 

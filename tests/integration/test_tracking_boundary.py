@@ -28,7 +28,8 @@ def test_the_check_sees_an_import_inside_a_function(tmp_path):
 
 
 def test_child_search_pages_through_every_child(tmp_path):
-    from draftlab.tracking.runs import child_runs, create_run, open_client, search_runs
+    from draftlab.tracking.run_queries import child_runs, search_runs
+    from draftlab.tracking.runs import create_run, open_client
 
     client = open_client(f"sqlite:///{tmp_path / 'mlflow.db'}")
     parent = create_run(client, "paging", "parent", {})

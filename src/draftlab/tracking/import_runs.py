@@ -57,10 +57,12 @@ def import_runs(folder: Path, experiment: str, uri: str | None = None, records: 
 
 def _check_history(file: Path, history) -> None:
     """results.json's "history": {key: [[step, value], ...]}, the metrics an untracked job logged at a step."""
-    for key, pairs in history.items() if isinstance(history, dict) else [("", None)]:
+    if not isinstance(history, dict):
+        raise ValueError(f"{file}: history is not a mapping of metric keys to [step, value] pairs")
+    for key, pairs in history.items():
         if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], int)
                                                   for p in pairs):
-            raise ValueError(f"{file}: history{'.' + key if key else ''} is not a list of [step, value] pairs")
+            raise ValueError(f"{file}: history.{key} is not a list of [step, value] pairs")
 
 
 def main(argv: list[str]) -> int:

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from draftlab.tracking.runs import find_experiment_id, get_run, log_analysis, metric_history, open_client, search_runs
+from draftlab.tracking.run_queries import find_experiment_id, metric_history, search_runs
+from draftlab.tracking.runs import get_run, log_analysis, open_client
 
 PARENT_TAG = "mlflow.parentRunId"
 # Metric histories worth fetching (one call per run and key): the curves, for readers of the records. The

@@ -279,7 +279,8 @@ def end_parent_run(cfg, run_id: str, failed: bool = False) -> None:
 
 # ---------------------------------------------------------------------------------------------------------------
 # Client-level helpers for the other drivers (DVC stages, import-runs, sweeps, the analysis), so that this module
-# is the only one that imports mlflow (tests/integration/test_tracking_boundary.py checks it).
+# is the only one that imports mlflow (tests/integration/test_tracking_boundary.py checks it); reading runs back,
+# which needs no mlflow import, is in run_queries.py.
 # ---------------------------------------------------------------------------------------------------------------
 
 def open_client(uri: str | None = None):
@@ -296,11 +297,6 @@ def log_params(client, run_id: str, params: dict) -> None:
         client.log_batch(run_id, params=batch[start:start + 100])
 
 
-def find_experiment_id(client, name: str) -> str | None:
-    experiment = client.get_experiment_by_name(name)
-    return None if experiment is None else experiment.experiment_id
-
-
 def get_run(client, run_id: str):
     """The run, or None when this store has no run with that id."""
     from mlflow.exceptions import MlflowException
@@ -311,35 +307,16 @@ def get_run(client, run_id: str):
         return None
 
 
-def search_runs(client, experiment_ids: list[str], filter_string: str = "", order_by: list[str] | None = None,
-                page_size: int = 1000) -> list:
-    """Every matching run, page by page (a sweep may have more children than one page holds)."""
-    runs, token = [], None
-    while True:
-        page = client.search_runs(experiment_ids, filter_string=filter_string, max_results=page_size,
-                                  order_by=order_by, page_token=token)
-        runs.extend(page)
-        token = page.token
-        if not token:
-            return runs
-
-
-def child_runs(client, parent_run_id: str) -> list:
-    """The runs tagged as children of `parent_run_id`, in its experiment."""
-    parent = client.get_run(parent_run_id)
-    return search_runs(client, [parent.info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent_run_id}'")
-
-
-def metric_history(client, run_id: str, key: str) -> list[tuple[int, float]]:
-    return [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
-
-
 def log_metrics(client, run_id: str, metrics: dict, step: int | None = None, timestamp: int | None = None) -> None:
-    """Numeric values only, in batches of 500 (MLflow's limit per call)."""
+    log_points(client, run_id, [(k, v, step or 0) for k, v in metrics.items()], timestamp)
+
+
+def log_points(client, run_id: str, points: list[tuple[str, float, int]], timestamp: int | None = None) -> None:
+    """(key, value, step) points, numeric values only, in batches of 500 (MLflow's limit per call)."""
     from mlflow.entities import Metric
 
     now = timestamp or int(time.time() * 1000)
-    batch = [Metric(k, float(v), now, step or 0) for k, v in metrics.items() if _is_number(v)]
+    batch = [Metric(k, float(v), now, int(s)) for k, v, s in points if _is_number(v)]
     for start in range(0, len(batch), 500):
         client.log_batch(run_id, metrics=batch[start:start + 500])
 
@@ -386,16 +363,12 @@ def import_job(client, experiment: str, run_name: str, params: dict, metrics: di
     """One finished run made from a job's results.json (`python -m draftlab import-runs`); returns its id.
     `history` ({key: [[step, value], ...]}) is logged step by step; the final metrics come at its last step, as a
     tracked job logs them, so MLflow shows them as each key's latest value."""
-    from mlflow.entities import Metric
-
     run_id = create_run(client, experiment, run_name, tags)
     log_params(client, run_id, params)
-    points = [(key, step, value) for key, pairs in (history or {}).items() for step, value in pairs]
+    points = [(key, value, step) for key, pairs in (history or {}).items() for step, value in pairs]
     now = int(time.time() * 1000)
-    batch = [Metric(k, float(v), now, int(s)) for k, s, v in points if _is_number(v)]
-    for start in range(0, len(batch), 500):
-        client.log_batch(run_id, metrics=batch[start:start + 500])
-    log_metrics(client, run_id, metrics, step=max((s for _, s, _ in points), default=0), timestamp=now + 1)
+    log_points(client, run_id, points, now)
+    log_metrics(client, run_id, metrics, step=max((s for *_, s in points), default=0), timestamp=now + 1)
     client.set_terminated(run_id, status="FINISHED")
     return run_id
 

@@ -20,7 +20,8 @@ from draftlab.util.fsutil import read_json
 from draftlab.tracking.run_names import short_names, sweep_keys, write_sweep_keys
 from draftlab.tracking.summary import sweep_summary
 from draftlab.tracking.run_context import parent_run_id_for, tracking_uri
-from draftlab.tracking.runs import end_parent_run, find_experiment_id, open_client, start_parent_run
+from draftlab.tracking.run_queries import find_experiment_id
+from draftlab.tracking.runs import end_parent_run, open_client, start_parent_run
 
 log = logging.getLogger("draftlab.tracking.sweep")
 
@@ -97,7 +98,8 @@ def _follower() -> bool:
 def _log_sweep_cost(cfg, parent_id: str, wall_seconds: float) -> None:
     """What sharing cached stages saved: the sweep's wall time against the sum of its jobs' own durations, and
     the samples generated against the samples the jobs asked for (generation runs once for the largest N)."""
-    from draftlab.tracking.runs import child_runs, open_client
+    from draftlab.tracking.run_queries import child_runs
+    from draftlab.tracking.runs import open_client
 
     client = open_client(cfg.tracking.uri)
     children = child_runs(client, parent_id)  # paged: a sweep may outgrow one page
